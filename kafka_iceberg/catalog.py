@@ -1,0 +1,217 @@
+"""The Iceberg catalog, seen from Spark (writes) and from pyiceberg (metadata reads).
+
+Spark talks to Iceberg's ``JdbcCatalog`` through the Iceberg Spark runtime jar; pyiceberg's
+``SqlCatalog`` opens the same JDBC tables under the same catalog name. The write path uses
+Spark for everything that changes a table (DDL, data commits, branch and maintenance
+procedures) and pyiceberg for cheap metadata reads (snapshots, summaries, refs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
+from kafka_iceberg.settings import CatalogSettings, Settings
+from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.state import SnapshotInfo
+
+ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.parquet.compression-codec": "zstd",
+    # each micro-batch makes several metadata commits (branch, write, publish, drop branch)
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+    "lake.managed-by": "kafka-iceberg-lake",
+}
+"""Table properties set when the write path creates a table."""
+
+
+@lru_cache(maxsize=1)
+def iceberg_runtime_jar() -> str:
+    """Absolute path of the Iceberg 1.10.2 Spark runtime jar shipped in snowpark-connect-deps-iceberg.
+
+    Raises:
+        ConfigError: the package is not installed.
+    """
+    try:
+        import snowpark_connect_deps_iceberg as deps
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise ConfigError("snowpark-connect-deps-iceberg==1.0.2 is not installed (run make install)") from exc
+    return str(deps.get_jar_path(ICEBERG_JAR))
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Spark configuration for the Iceberg runtime and the JDBC catalog (``spark.sql.catalog.<name>``).
+
+    Includes the master URL, driver memory, the jars (Iceberg runtime, the catalog's
+    Debian JDBC driver, ``LAKE_SPARK_JARS``) and ``LAKE_SPARK_CONF`` on top.
+
+    Raises:
+        ConfigError: the JDBC driver jar is missing (install the Debian package; see README).
+    """
+    cat = settings.catalog
+    if not Path(cat.jdbc_driver_jar).exists():
+        raise ConfigError(f"{cat.jdbc_driver_jar} is missing: apt-get install libxerial-sqlite-jdbc-java libpostgresql-jdbc-java")
+    prefix = f"spark.sql.catalog.{cat.name}"
+    conf = {
+        "spark.master": settings.spark_master,
+        "spark.app.name": "kafka-iceberg-lake",
+        "spark.driver.memory": settings.spark_driver_memory,
+        # executors run the task reader, so they need this interpreter and its packages
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.driver.host": settings.spark_local_ip,
+        "spark.driver.bindAddress": settings.spark_local_ip,
+        "spark.jars": ",".join([iceberg_runtime_jar(), cat.jdbc_driver_jar, *settings.spark_extra_jars]),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "jdbc",
+        f"{prefix}.uri": cat.jdbc_uri,
+        f"{prefix}.jdbc.schema-version": "V1",
+        f"{prefix}.warehouse": cat.warehouse,
+        # a micro-batch must see the latest metadata at every step, not a cached table
+        f"{prefix}.cache-enabled": "false",
+    }
+    if cat.jdbc_user:
+        conf[f"{prefix}.jdbc.user"] = cat.jdbc_user
+    if cat.jdbc_password:
+        conf[f"{prefix}.jdbc.password"] = cat.jdbc_password
+    conf.update(settings.spark_conf)
+    return conf
+
+
+def prepare_spark_environment(settings: Settings) -> None:
+    """Set ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON`` (this interpreter) unless already set.
+
+    PySpark ships ``PYSPARK_PYTHON`` with every Python function, so Python workers import
+    this project's packages from the same environment as the driver.
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_local_ip)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def get_spark(settings: Settings):
+    """Get or create the process's SparkSession with :func:`spark_conf` (outside Dagster).
+
+    Sets ``SPARK_LOCAL_IP`` first, so Spark binds to loopback by default.
+    """
+    from pyspark.sql import SparkSession
+
+    prepare_spark_environment(settings)
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def load_catalog(cat: CatalogSettings) -> SqlCatalog:
+    """pyiceberg's view of the same JDBC catalog (same catalog name, same database).
+
+    Raises:
+        CatalogUnavailableError: the catalog database cannot be opened.
+    """
+    if cat.is_sqlite:
+        Path(cat.sqlalchemy_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    if cat.warehouse.startswith("file://"):
+        Path(cat.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    try:
+        return SqlCatalog(cat.name, uri=cat.sqlalchemy_uri, warehouse=cat.warehouse)
+    except Exception as exc:  # sqlalchemy.exc.OperationalError and friends
+        raise CatalogUnavailableError(f"cannot open Iceberg catalog {cat.name} at {cat.sqlalchemy_uri}: {exc}") from exc
+
+
+def load_table(catalog: SqlCatalog, identifier: str) -> Table | None:
+    """The table, freshly loaded from the catalog, or ``None`` when it does not exist.
+
+    Raises:
+        CatalogUnavailableError: the catalog database cannot be queried.
+    """
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+    except Exception as exc:
+        if type(exc).__module__.startswith("sqlalchemy"):
+            raise CatalogUnavailableError(f"cannot read table {identifier} from catalog {catalog.name}: {exc}") from exc
+        raise
+
+
+@dataclass(frozen=True)
+class TableMetadataView:
+    """Snapshots and refs of one table, as plain values (see :mod:`kafka_iceberg.state`)."""
+
+    snapshots: dict[int, SnapshotInfo]
+    refs: dict[str, int]  # branch or tag name -> snapshot id
+    metadata_location: str
+
+    @property
+    def main(self) -> int | None:
+        """Snapshot id ``main`` points at, or None for a table without one."""
+        return self.refs.get("main")
+
+
+def metadata_view(table: Table) -> TableMetadataView:
+    """Build a :class:`TableMetadataView` from a loaded pyiceberg table."""
+    snaps = {}
+    for s in table.metadata.snapshots:
+        summary = dict(s.summary.additional_properties) if s.summary else {}
+        if s.summary is not None:
+            summary["operation"] = s.summary.operation.value
+        snaps[s.snapshot_id] = SnapshotInfo(s.snapshot_id, s.parent_snapshot_id, s.timestamp_ms, summary)
+    refs = {name: ref.snapshot_id for name, ref in table.metadata.refs.items()}
+    return TableMetadataView(snaps, refs, table.metadata_location)
+
+
+def qualified(settings: Settings, spec: TableSpec) -> str:
+    """``<catalog>.<namespace>.<table>`` for Spark SQL."""
+    return f"{settings.catalog.name}.{spec.identifier}"
+
+
+def table_ddl(settings: Settings, spec: TableSpec) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` statement for a declared table."""
+    cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in spec.table_columns())
+    parts = f"\nPARTITIONED BY ({', '.join(spec.partition_by)})" if spec.partition_by else ""
+    props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+    comment = spec.description.replace("'", "")
+    return (
+        f"CREATE TABLE IF NOT EXISTS {qualified(settings, spec)} (\n  {cols}\n) USING iceberg{parts}\n"
+        f"COMMENT '{comment or 'Ingested from Kafka topic ' + spec.topic}'\nTBLPROPERTIES ({props})"
+    )
+
+
+def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
+    """Create the namespace and table if missing; check an existing table against its declaration.
+
+    Raises:
+        ConfigError: the existing table lacks a declared column or has another type for it
+            (the Iceberg table schema is the contract; it is never changed silently).
+    """
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{spec.namespace}")
+    try:
+        spark.sql(table_ddl(settings, spec))
+    except Exception as exc:  # a concurrent creator won the race
+        if "already exists" not in str(exc).lower():
+            raise
+    existing = {f.name: f.dataType.simpleString().upper() for f in spark.table(qualified(settings, spec)).schema.fields}
+    for name, stype, _ in spec.table_columns():
+        declared = stype.replace(" ", "").upper()
+        actual = existing.get(name)
+        if actual is None:
+            raise ConfigError(f"table {spec.identifier} has no column {name!r} that tables.yaml declares; evolve the table first")
+        if actual.replace(" ", "") != declared:
+            raise ConfigError(f"table {spec.identifier} column {name!r} is {actual} but tables.yaml declares {stype}")

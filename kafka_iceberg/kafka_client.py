@@ -1,0 +1,140 @@
+"""Kafka cluster metadata through confluent-kafka's AdminClient.
+
+Watermarks, timestamp lookups and consumer-group offsets all go through the admin API
+(``list_offsets``, ``describe_topics``, ``alter_consumer_group_offsets``). High watermarks
+are read with ``read_committed`` isolation, so "high" is the last stable offset: records
+of open transactions are never planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
+from kafka_iceberg.planning import Watermarks
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How to reach the cluster: bootstrap servers plus any librdkafka client properties
+    (security.protocol, sasl.*, ssl.*), and the admin request timeout in seconds."""
+
+    bootstrap_servers: str
+    client_config: Mapping[str, str]
+    timeout_s: float = 30.0
+
+    def client_conf(self, **extra: object) -> dict[str, object]:
+        """A librdkafka configuration dict for a client of this cluster."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config, **extra}
+
+
+class KafkaMetadata:
+    """Read-only cluster metadata plus consumer-group offset commits, for one cluster.
+
+    All methods raise :class:`BrokerUnavailableError` when the cluster does not answer within
+    ``config.timeout_s`` seconds, and :class:`TopicNotFoundError` for a missing topic.
+    """
+
+    def __init__(self, config: KafkaConfig):
+        self.config = config
+        self.admin = AdminClient(config.client_conf())
+
+    def _wait(self, futures: Mapping, what: str) -> dict:
+        out = {}
+        for key, fut in futures.items():
+            try:
+                out[key] = fut.result(timeout=self.config.timeout_s)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() in (
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    KafkaError._UNKNOWN_TOPIC,
+                    KafkaError._UNKNOWN_PARTITION,
+                ):
+                    raise TopicNotFoundError(f"{what}: topic does not exist on {self.config.bootstrap_servers}: {err}") from exc
+                raise BrokerUnavailableError(f"{what} failed against {self.config.bootstrap_servers}: {exc}") from exc
+            except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11
+                raise BrokerUnavailableError(
+                    f"{what}: no answer from {self.config.bootstrap_servers} within {self.config.timeout_s:.0f} s"
+                ) from exc
+        return out
+
+    def partitions(self, topic: str) -> list[int]:
+        """Partition ids of ``topic``, sorted.
+
+        Raises:
+            TopicNotFoundError: the topic does not exist (it is never auto-created here).
+        """
+        try:
+            futures = self.admin.describe_topics(TopicCollection([topic]), request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"describe topic {topic}: {exc}") from exc
+        desc = self._wait(futures, f"describe topic {topic}")[topic]
+        return sorted(p.id for p in desc.partitions)
+
+    def _list_offsets(self, topic: str, partitions: list[int], spec_of) -> dict[int, int]:
+        if not partitions:
+            return {}
+        request = {TopicPartition(topic, p): spec_of(p) for p in partitions}
+        futures = self.admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.config.timeout_s
+        )
+        return {tp.partition: info.offset for tp, info in self._wait(futures, f"list offsets of {topic}").items()}
+
+    def watermarks(self, topic: str, partitions: list[int] | None = None) -> dict[int, Watermarks]:
+        """Low watermark (log start offset) and high watermark (last stable offset) per partition."""
+        partitions = self.partitions(topic) if partitions is None else partitions
+        low = self._list_offsets(topic, partitions, lambda p: OffsetSpec.earliest())
+        high = self._list_offsets(topic, partitions, lambda p: OffsetSpec.latest())
+        return {p: Watermarks(low[p], high[p]) for p in partitions}
+
+    def offsets_for_timestamp(self, topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int]:
+        """Per partition, the earliest offset whose record timestamp is >= ``timestamp_ms``.
+
+        Partitions with no such record map to their high watermark.
+        """
+        found = self._list_offsets(topic, partitions, lambda p: OffsetSpec.for_timestamp(timestamp_ms))
+        missing = [p for p, o in found.items() if o < 0]
+        if missing:
+            high = self._list_offsets(topic, missing, lambda p: OffsetSpec.latest())
+            found.update(high)
+        return found
+
+    def commit_group_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Set consumer group ``group``'s committed offsets on ``topic`` to ``offsets``.
+
+        Mirrors the table's committed offsets so standard lag tools (kafka-consumer-groups,
+        Burrow, kafka-lag-exporter) see them. The table stays the source of truth.
+
+        Raises:
+            BrokerUnavailableError: the broker refused or did not answer (for example because
+                the group has active members, which the broker does not allow).
+        """
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])]
+        try:
+            futures = self.admin.alter_consumer_group_offsets(request, request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"commit offsets of group {group}: {exc}") from exc
+        self._wait(futures, f"commit offsets of group {group}")
+
+    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent)."""
+        try:
+            futures = self.admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group)], request_timeout=self.config.timeout_s
+            )
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"list offsets of group {group}: {exc}") from exc
+        result = self._wait(futures, f"list offsets of group {group}")[group]
+        return {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic and tp.offset >= 0}

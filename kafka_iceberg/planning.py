@@ -1,0 +1,159 @@
+"""Offset planning: which offsets the next micro-batch reads. Pure functions, no I/O.
+
+A micro-batch reads, per partition, the half-open range
+``[committed, min(high, committed + bound))``, where ``committed`` comes from the table's
+snapshot summary (:mod:`kafka_iceberg.state`) and ``high`` is the partition's high
+watermark (the last stable offset under ``read_committed``). ``bound`` is the table's
+``max_records_per_partition``; it bounds offsets, so a range with transaction markers or
+compacted-away offsets holds fewer records than its width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from kafka_iceberg.errors import DataLossError, OffsetsAheadError
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    """Low (log start offset) and high watermark of one partition, in offsets."""
+
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """A half-open offset range ``[start, end)`` of one topic partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        """Width of the range in offsets (an upper bound on its records)."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one micro-batch reads and the state it will commit.
+
+    ``base_snapshot_id`` is the ``main`` snapshot the plan was made on; the commit publishes
+    only if ``main`` still points there. ``start_offsets`` and ``end_offsets`` cover every
+    partition of the topic (equal where there is nothing to read). ``lag_after`` is the
+    records-by-offset that will remain after this batch commits (high - end).
+    """
+
+    table: str
+    topic: str
+    base_snapshot_id: int | None
+    start_offsets: dict[int, int]
+    end_offsets: dict[int, int]
+    watermarks: dict[int, Watermarks]
+    has_state: bool  # False for a table that has never committed its offsets
+
+    @property
+    def ranges(self) -> list[OffsetRange]:
+        """Non-empty ranges to read, by partition."""
+        return [
+            OffsetRange(self.topic, p, self.start_offsets[p], self.end_offsets[p])
+            for p in sorted(self.start_offsets)
+            if self.end_offsets[p] > self.start_offsets[p]
+        ]
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to read."""
+        return not self.ranges
+
+    @property
+    def needs_commit(self) -> bool:
+        """True when the batch changes the table's state: it has records, or it records the
+        resolved starting offsets of a table that has none yet (so ``latest`` or a timestamp
+        is resolved exactly once)."""
+        return not self.is_empty or not self.has_state
+
+    @property
+    def lag_after(self) -> dict[int, int]:
+        """Per-partition offset lag that remains once this batch is committed."""
+        return {p: self.watermarks[p].high - self.end_offsets[p] for p in sorted(self.end_offsets)}
+
+
+def plan_batch(
+    *,
+    table: str,
+    topic: str,
+    base_snapshot_id: int | None,
+    committed: Mapping[int, int],
+    watermarks: Mapping[int, Watermarks],
+    initial_offsets: Mapping[int, int],
+    bound: int,
+) -> BatchPlan:
+    """Plan the next micro-batch.
+
+    Args:
+        committed: the table's committed offsets (next offset to read) per partition.
+        watermarks: low/high watermarks of every partition of the topic.
+        initial_offsets: where partitions absent from ``committed`` start (resolved from the
+            table's starting position for a new table, or the log start offset for a
+            partition added to the topic later).
+        bound: max offsets per partition in this batch (> 0).
+
+    Raises:
+        DataLossError: a committed offset is below the partition's low watermark.
+        OffsetsAheadError: a committed offset is above the high watermark, or a committed
+            partition no longer exists (the topic was recreated or shrank).
+    """
+    if bound <= 0:
+        raise ValueError("bound must be positive")
+    missing = sorted(set(committed) - set(watermarks))
+    if missing:
+        raise OffsetsAheadError(
+            f"table {table}: committed partitions {missing} do not exist in topic {topic} any more "
+            "(was the topic recreated?)"
+        )
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    for p, wm in sorted(watermarks.items()):
+        s = committed[p] if p in committed else initial_offsets.get(p, wm.low)
+        if s < wm.low:
+            raise DataLossError(table, topic, p, s, wm.low)
+        if s > wm.high:
+            raise OffsetsAheadError(
+                f"table {table}: committed offset {s} of topic {topic} partition {p} is above its high "
+                f"watermark {wm.high} (was the topic recreated or truncated?)"
+            )
+        start[p] = s
+        end[p] = min(wm.high, s + bound)
+    return BatchPlan(
+        table=table,
+        topic=topic,
+        base_snapshot_id=base_snapshot_id,
+        start_offsets=start,
+        end_offsets=end,
+        watermarks=dict(watermarks),
+        has_state=bool(committed),
+    )
+
+
+def split_ranges(ranges: list[OffsetRange], max_records_per_task: int) -> list[OffsetRange]:
+    """Split ranges wider than ``max_records_per_task`` offsets into consecutive pieces.
+
+    The pieces of a range are contiguous and together cover it exactly, so each Spark task
+    reads one piece and no offset is read twice.
+    """
+    if max_records_per_task <= 0:
+        raise ValueError("max_records_per_task must be positive")
+    out = []
+    for r in ranges:
+        s = r.start
+        while s < r.end:
+            e = min(r.end, s + max_records_per_task)
+            out.append(OffsetRange(r.topic, r.partition, s, e))
+            s = e
+    return out

@@ -1,0 +1,156 @@
+"""Every runtime setting, with its default and its environment variable.
+
+All settings are read from the process environment once, by :func:`load_settings`.
+Nothing else in the project reads environment variables for configuration, so this
+module is the configuration reference (``docs/configuration.md`` mirrors it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from kafka_iceberg.errors import ConfigError
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+"""The project checkout (the package is installed in editable mode)."""
+
+DEV_BROKER_PORT = 19092
+"""TCP port of the local noida-db dev broker that ``make demo`` starts."""
+
+
+@dataclass(frozen=True)
+class CatalogSettings:
+    """Where the Iceberg JDBC catalog lives, in the two spellings its two clients need.
+
+    ``name`` is the Iceberg catalog name. It is stored in the ``catalog_name`` column
+    of the JDBC catalog tables, so Spark (``spark.sql.catalog.<name>``) and pyiceberg
+    (``SqlCatalog(<name>)``) must use the same one to see the same tables.
+    """
+
+    name: str
+    sqlalchemy_uri: str  # for pyiceberg's SqlCatalog, e.g. sqlite:////abs/catalog.db
+    jdbc_uri: str  # for Iceberg's JdbcCatalog in Spark, e.g. jdbc:sqlite:/abs/catalog.db
+    jdbc_user: str | None
+    jdbc_password: str | None
+    warehouse: str  # file:///abs/warehouse or s3://bucket/prefix
+
+    @property
+    def is_sqlite(self) -> bool:
+        """True for the embedded SQLite catalog, which admits one committing process at a time."""
+        return self.jdbc_uri.startswith("jdbc:sqlite:")
+
+    @property
+    def jdbc_driver_jar(self) -> str:
+        """Path of the Debian JDBC driver jar Spark needs for this catalog."""
+        return "/usr/share/java/sqlite-jdbc.jar" if self.is_sqlite else "/usr/share/java/postgresql.jar"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All runtime settings. Build with :func:`load_settings`; see docs/configuration.md."""
+
+    lake_home: Path
+    tables_file: Path
+    kafka_bootstrap_servers: str
+    kafka_client_config: dict[str, str]
+    use_dev_broker: bool
+    catalog: CatalogSettings
+    spark_master: str
+    spark_local_ip: str
+    spark_driver_memory: str
+    spark_extra_jars: tuple[str, ...]
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    kafka_timeout_s: float = 30.0
+    read_timeout_s: float = 120.0
+    max_records_per_task: int = 250_000
+    attempt_timeout_s: float = 3600.0
+    orphan_clock_skew_s: float = 1.0
+
+    @property
+    def dagster_home(self) -> Path:
+        """``$LAKE_HOME/dagster``: the Dagster instance directory (``DAGSTER_HOME``)."""
+        return self.lake_home / "dagster"
+
+    @property
+    def broker_data_dir(self) -> Path:
+        """``$LAKE_HOME/kafka``: the dev broker's data directory."""
+        return self.lake_home / "kafka"
+
+
+def catalog_from_uri(name: str, uri: str, warehouse: str) -> CatalogSettings:
+    """Derive the JDBC (Spark) and SQLAlchemy (pyiceberg) spellings from one URI.
+
+    Accepts ``sqlite:////abs/path/catalog.db`` or
+    ``postgresql://user:password@host:port/database``.
+
+    Raises:
+        ConfigError: for any other scheme, or a relative SQLite path.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        path = uri[len("sqlite:///") :]
+        if not path.startswith("/"):
+            raise ConfigError(f"LAKE_CATALOG_URI must use an absolute SQLite path (sqlite:////abs/catalog.db), got {uri!r}")
+        return CatalogSettings(name, uri, f"jdbc:sqlite:{path}", None, None, warehouse)
+    if parsed.scheme in ("postgresql", "postgres", "postgresql+psycopg2"):
+        host = parsed.hostname or "127.0.0.1"
+        port = parsed.port or 5432
+        db = parsed.path.lstrip("/")
+        user = unquote(parsed.username) if parsed.username else None
+        password = unquote(parsed.password) if parsed.password else None
+        sa_uri = "postgresql+psycopg2://" + uri.split("://", 1)[1]
+        return CatalogSettings(name, sa_uri, f"jdbc:postgresql://{host}:{port}/{db}", user, password, warehouse)
+    raise ConfigError(f"LAKE_CATALOG_URI scheme {parsed.scheme!r} is not supported; use sqlite:// or postgresql://")
+
+
+def _json_env(env: dict[str, str], key: str) -> dict[str, str]:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{key} must be a JSON object: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a JSON object, got {type(value).__name__}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Read every setting from ``env`` (default: ``os.environ``).
+
+    Returns:
+        A frozen :class:`Settings`. Paths are absolute.
+
+    Raises:
+        ConfigError: a malformed value (bad JSON, an unsupported catalog URI).
+    """
+    env = dict(os.environ if env is None else env)
+    lake_home = Path(env.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
+    bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    warehouse = env.get("LAKE_WAREHOUSE") or f"file://{lake_home / 'warehouse'}"
+    catalog_uri = env.get("LAKE_CATALOG_URI") or f"sqlite:///{lake_home / 'catalog.db'}"
+    catalog = catalog_from_uri(env.get("LAKE_CATALOG_NAME", "lake"), catalog_uri, warehouse)
+    jars = tuple(j for j in env.get("LAKE_SPARK_JARS", "").split(",") if j.strip())
+    return Settings(
+        lake_home=lake_home,
+        tables_file=Path(env.get("LAKE_TABLES_FILE") or CHECKOUT / "lake_assets" / "tables.yaml").resolve(),
+        kafka_bootstrap_servers=bootstrap or f"127.0.0.1:{DEV_BROKER_PORT}",
+        kafka_client_config=_json_env(env, "KAFKA_CLIENT_CONFIG"),
+        use_dev_broker=not bootstrap,
+        catalog=catalog,
+        spark_master=env.get("SPARK_MASTER", "local[*]"),
+        spark_local_ip=env.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        spark_driver_memory=env.get("LAKE_SPARK_DRIVER_MEMORY", "2g"),
+        spark_extra_jars=jars,
+        spark_conf=_json_env(env, "LAKE_SPARK_CONF"),
+        kafka_timeout_s=float(env.get("LAKE_KAFKA_TIMEOUT_S", "30")),
+        read_timeout_s=float(env.get("LAKE_READ_TIMEOUT_S", "120")),
+        max_records_per_task=int(env.get("LAKE_MAX_RECORDS_PER_TASK", "250000")),
+        attempt_timeout_s=float(env.get("LAKE_ATTEMPT_TIMEOUT_S", "3600")),
+        orphan_clock_skew_s=float(env.get("LAKE_ORPHAN_CLOCK_SKEW_S", "1")),
+    )

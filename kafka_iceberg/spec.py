@@ -1,0 +1,268 @@
+"""Table declarations: the YAML file that turns a Kafka topic into an Iceberg table.
+
+Adding a table means adding an entry to ``lake_assets/tables.yaml`` (or the file named
+by ``LAKE_TABLES_FILE``); no Python code changes. The format is documented in
+``docs/tables.md``. Loading validates everything up front and raises
+:class:`~kafka_iceberg.errors.ConfigError` naming the table and field at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kafka_iceberg.errors import ConfigError
+
+# Declared type -> Spark SQL type. Spark's Iceberg writer maps these to Iceberg types
+# (int, long, float, double, boolean, string, binary, date, timestamptz, decimal).
+_SIMPLE_TYPES = {
+    "string": "STRING",
+    "int": "INT",
+    "long": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "binary": "BINARY",
+}
+_DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
+_TRANSFORM = re.compile(r"^(identity|years|months|days|hours)\((\w+)\)$|^bucket\((\d+),\s*(\w+)\)$|^truncate\((\d+),\s*(\w+)\)$|^(\w+)$")
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+KAFKA_COLUMNS = {
+    # declared name -> (column name in the table, Spark SQL type)
+    "topic": ("_kafka_topic", "STRING"),
+    "partition": ("_kafka_partition", "INT"),
+    "offset": ("_kafka_offset", "BIGINT"),
+    "timestamp": ("_kafka_timestamp", "TIMESTAMP"),
+    "key": ("_kafka_key", "BINARY"),
+    "headers": ("_kafka_headers", "ARRAY<STRUCT<key: STRING, value: BINARY>>"),
+}
+"""Kafka metadata columns a table may keep. ``partition`` and ``offset`` are always kept:
+they are what the duplicate-free check and exactly-once verification are keyed on."""
+
+_REQUIRED_KAFKA_COLUMNS = ("partition", "offset")
+VALUE_FORMATS = ("json",)  # "avro" with a schema registry is the next one; see docs/tables.md
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One declared column of the JSON value: its name, declared type and nullability."""
+
+    name: str
+    type: str  # declared type, e.g. "long" or "decimal(10,2)"
+    required: bool = False
+    doc: str | None = None
+
+    @property
+    def spark_type(self) -> str:
+        """The Spark SQL type name for this column (e.g. ``BIGINT``)."""
+        m = _DECIMAL.match(self.type)
+        return f"DECIMAL({m.group(1)},{m.group(2)})" if m else _SIMPLE_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class StartingPosition:
+    """Where a new table starts reading: ``earliest``, ``latest``, or a timestamp (ms since epoch)."""
+
+    kind: str  # "earliest" | "latest" | "timestamp"
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class FreshnessPolicy:
+    """Freshness thresholds, in seconds.
+
+    ``max_snapshot_age_s``: the latest snapshot must be younger than this, unless the table
+    has no lag (nothing to ingest is not staleness).
+    ``max_valid_through_age_s``: now minus the snapshot's valid-through timestamp; ``None``
+    disables it (for replays of historical data, where event time is years old).
+    """
+
+    max_snapshot_age_s: float
+    max_valid_through_age_s: float | None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A declared Kafka-topic-to-Iceberg-table mapping (one Dagster asset each)."""
+
+    name: str  # asset name, e.g. "flights"
+    identifier: str  # Iceberg "namespace.table" inside the catalog
+    topic: str
+    consumer_group: str
+    value_format: str
+    columns: tuple[ColumnSpec, ...]
+    partition_by: tuple[str, ...]
+    kafka_columns: tuple[str, ...]
+    max_records_per_partition: int
+    starting_position: StartingPosition
+    freshness: FreshnessPolicy
+    unknown_fields: str  # "fail" | "ignore"
+    description: str = ""
+
+    @property
+    def namespace(self) -> str:
+        """The Iceberg namespace part of :attr:`identifier`."""
+        return self.identifier.rsplit(".", 1)[0]
+
+    def kafka_column(self, declared: str) -> str:
+        """Table column name of a kept Kafka metadata column (e.g. ``offset`` -> ``_kafka_offset``)."""
+        return KAFKA_COLUMNS[declared][0]
+
+    def table_columns(self) -> list[tuple[str, str, bool]]:
+        """All table columns as (name, Spark SQL type, required), value columns first."""
+        cols = [(c.name, c.spark_type, c.required) for c in self.columns]
+        cols += [(KAFKA_COLUMNS[k][0], KAFKA_COLUMNS[k][1], k in _REQUIRED_KAFKA_COLUMNS) for k in self.kafka_columns]
+        return cols
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_s(value: Any, where: str) -> float:
+    """Parse ``"90s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds into seconds.
+
+    Raises:
+        ConfigError: naming ``where`` when the value is not a duration.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION.match(str(value).strip())
+    if not m:
+        raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _parse_starting_position(value: Any, where: str) -> StartingPosition:
+    if value in ("earliest", "latest"):
+        return StartingPosition(value)
+    try:
+        ts = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: starting_position must be earliest, latest or an ISO-8601 timestamp, got {value!r}") from exc
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=timezone.utc)
+    return StartingPosition("timestamp", int(ts.timestamp() * 1000))
+
+
+def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
+    merged = {**defaults, **raw}
+    name = merged.get("name")
+    if not name or not _IDENT.match(str(name)):
+        raise ConfigError(f"table name {name!r} must match {_IDENT.pattern}")
+    where = f"table {name}"
+    known = {
+        "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
+        "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description",
+    }
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
+    for key in ("identifier", "topic", "schema"):
+        if not merged.get(key):
+            raise ConfigError(f"{where}: '{key}' is required")
+    identifier = str(merged["identifier"])
+    parts = identifier.split(".")
+    if len(parts) < 2 or not all(_IDENT.match(p) for p in parts):
+        raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
+
+    fmt = merged.get("format") or {"type": "json"}
+    value_format = fmt.get("type") if isinstance(fmt, dict) else fmt
+    if value_format not in VALUE_FORMATS:
+        raise ConfigError(f"{where}: format {value_format!r} is not supported yet; supported: {VALUE_FORMATS}")
+
+    columns = []
+    for i, col in enumerate(merged["schema"]):
+        if not isinstance(col, dict) or "name" not in col or "type" not in col:
+            raise ConfigError(f"{where}: schema entry {i} needs 'name' and 'type'")
+        ctype = str(col["type"]).strip().lower()
+        if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype):
+            raise ConfigError(f"{where}: column {col['name']!r} has unsupported type {ctype!r}; supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
+        if not _IDENT.match(str(col["name"])):
+            raise ConfigError(f"{where}: column name {col['name']!r} must match {_IDENT.pattern}")
+        columns.append(ColumnSpec(str(col["name"]), ctype, bool(col.get("required", False)), col.get("doc")))
+    names = [c.name for c in columns]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: duplicate column names in schema")
+
+    kafka_columns = list(merged.get("kafka_columns") or [])
+    for k in kafka_columns:
+        if k not in KAFKA_COLUMNS:
+            raise ConfigError(f"{where}: kafka_columns entry {k!r} is not one of {sorted(KAFKA_COLUMNS)}")
+    for k in _REQUIRED_KAFKA_COLUMNS:
+        if k not in kafka_columns:
+            kafka_columns.append(k)
+    kafka_columns = [k for k in KAFKA_COLUMNS if k in kafka_columns]  # canonical order
+
+    all_columns = set(names) | {KAFKA_COLUMNS[k][0] for k in kafka_columns}
+    partition_by = tuple(str(p).strip() for p in merged.get("partition_by") or ())
+    for p in partition_by:
+        m = _TRANSFORM.match(p)
+        if not m:
+            raise ConfigError(f"{where}: partition_by entry {p!r} is not a transform like days(col), bucket(16, col) or col")
+        source = next(g for g in (m.group(2), m.group(4), m.group(6), m.group(7)) if g)
+        if source not in all_columns:
+            raise ConfigError(f"{where}: partition_by {p!r} refers to unknown column {source!r}")
+
+    bound = int(merged.get("max_records_per_partition", 100_000))
+    if bound <= 0:
+        raise ConfigError(f"{where}: max_records_per_partition must be positive")
+    fresh = merged.get("freshness") or {}
+    vt = fresh.get("max_valid_through_age", fresh.get("max_snapshot_age", "1d"))
+    freshness = FreshnessPolicy(
+        parse_duration_s(fresh.get("max_snapshot_age", "1d"), f"{where} freshness.max_snapshot_age"),
+        None if vt in (None, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
+    )
+    unknown_fields = merged.get("unknown_fields", "fail")
+    if unknown_fields not in ("fail", "ignore"):
+        raise ConfigError(f"{where}: unknown_fields must be 'fail' or 'ignore', got {unknown_fields!r}")
+    return TableSpec(
+        name=str(name),
+        identifier=identifier,
+        topic=str(merged["topic"]),
+        consumer_group=str(merged.get("consumer_group") or f"lake.{identifier}"),
+        value_format=str(value_format),
+        columns=tuple(columns),
+        partition_by=partition_by,
+        kafka_columns=tuple(kafka_columns),
+        max_records_per_partition=bound,
+        starting_position=_parse_starting_position(merged.get("starting_position", "earliest"), where),
+        freshness=freshness,
+        unknown_fields=unknown_fields,
+        description=str(merged.get("description", "")).strip(),
+    )
+
+
+def load_table_specs(path: Path | str) -> list[TableSpec]:
+    """Load and validate every table declared in the YAML file at ``path``.
+
+    The file has an optional ``defaults`` mapping (merged under every table) and a
+    ``tables`` list. Returns the specs in file order.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or any declaration is invalid;
+            or two tables share a name, identifier or topic.
+    """
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"table declarations file {path} does not exist") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    defaults = doc.get("defaults") or {}
+    specs = [_parse_table(t, defaults) for t in doc.get("tables") or []]
+    for attr in ("name", "identifier", "topic"):
+        values = [getattr(s, attr) for s in specs]
+        dupes = {v for v in values if values.count(v) > 1}
+        if dupes:
+            raise ConfigError(f"{path}: {attr} must be unique across tables, repeated: {sorted(dupes)}")
+    return specs

@@ -1,0 +1,183 @@
+"""The state contract: which Kafka offsets an Iceberg snapshot covers.
+
+Every snapshot this project commits carries, in its snapshot summary, the complete ingest
+state of the table *after* that snapshot. Reading the state therefore needs one snapshot:
+the nearest ancestor of ``main`` that has the keys (maintenance snapshots such as
+``rewrite_data_files`` or ``expire_snapshots`` do not carry them and are skipped).
+
+Snapshot summary keys (all values are strings, as Iceberg requires):
+
+=========================  ==================================================================
+``kafka.topic``            source topic
+``kafka.offsets``          JSON ``{"<partition>": next_offset}`` for every partition: the
+                           committed offsets (Kafka semantics: the offset of the next record
+                           to read). Records ``< next_offset`` are in the table.
+``kafka.batch``            JSON ``{"<partition>": [start, end]}``: the half-open offset ranges
+                           this snapshot added. ``{}`` for a snapshot that only records state.
+``kafka.max-timestamps``   JSON ``{"<partition>": ms}``: the largest record timestamp seen per
+                           partition, carried forward across snapshots (ms since epoch)
+``kafka.valid-through-ms`` min over partitions of ``kafka.max-timestamps`` (ms since epoch);
+                           absent while no partition has had a record
+``kafka.commit-id``        the run that committed it (the Dagster run id)
+``kafka.records``          records this snapshot added (records)
+=========================  ==================================================================
+
+The functions here are pure: they take :class:`SnapshotInfo` values, which the catalog
+layer builds from pyiceberg snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+KEY_TOPIC = "kafka.topic"
+KEY_OFFSETS = "kafka.offsets"
+KEY_BATCH = "kafka.batch"
+KEY_MAX_TIMESTAMPS = "kafka.max-timestamps"
+KEY_VALID_THROUGH = "kafka.valid-through-ms"
+KEY_COMMIT_ID = "kafka.commit-id"
+KEY_RECORDS = "kafka.records"
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """The parts of an Iceberg snapshot the state contract reads."""
+
+    snapshot_id: int
+    parent_id: int | None
+    timestamp_ms: int  # commit time, ms since epoch
+    summary: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_ingest(self) -> bool:
+        """True when this snapshot was committed by the ingest write path (it carries offsets)."""
+        return KEY_OFFSETS in self.summary
+
+
+@dataclass(frozen=True)
+class IngestState:
+    """Ingest state of a table as of one snapshot.
+
+    ``offsets``: partition -> next offset to read. ``max_timestamps``: partition -> ms.
+    ``snapshot_id`` is the snapshot the state was read from (``None`` for a table that has
+    never committed an ingest snapshot).
+    """
+
+    topic: str | None
+    offsets: dict[int, int]
+    max_timestamps: dict[int, int]
+    snapshot_id: int | None
+    snapshot_timestamp_ms: int | None = None
+    valid_through_ms: int | None = None
+
+    @classmethod
+    def empty(cls) -> "IngestState":
+        """State of a table that has ingested nothing."""
+        return cls(None, {}, {}, None)
+
+
+def _int_map(raw: str | None) -> dict[int, int]:
+    return {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
+
+
+def encode_int_map(values: Mapping[int, int]) -> str:
+    """JSON-encode a partition -> int map with sorted string keys (stable across runs)."""
+    return json.dumps({str(k): int(v) for k, v in sorted(values.items())}, separators=(",", ":"))
+
+
+def batch_ranges(snapshot: SnapshotInfo) -> dict[int, tuple[int, int]]:
+    """The half-open offset ranges ``{partition: (start, end)}`` a snapshot added."""
+    raw = snapshot.summary.get(KEY_BATCH)
+    return {int(k): (int(v[0]), int(v[1])) for k, v in json.loads(raw).items()} if raw else {}
+
+
+def ancestors(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> list[SnapshotInfo]:
+    """``head`` and its ancestors, newest first. Stops at an expired (missing) parent."""
+    out: list[SnapshotInfo] = []
+    seen: set[int] = set()
+    current = head
+    while current is not None and current in snapshots and current not in seen:
+        seen.add(current)
+        snap = snapshots[current]
+        out.append(snap)
+        current = snap.parent_id
+    return out
+
+
+def state_at(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> IngestState:
+    """Ingest state as of snapshot ``head``: read from its nearest ancestor that carries offsets."""
+    for snap in ancestors(snapshots, head):
+        if snap.is_ingest:
+            vt = snap.summary.get(KEY_VALID_THROUGH)
+            return IngestState(
+                topic=snap.summary.get(KEY_TOPIC),
+                offsets=_int_map(snap.summary.get(KEY_OFFSETS)),
+                max_timestamps=_int_map(snap.summary.get(KEY_MAX_TIMESTAMPS)),
+                snapshot_id=snap.snapshot_id,
+                snapshot_timestamp_ms=snap.timestamp_ms,
+                valid_through_ms=int(vt) if vt else None,
+            )
+    return IngestState.empty()
+
+
+def valid_through(max_timestamps: Mapping[int, int]) -> int | None:
+    """Min over partitions of each partition's max record timestamp (ms), or None if none yet."""
+    return min(max_timestamps.values()) if max_timestamps else None
+
+
+def ingest_summary(
+    *,
+    topic: str,
+    offsets: Mapping[int, int],
+    batch: Mapping[int, tuple[int, int]],
+    max_timestamps: Mapping[int, int],
+    commit_id: str,
+    records: int,
+) -> dict[str, str]:
+    """The snapshot summary properties for one ingest commit (see the module docstring)."""
+    props = {
+        KEY_TOPIC: topic,
+        KEY_OFFSETS: encode_int_map(offsets),
+        KEY_BATCH: json.dumps({str(p): [s, e] for p, (s, e) in sorted(batch.items())}, separators=(",", ":")),
+        KEY_MAX_TIMESTAMPS: encode_int_map(max_timestamps),
+        KEY_COMMIT_ID: commit_id,
+        KEY_RECORDS: str(int(records)),
+    }
+    vt = valid_through(max_timestamps)
+    if vt is not None:
+        props[KEY_VALID_THROUGH] = str(vt)
+    return props
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Two snapshots whose batch ranges overlap on one partition."""
+
+    partition: int
+    first: tuple[int, tuple[int, int]]  # (snapshot id, (start, end))
+    second: tuple[int, tuple[int, int]]
+
+
+def overlapping_batches(snapshots: Iterable[SnapshotInfo]) -> list[Overlap]:
+    """Every pair of ingest snapshots whose offset ranges overlap on the same partition.
+
+    Pass the ancestry of ``main``; an exactly-once table has none.
+    """
+    by_partition: dict[int, list[tuple[int, int, int]]] = {}
+    for snap in snapshots:
+        for p, (start, end) in batch_ranges(snap).items():
+            if end > start:
+                by_partition.setdefault(p, []).append((start, end, snap.snapshot_id))
+    out = []
+    for p, ranges in sorted(by_partition.items()):
+        ranges.sort()
+        reach = ranges[0]  # the range seen so far that reaches furthest
+        for s2, e2, id2 in ranges[1:]:
+            s1, e1, id1 = reach
+            if s2 < e1:
+                out.append(Overlap(p, (id1, (s1, e1)), (id2, (s2, e2))))
+            if e2 > e1:
+                reach = (s2, e2, id2)
+    return out

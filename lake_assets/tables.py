@@ -1,0 +1,193 @@
+"""One Dagster asset, plus two asset checks, per declared table.
+
+Thin by design: the asset calls :func:`kafka_iceberg.pipeline.run_micro_batch` and turns
+its result into materialization metadata; the checks call :mod:`kafka_iceberg.checks`.
+"""
+
+
+import json
+from datetime import datetime, timezone
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+)
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, RunsFilter
+from dagster_pyspark import PySparkResource
+
+from kafka_iceberg import checks
+from kafka_iceberg.catalog import load_table, metadata_view, qualified
+from kafka_iceberg.pipeline import BatchResult, run_micro_batch
+from kafka_iceberg.recovery import Attempt, commit_token
+from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.state import state_at
+from resources import IcebergCatalogResource, KafkaResource, settings_for
+
+
+def _key_part(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def topic_key(spec: TableSpec) -> AssetKey:
+    """Asset key of the source topic: ``kafka/<topic>`` (dots become underscores)."""
+    return AssetKey(["kafka", _key_part(spec.topic)])
+
+
+def table_key(spec: TableSpec) -> AssetKey:
+    """Asset key of the table: ``lake/<namespace>/<table>``."""
+    return AssetKey(["lake", *spec.identifier.split(".")])
+
+
+def topic_asset(spec: TableSpec) -> AssetSpec:
+    """The Kafka topic as an external asset, so lineage reads topic -> table -> downstream."""
+    return AssetSpec(
+        key=topic_key(spec),
+        description=f"Kafka topic {spec.topic} (produced outside Dagster).",
+        group_name="kafka",
+        kinds={"kafka"},
+        metadata={"topic": spec.topic},
+    )
+
+
+def _dagster_liveness(context):
+    runs = context.instance.get_runs(filters=RunsFilter(statuses=list(IN_PROGRESS_RUN_STATUSES)))
+    tokens = {commit_token(r.run_id) for r in runs}
+    return lambda attempt: attempt.token in tokens
+
+
+def _ts(ms: int | None):
+    return MetadataValue.timestamp(ms / 1000) if ms is not None else MetadataValue.text("none")
+
+
+def materialization_metadata(result: BatchResult) -> dict[str, object]:
+    """Metadata the UI plots for one micro-batch (see :class:`BatchResult` for units)."""
+    md: dict[str, object] = {
+        "records": MetadataValue.int(result.records),
+        "kafka_bytes": MetadataValue.int(result.kafka_bytes),
+        "megabytes_read": MetadataValue.float(round(result.kafka_bytes / 1e6, 3)),
+        "data_files_added": MetadataValue.int(result.data_files_added),
+        "data_bytes_added": MetadataValue.int(result.data_bytes_added),
+        "lag_after_commit": MetadataValue.int(result.total_lag),
+        "lag_after_commit_by_partition": MetadataValue.json({str(p): v for p, v in result.lag_after.items()}),
+        "offset_ranges": MetadataValue.json({str(p): {"start": s, "end": e} for p, (s, e) in result.ranges.items()}),
+        "committed_offsets": MetadataValue.json({str(p): o for p, o in result.offsets.items()}),
+        "snapshot_id": MetadataValue.text(str(result.snapshot_id) if result.snapshot_id else "none (nothing new)"),
+        "commit_id": MetadataValue.text(result.commit_id),
+        "valid_through": _ts(result.valid_through_ms),
+        "recovered_dead_attempts": MetadataValue.int(len(result.recovery.dead_attempts)),
+        "recovered_orphan_files": MetadataValue.int(len(result.recovery.orphan_files_deleted)),
+    }
+    for phase, seconds in result.phase_seconds.items():
+        md[f"phase_{phase}"] = MetadataValue.float(seconds)
+    md["seconds_total"] = MetadataValue.float(round(sum(result.phase_seconds.values()), 3))
+    if result.group_commit_error:
+        md["consumer_group_commit_error"] = MetadataValue.text(result.group_commit_error)
+    return md
+
+
+def table_asset(spec: TableSpec):
+    """The asset that materializes one micro-batch of ``spec`` per run."""
+
+    @asset(
+        key=table_key(spec),
+        deps=[topic_key(spec)],
+        group_name="lake",
+        kinds={"iceberg", "spark", "kafka"},
+        description=spec.description or f"Iceberg table {spec.identifier} ingested from Kafka topic {spec.topic}.",
+        metadata={
+            "iceberg_table": spec.identifier,
+            "topic": spec.topic,
+            "consumer_group": spec.consumer_group,
+            "max_records_per_partition": spec.max_records_per_partition,
+            "partition_by": ", ".join(spec.partition_by) or "unpartitioned",
+        },
+        # one materialization of a table at a time (see dagster.yaml: concurrency.pools)
+        pool=f"lake_table_{_key_part(spec.identifier)}",
+    )
+    def _materialize(
+        context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource
+    ) -> MaterializeResult:
+        settings = settings_for(kafka, catalog)
+        result = run_micro_batch(
+            pyspark.spark_session,
+            settings,
+            spec,
+            commit_id=context.run_id,
+            kafka=kafka.metadata(),
+            catalog=catalog.load(),
+            is_alive=_dagster_liveness(context),
+        )
+        if result.recovery.did_anything:
+            context.log.warning(f"recovered after dead attempts on {spec.identifier}: {result.recovery}")
+        context.log.info(
+            f"{spec.identifier}: {result.records} records, snapshot {result.snapshot_id}, lag left {result.total_lag}"
+        )
+        md = materialization_metadata(result)
+        table = load_table(catalog.load(), spec.identifier)
+        if table is not None and table.current_snapshot() is not None:
+            md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
+        return MaterializeResult(metadata=md)
+
+    _materialize.__name__ = f"ingest_{spec.name}"
+    return _materialize
+
+
+def _check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> AssetCheckResult:
+    md = {}
+    for k, v in outcome.figures.items():
+        if isinstance(v, (list, dict)):
+            md[k] = MetadataValue.json(v)
+        elif isinstance(v, bool) or v is None:
+            md[k] = MetadataValue.text(str(v))
+        elif isinstance(v, int):
+            md[k] = MetadataValue.int(v)
+        elif isinstance(v, float):
+            md[k] = MetadataValue.float(v)
+        else:
+            md[k] = MetadataValue.text(str(v))
+    return AssetCheckResult(passed=outcome.passed, severity=severity, description=outcome.summary, metadata=md)
+
+
+def table_checks(spec: TableSpec) -> list:
+    """The ``duplicate_free`` and ``freshness`` asset checks of one table."""
+
+    @asset_check(asset=table_key(spec), name="duplicate_free", blocking=False,
+                 description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.")
+    def _duplicate_free(pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
+        settings = settings_for(kafka, catalog)
+        table = load_table(catalog.load(), spec.identifier)
+        if table is None:
+            return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
+        outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table))
+        return _check_result(outcome, AssetCheckSeverity.ERROR)
+
+    @asset_check(asset=table_key(spec), name="freshness", blocking=False,
+                 description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.")
+    def _freshness(kafka: KafkaResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
+        table = load_table(catalog.load(), spec.identifier)
+        if table is None:
+            return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
+        view = metadata_view(table)
+        committed = state_at(view.snapshots, view.main).offsets
+        wm = kafka.metadata().watermarks(spec.topic)
+        lag = {p: w.high - committed.get(p, w.low) for p, w in wm.items()}
+        outcome = checks.freshness(spec, view, lag)
+        if "valid_through_ms" in outcome.figures:
+            outcome.figures["valid_through"] = datetime.fromtimestamp(
+                outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc).isoformat()
+        outcome.figures["lag_by_partition"] = json.loads(json.dumps({str(p): v for p, v in lag.items()}))
+        return _check_result(outcome, AssetCheckSeverity.WARN)
+
+    _duplicate_free.__name__ = f"{spec.name}_duplicate_free"
+    _freshness.__name__ = f"{spec.name}_freshness"
+    return [_duplicate_free, _freshness]
+
+
+__all__ = ["Attempt", "table_asset", "table_checks", "table_key", "topic_asset", "topic_key", "materialization_metadata"]
