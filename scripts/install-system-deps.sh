@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# System packages the project needs: Java 17 for Spark, and the Debian JDBC drivers for the
+# Iceberg JDBC catalog (SQLite by default, PostgreSQL for production-like setups).
+# Idempotent: installs only what is missing.
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+[ -f /usr/share/java/sqlite-jdbc.jar ] || need+=(libxerial-sqlite-jdbc-java)
+[ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+echo "installing system packages: ${need[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
