@@ -81,6 +81,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         f"{prefix}.type": "jdbc",
         f"{prefix}.uri": cat.jdbc_uri,
         f"{prefix}.jdbc.schema-version": "V1",
+        # pyiceberg creates the catalog tables (prepare_spark_environment). Iceberg's own
+        # initialization of *existing* tables leaves a SQLite read transaction open on a
+        # pooled connection, which blocks every other process's commit (SQLITE_BUSY).
+        f"{prefix}.jdbc.init-catalog-tables": "false",
         f"{prefix}.warehouse": cat.warehouse,
         # a micro-batch must see the latest metadata at every step, not a cached table
         f"{prefix}.cache-enabled": "false",
@@ -94,13 +98,15 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def prepare_spark_environment(settings: Settings) -> None:
-    """Set ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON`` (this interpreter) unless already set.
+    """Set ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON`` (this interpreter) unless already set,
+    and create the JDBC catalog's tables (through pyiceberg) if they do not exist yet.
 
     PySpark ships ``PYSPARK_PYTHON`` with every Python function, so Python workers import
     this project's packages from the same environment as the driver.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_local_ip)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    load_catalog(settings.catalog)  # creates the directory and the JDBC catalog tables if missing
 
 
 def get_spark(settings: Settings):

@@ -192,6 +192,9 @@ class TableWriter:
         result = BatchResult(spec.identifier, commit_id, committed=False, offsets=dict(plan.start_offsets))
         if not plan.needs_commit:
             result.lag_after = plan.lag_after
+            with _Timer(phases, "group_commit_s"):
+                self._sync_group(plan.start_offsets, result, only_if_different=True)
+            result.phase_seconds = phases
             return result
         started_ms = int(time.time() * 1000)
         branch = attempt_branch(commit_id, started_ms)
@@ -251,11 +254,7 @@ class TableWriter:
             self.spark.sql(f"ALTER TABLE {self.qualified} DROP BRANCH IF EXISTS `{branch}`")
 
         with _Timer(phases, "group_commit_s"):
-            try:
-                self.kafka.commit_group_offsets(spec.consumer_group, spec.topic, plan.end_offsets)
-            except LakeError as exc:  # the table is the source of truth; lag tools are only a mirror
-                log.warning("table %s: consumer group %s not updated: %s", spec.identifier, spec.consumer_group, exc)
-                result.group_commit_error = str(exc)
+            self._sync_group(plan.end_offsets, result)
 
         snap = self.view().snapshots[snapshot_id]
         high = self.kafka.watermarks(spec.topic, sorted(plan.end_offsets))
@@ -271,6 +270,23 @@ class TableWriter:
         result.valid_through_ms = valid_through(max_ts)
         result.phase_seconds = phases
         return result
+
+    def _sync_group(self, offsets: dict[int, int], result: BatchResult, only_if_different: bool = False) -> None:
+        """Mirror the table's committed offsets into its consumer group, so lag tools see them.
+
+        The table is the source of truth: a group that disagrees (a crash between the Iceberg
+        commit and this step, or someone resetting the group) is overwritten. A failure here
+        is logged and reported, never fatal.
+        """
+        spec = self.spec
+        try:
+            if only_if_different and self.kafka.group_offsets(spec.consumer_group, spec.topic) == offsets:
+                return
+            if offsets:
+                self.kafka.commit_group_offsets(spec.consumer_group, spec.topic, offsets)
+        except LakeError as exc:
+            log.warning("table %s: consumer group %s not updated: %s", spec.identifier, spec.consumer_group, exc)
+            result.group_commit_error = str(exc)
 
     def _check_read(self, plan: BatchPlan, stats) -> None:
         """Every record read lies inside its planned range (a reader bug would otherwise duplicate)."""

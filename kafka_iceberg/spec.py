@@ -266,3 +266,12 @@ def load_table_specs(path: Path | str) -> list[TableSpec]:
         if dupes:
             raise ConfigError(f"{path}: {attr} must be unique across tables, repeated: {sorted(dupes)}")
     return specs
+
+
+def parse_table_spec(raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> TableSpec:
+    """Validate one table declaration (a ``tables:`` entry, as a dict) merged over ``defaults``.
+
+    Raises:
+        ConfigError: naming the table and the field at fault.
+    """
+    return _parse_table(raw, defaults or {})

@@ -61,7 +61,9 @@ def parse_records(raw: DataFrame, spec: TableSpec) -> DataFrame:
     raises (inside Spark) on the first bad record; wrap the action with
     :func:`bad_record_from_exception`.
     """
-    schema = ", ".join(f"`{c.name}` {c.spark_type}" for c in spec.columns) + f", `{_CORRUPT}` STRING"
+    fields = [(c.name, c.spark_type) for c in spec.columns] + [(_CORRUPT, "STRING")]
+    schema = ", ".join(f"`{n}` {t}" for n, t in fields)
+    struct_type = "STRUCT<" + ", ".join(f"`{n}`: {t}" for n, t in fields) + ">"
     parsed = raw.withColumn(
         "j",
         F.from_json(
@@ -70,22 +72,27 @@ def parse_records(raw: DataFrame, spec: TableSpec) -> DataFrame:
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
         ),
     ).withColumn("_problem", F.expr(problem_expression(spec)))
-    checked_offset = F.expr(
-        "CASE WHEN _problem IS NULL THEN offset ELSE CAST(raise_error(concat("
-        f"'{_MARKER}|', topic, '|', CAST(partition AS STRING), '|', CAST(offset AS STRING), '|', _problem"
-        ")) AS BIGINT) END"
+    # Every value column is read through this guard, so a bad record raises before any
+    # other check (such as Spark's NOT NULL assertion on a required column) can fire.
+    checked = parsed.withColumn(
+        "j",
+        F.expr(
+            "CASE WHEN _problem IS NULL THEN j ELSE CAST(raise_error(concat("
+            f"'{_MARKER}|', topic, '|', CAST(partition AS STRING), '|', CAST(offset AS STRING), '|', _problem"
+            f")) AS {struct_type}) END"
+        ),
     )
     kafka = {
         "topic": F.col("topic"),
         "partition": F.col("partition"),
-        "offset": checked_offset,
+        "offset": F.col("offset"),
         "timestamp": F.expr("timestamp_millis(timestamp_ms)"),
         "key": F.col("key"),
         "headers": F.col("headers"),
     }
     columns = [F.col(f"j.`{c.name}`").alias(c.name) for c in spec.columns]
     columns += [kafka[k].alias(spec.kafka_column(k)) for k in spec.kafka_columns]
-    return parsed.select(*columns)
+    return checked.select(*columns)
 
 
 def bad_record_from_exception(exc: BaseException, table: str) -> MalformedRecordError | None:

@@ -1,0 +1,75 @@
+"""Helpers shared by the tests: declared test tables, test events, and table inspection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kafka_iceberg.catalog import load_table, metadata_view
+from kafka_iceberg.spec import TableSpec, parse_table_spec
+
+EVENT_SCHEMA = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "name", "type": "string"},
+    {"name": "amount", "type": "double"},
+    {"name": "event_time", "type": "timestamp", "required": True},
+]
+BASE_TS_MS = 1_700_000_000_000
+
+
+def spec_dict(name: str, topic: str, **overrides) -> dict:
+    """A table declaration over :data:`EVENT_SCHEMA`, shaped like a tables.yaml entry."""
+    raw = {
+        "name": name,
+        "identifier": f"test.{name}",
+        "topic": topic,
+        "schema": EVENT_SCHEMA,
+        "partition_by": ["days(event_time)"],
+        "kafka_columns": ["topic", "partition", "offset", "timestamp", "key", "headers"],
+        "max_records_per_partition": 1000,
+        "freshness": {"max_snapshot_age": "1h", "max_valid_through_age": "none"},
+    }
+    raw.update(overrides)
+    return raw
+
+
+def make_spec(name: str, topic: str, **overrides) -> TableSpec:
+    """The validated :class:`TableSpec` of :func:`spec_dict`."""
+    return parse_table_spec(spec_dict(name, topic, **overrides))
+
+
+def event(i: int) -> dict:
+    """The i-th test event (unique ``id`` = i)."""
+    return {
+        "id": i,
+        "name": f"name-{i}",
+        "amount": round(i * 1.5, 2),
+        "event_time": f"2023-11-{14 + i % 3:02d}T{i % 24:02d}:00:00Z",
+    }
+
+
+def event_records(ids, ts0: int = BASE_TS_MS):
+    """Keyed JSON records ``(key, value, timestamp_ms)`` for events ``ids``."""
+    for i in ids:
+        yield str(i).encode(), json.dumps(event(i)).encode(), ts0 + i
+
+
+def table_rows(spark, settings, spec: TableSpec) -> list:
+    """All rows of the table (as Spark Rows), read through the catalog."""
+    return spark.table(f"{settings.catalog.name}.{spec.identifier}").collect()
+
+
+def current_view(catalog, spec: TableSpec):
+    return metadata_view(load_table(catalog, spec.identifier))
+
+
+def data_files_on_disk(settings, spec: TableSpec) -> set[str]:
+    """Parquet files under the table's data directory (local warehouse only)."""
+    root = Path(settings.catalog.warehouse[len("file://"):]) / Path(*spec.identifier.split("."))
+    return {str(p) for p in (root / "data").rglob("*.parquet")}
+
+
+def referenced_data_files(spark, settings, spec: TableSpec) -> set[str]:
+    """Data files referenced by any snapshot of the table (the all_data_files metadata table)."""
+    rows = spark.sql(f"SELECT file_path FROM {settings.catalog.name}.{spec.identifier}.all_data_files").collect()
+    return {r["file_path"].removeprefix("file:").replace("//", "/") for r in rows}

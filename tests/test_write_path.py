@@ -1,0 +1,303 @@
+"""The write path against real Spark, a real Iceberg JDBC catalog and a real Kafka-protocol broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
+
+from kafka_iceberg import duck
+from kafka_iceberg.catalog import load_table
+from kafka_iceberg.checks import duplicate_free
+from kafka_iceberg.demo_data import produce
+from kafka_iceberg.errors import CommitConflictError, DataLossError, MalformedRecordError, TopicNotFoundError
+from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.recovery import BRANCH_PREFIX
+from kafka_iceberg.spec import parse_table_spec
+from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
+from tests.helpers import (
+    current_view,
+    data_files_on_disk,
+    event,
+    event_records,
+    make_spec,
+    referenced_data_files,
+    spec_dict,
+    table_rows,
+)
+
+def run(spark, settings, spec, kafka, catalog, **kw):
+    return run_micro_batch(
+        spark, settings, spec, commit_id=kw.pop("commit_id", str(uuid.uuid4())), kafka=kafka, catalog=catalog, **kw
+    )
+
+
+def assert_exactly(spark, settings, spec, catalog, ids: set[int]):
+    """The table holds each of ``ids`` once, under distinct (partition, offset), and nothing else;
+    DuckDB, reading the Iceberg metadata on its own, agrees on the count."""
+    rows = table_rows(spark, settings, spec)
+    got = [r["id"] for r in rows]
+    assert len(got) == len(ids), f"{len(got)} rows for {len(ids)} produced records"
+    assert set(got) == ids
+    coords = {(r["_kafka_partition"], r["_kafka_offset"]) for r in rows}
+    assert len(coords) == len(rows)
+    for r in rows[:50]:  # values survive the trip
+        e = event(r["id"])
+        assert r["name"] == e["name"] and r["amount"] == e["amount"]
+        assert json.loads(r["_kafka_key"].decode()) == r["id"]
+    table = load_table(catalog, spec.identifier)
+    assert duck.count_rows(table.metadata_location) == len(ids)
+
+
+def test_micro_batches_across_partitions_respect_the_bound(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    topic = topic_factory(unique, partitions=3)
+    produce(kafka_config, topic, event_records(range(900)))
+    spec = make_spec(unique, topic, max_records_per_partition=120)
+    results = []
+    for _ in range(10):
+        r = run(spark, settings, spec, kafka, catalog)
+        if not r.committed:
+            break
+        results.append(r)
+        assert all(e - s <= 120 for s, e in r.ranges.values()), r.ranges
+    assert len(results) >= 3, "the bound must force several micro-batches"
+    assert results[-1].total_lag == 0
+    assert sum(r.records for r in results) == 900
+    assert_exactly(spark, settings, spec, catalog, set(range(900)))
+
+    # the snapshot summaries tile each partition's offsets with no gap and no overlap
+    view = current_view(catalog, spec)
+    history = list(reversed(ancestors(view.snapshots, view.main)))
+    covered: dict[int, int] = {}
+    for snap in history:
+        for p, (s, e) in batch_ranges(snap).items():
+            assert s == covered.get(p, 0), f"partition {p}: batch starts at {s}, previous ended at {covered.get(p, 0)}"
+            covered[p] = e
+    wm = kafka.watermarks(topic)
+    assert covered == {p: w.high for p, w in wm.items() if w.high > 0}
+    # the consumer group mirrors the table's committed offsets
+    assert kafka.group_offsets(spec.consumer_group, topic) == {p: w.high for p, w in wm.items()}
+    assert {s.summary[KEY_COMMIT_ID] for s in history if KEY_BATCH in s.summary} == {r.commit_id for r in results}
+
+
+def test_rerun_is_idempotent(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(300)))
+    spec = make_spec(unique, topic)
+    first = run(spark, settings, spec, kafka, catalog)
+    assert first.committed and first.records == 300
+    before = current_view(catalog, spec)
+    again = run(spark, settings, spec, kafka, catalog)
+    assert not again.committed and again.records == 0
+    after = current_view(catalog, spec)
+    assert after.main == before.main and set(after.snapshots) == set(before.snapshots)
+    assert_exactly(spark, settings, spec, catalog, set(range(300)))
+    # new records after the rerun are picked up from where the table stopped
+    produce(kafka_config, topic, event_records(range(300, 350)))
+    third = run(spark, settings, spec, kafka, catalog)
+    assert third.records == 50
+    assert_exactly(spark, settings, spec, catalog, set(range(350)))
+
+
+def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id: str, extra_env=None):
+    """Run one micro-batch in a fresh Python process (its own Spark), optionally SIGKILLed at a crash point."""
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        from kafka_iceberg.catalog import get_spark
+        from kafka_iceberg.pipeline import run_micro_batch
+        from kafka_iceberg.settings import load_settings
+        from kafka_iceberg.spec import parse_table_spec
+        settings = load_settings()
+        spec = parse_table_spec(json.loads(sys.argv[1]))
+        run_micro_batch(get_spark(settings), settings, spec, commit_id={commit_id!r})
+        """
+    )
+    env = {
+        **os.environ,
+        "LAKE_HOME": str(settings.lake_home),
+        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "SPARK_MASTER": "local[1]",
+        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        **(extra_env or {}),
+    }
+    if crash_at:
+        env["LAKE_CRASH_AT"] = crash_at
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps(raw_spec)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("crash_at", ["after_write", "after_publish"])
+def test_killed_attempt_is_recovered_and_commits_exactly_once(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, crash_at
+):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(400)))
+    raw = spec_dict(unique, topic)
+    spec = parse_table_spec(raw)
+    proc = _run_in_subprocess(settings, raw, crash_at, commit_id=f"crashed-{unique}")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+
+    view = current_view(catalog, spec)
+    leftover = [b for b in view.refs if b.startswith(BRANCH_PREFIX)]
+    assert len(leftover) == 1, "the killed attempt leaves its branch behind"
+    if crash_at == "after_write":
+        assert view.main is None, "nothing was published before the kill"
+        assert data_files_on_disk(settings, spec), "the killed attempt wrote data files"
+
+    result = run(spark, settings, spec, kafka, catalog, is_alive=lambda attempt: False)
+    assert result.recovery.dead_attempts == leftover
+    if crash_at == "after_write":
+        assert result.committed and result.records == 400
+        assert result.recovery.expired_snapshots, "the unpublished snapshot is expired with its files"
+    else:
+        assert not result.committed, "the killed attempt had already published; nothing is left to do"
+    assert_exactly(spark, settings, spec, catalog, set(range(400)))
+    view = current_view(catalog, spec)
+    assert not [b for b in view.refs if b.startswith(BRANCH_PREFIX)]
+    assert data_files_on_disk(settings, spec) == referenced_data_files(spark, settings, spec), "no leftover files"
+    # the table is the truth: the group offsets follow it even when the crash skipped them
+    assert kafka.group_offsets(spec.consumer_group, topic) == {p: w.high for p, w in kafka.watermarks(topic).items()}
+
+
+def test_kill_while_writing_leaves_no_orphans(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    """SIGKILL the run as soon as its first data file appears, before the branch commit."""
+    topic = topic_factory(unique, partitions=2)
+    n = 60_000
+    produce(kafka_config, topic, event_records(range(n)))
+    raw = spec_dict(unique, topic, max_records_per_partition=n)
+    spec = parse_table_spec(raw)
+    proc = _run_in_subprocess(settings, raw, None, commit_id=f"killed-{unique}",
+                              extra_env={"LAKE_MAX_RECORDS_PER_TASK": "5000"})
+    deadline = time.monotonic() + 240
+    while not data_files_on_disk(settings, spec):
+        assert proc.poll() is None, "the run finished before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    time.sleep(1.0)  # let Spark's orphaned python workers exit
+
+    result = run(spark, settings, spec, kafka, catalog, is_alive=lambda attempt: False)
+    assert result.recovery.dead_attempts, "the killed attempt left its branch"
+    assert result.recovery.orphan_files_deleted or result.recovery.expired_snapshots
+    assert result.committed and result.records == n
+    assert_exactly(spark, settings, spec, catalog, set(range(n)))
+    assert data_files_on_disk(settings, spec) == referenced_data_files(spark, settings, spec)
+
+
+def test_two_runs_planned_on_the_same_base_publish_exactly_once(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, writer_factory
+):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(200)))
+    spec = make_spec(unique, topic)
+    a, b = writer_factory(spec), writer_factory(spec)
+    plan_a, plan_b = a.plan(), b.plan()
+    assert plan_a.base_snapshot_id == plan_b.base_snapshot_id
+    won = a.execute(plan_a, "run-a")
+    assert won.committed
+    with pytest.raises(CommitConflictError, match="main moved"):
+        b.execute(plan_b, "run-b")
+    assert_exactly(spark, settings, spec, catalog, set(range(200)))
+    view = current_view(catalog, spec)
+    assert not [r for r in view.refs if r.startswith(BRANCH_PREFIX)], "the loser cleaned up its branch"
+    assert data_files_on_disk(settings, spec) == referenced_data_files(spark, settings, spec)
+    commit_ids = {s.summary.get(KEY_COMMIT_ID) for s in ancestors(view.snapshots, view.main)}
+    assert "run-a" in commit_ids and "run-b" not in commit_ids
+
+
+def test_malformed_record_fails_the_run_naming_its_coordinates(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(10)))
+    produce(kafka_config, topic, [(b"bad", b'{"id": 10, "name": "x", "event_time": ', 1_700_000_000_010)])
+    produce(kafka_config, topic, event_records(range(11, 20)))
+    spec = make_spec(unique, topic)
+    with pytest.raises(MalformedRecordError) as info:
+        run(spark, settings, spec, kafka, catalog)
+    err = info.value
+    assert (err.topic, err.partition, err.offset) == (topic, 0, 10)
+    assert f"topic {topic} partition 0 offset 10" in str(err)
+    view = current_view(catalog, spec)
+    assert view.main is None, "nothing was committed"
+    assert not [r for r in view.refs if r.startswith(BRANCH_PREFIX)]
+    assert not data_files_on_disk(settings, spec)
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ({"id": 1, "name": "x", "event_time": "2023-11-14T00:00:00Z", "color": "red"}, "unknown fields not in the table schema: color"),
+        ({"name": "x", "event_time": "2023-11-14T00:00:00Z"}, "required field id is missing or null"),
+        ({"id": "one", "event_time": "2023-11-14T00:00:00Z"}, "not a JSON object matching the declared schema"),
+    ],
+)
+def test_records_that_do_not_fit_the_schema_fail_clearly(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, value, reason
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, [(b"k", json.dumps(value).encode(), 1_700_000_000_000)])
+    spec = make_spec(unique, topic)
+    with pytest.raises(MalformedRecordError, match=reason):
+        run(spark, settings, spec, kafka, catalog)
+    assert current_view(catalog, spec).main is None
+
+
+def test_missing_topic_is_a_clear_error(spark, settings, kafka, catalog, unique):
+    spec = make_spec(unique, f"events.{unique}.missing")
+    with pytest.raises(TopicNotFoundError, match="does not exist"):
+        run(spark, settings, spec, kafka, catalog)
+
+
+def test_records_deleted_before_ingest_are_reported_as_data_loss(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(100)))
+    spec = make_spec(unique, topic, max_records_per_partition=40)
+    run(spark, settings, spec, kafka, catalog)  # commits [0, 40)
+    admin = AdminClient(kafka_config.client_conf())
+    for fut in admin.delete_records([TopicPartition(topic, 0, 70)]).values():
+        fut.result(timeout=30)
+    with pytest.raises(DataLossError) as info:
+        run(spark, settings, spec, kafka, catalog)
+    assert (info.value.partition, info.value.committed, info.value.log_start) == (0, 40, 70)
+    assert f"table test.{unique}" in str(info.value) and "30 offsets were deleted" in str(info.value)
+
+
+def test_duplicate_free_check_fails_on_an_overlapping_commit(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(100)))
+    spec = make_spec(unique, topic)
+    run(spark, settings, spec, kafka, catalog)
+    qualified = f"{settings.catalog.name}.{spec.identifier}"
+    clean = duplicate_free(spark, qualified, spec, current_view(catalog, spec))
+    assert clean.passed, clean.summary
+
+    # seed a second commit that re-adds partition 0's first 10 offsets and claims that range
+    rows = spark.table(qualified).where("_kafka_partition = 0 AND _kafka_offset < 10")
+    props = {KEY_BATCH: json.dumps({"0": [0, 10]}), KEY_COMMIT_ID: "seeded-overlap"}
+    writer = rows.writeTo(qualified)
+    for k, v in props.items():
+        writer = writer.option(f"snapshot-property.{k}", v)
+    writer.append()
+
+    outcome = duplicate_free(spark, qualified, spec, current_view(catalog, spec))
+    assert not outcome.passed
+    assert outcome.figures["overlapping_snapshot_pairs"] == 1
+    assert outcome.figures["duplicate_offsets"] == 10
+    assert "overlapping snapshot offset ranges" in outcome.summary
