@@ -1,0 +1,166 @@
+"""Offset planning, the snapshot-summary state contract and table declarations (pure functions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kafka_iceberg.errors import ConfigError, DataLossError, OffsetsAheadError
+from kafka_iceberg.planning import OffsetRange, Watermarks, plan_batch, split_ranges
+from kafka_iceberg.recovery import attempt_branch, parse_attempt
+from kafka_iceberg.settings import catalog_from_uri, load_settings
+from kafka_iceberg.spec import load_table_specs, parse_duration_s
+from kafka_iceberg.state import (
+    KEY_BATCH,
+    SnapshotInfo,
+    ingest_summary,
+    overlapping_batches,
+    state_at,
+)
+from tests.helpers import make_spec, spec_dict
+
+
+def plan(committed, watermarks, bound=100, initial=None):
+    return plan_batch(
+        table="db.t", topic="t", base_snapshot_id=1, committed=committed,
+        watermarks={p: Watermarks(*w) for p, w in watermarks.items()}, initial_offsets=initial or {}, bound=bound,
+    )
+
+
+def test_plan_is_bounded_per_partition():
+    p = plan({0: 10, 1: 0, 2: 5}, {0: (0, 500), 1: (0, 40), 2: (0, 5)}, bound=100)
+    assert p.start_offsets == {0: 10, 1: 0, 2: 5}
+    assert p.end_offsets == {0: 110, 1: 40, 2: 5}
+    assert [(r.partition, r.start, r.end) for r in p.ranges] == [(0, 10, 110), (1, 0, 40)]
+    assert p.lag_after == {0: 390, 1: 0, 2: 0}
+    assert p.needs_commit
+
+
+def test_caught_up_table_needs_no_commit_but_a_new_table_records_its_start():
+    assert not plan({0: 7}, {0: (0, 7)}).needs_commit
+    fresh = plan({}, {0: (3, 3)}, initial={0: 3})
+    assert fresh.is_empty and fresh.needs_commit, "the resolved starting offsets are committed once"
+
+
+def test_new_partitions_start_at_their_initial_offset():
+    p = plan({0: 50}, {0: (0, 50), 1: (20, 80)}, initial={1: 20})
+    assert p.start_offsets == {0: 50, 1: 20} and p.end_offsets == {0: 50, 1: 80}
+
+
+def test_committed_offset_below_log_start_is_data_loss():
+    with pytest.raises(DataLossError) as info:
+        plan({0: 10, 1: 100}, {0: (0, 50), 1: (250, 300)})
+    err = info.value
+    assert (err.table, err.partition, err.committed, err.log_start) == ("db.t", 1, 100, 250)
+    assert "150 offsets were deleted" in str(err)
+
+
+def test_offsets_ahead_of_the_log_or_vanished_partitions_are_errors():
+    with pytest.raises(OffsetsAheadError, match="above its high watermark"):
+        plan({0: 60}, {0: (0, 50)})
+    with pytest.raises(OffsetsAheadError, match=r"partitions \[1\]"):
+        plan({0: 10, 1: 5}, {0: (0, 50)})
+
+
+def test_split_ranges_tiles_each_range_exactly():
+    pieces = split_ranges([OffsetRange("t", 0, 5, 27), OffsetRange("t", 1, 0, 10)], 10)
+    assert [(r.partition, r.start, r.end) for r in pieces] == [(0, 5, 15), (0, 15, 25), (0, 25, 27), (1, 0, 10)]
+    with pytest.raises(ValueError):
+        split_ranges([], 0)
+
+
+def snap(sid, parent, summary=None, ts=0):
+    return SnapshotInfo(sid, parent, ts, summary or {})
+
+
+def test_state_is_read_from_the_nearest_ingest_ancestor():
+    s1 = ingest_summary(topic="t", offsets={0: 10, 1: 4}, batch={0: (0, 10), 1: (0, 4)},
+                        max_timestamps={0: 1000, 1: 900}, commit_id="r1", records=14)
+    snaps = {
+        1: snap(1, None, s1, ts=5),
+        2: snap(2, 1, {"operation": "replace"}, ts=6),  # e.g. rewrite_data_files
+    }
+    state = state_at(snaps, 2)
+    assert state.offsets == {0: 10, 1: 4} and state.snapshot_id == 1 and state.topic == "t"
+    assert state.valid_through_ms == 900, "valid-through is the min over partitions of their max timestamp"
+    assert state_at(snaps, None).offsets == {}
+
+
+def test_overlapping_batches_are_found_even_across_non_adjacent_snapshots():
+    def b(sid, ranges):
+        return snap(sid, None, {KEY_BATCH: json.dumps({str(p): r for p, r in ranges.items()})})
+
+    clean = [b(1, {0: [0, 10]}), b(2, {0: [10, 20], 1: [0, 5]}), b(3, {0: [20, 20]})]
+    assert overlapping_batches(clean) == []
+    dirty = [b(1, {0: [0, 100]}), b(2, {0: [10, 20]}), b(3, {0: [50, 60]})]
+    pairs = {(o.first[0], o.second[0]) for o in overlapping_batches(dirty)}
+    assert pairs == {(1, 2), (1, 3)}
+
+
+def test_attempt_branch_names_round_trip():
+    name = attempt_branch("0c634da6-d684-4040-9b5f-94cccda462b4", 1_795_239_002_673)
+    a = parse_attempt(name)
+    assert a.started_ms == 1_795_239_002_673 and a.token == "0c634da6_d684_4040_9b5f_94cccda462b4"
+    assert parse_attempt("main") is None and parse_attempt("audit") is None
+
+
+def test_the_shipped_table_declarations_load():
+    specs = load_table_specs(load_settings(env={}).tables_file)
+    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather"}
+    flights = next(s for s in specs if s.name == "flights")
+    assert flights.kafka_columns == ("topic", "partition", "offset", "timestamp", "key", "headers")
+    assert flights.freshness.max_valid_through_age_s is None
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"identifier": "flat"}, "namespace.table"),
+        ({"format": {"type": "protobuf"}}, "not supported yet"),
+        ({"schema": [{"name": "x", "type": "uuid"}]}, "unsupported type"),
+        ({"partition_by": ["days(nope)"]}, "unknown column 'nope'"),
+        ({"max_records_per_partition": 0}, "must be positive"),
+        ({"starting_position": "yesterday"}, "starting_position"),
+        ({"unknown_fields": "evolve"}, "unknown_fields"),
+        ({"colour": "blue"}, "unknown keys"),
+    ],
+)
+def test_invalid_declarations_name_the_problem(override, message):
+    with pytest.raises(ConfigError, match=message):
+        make_spec("bad", "topic", **override)
+
+
+def test_partition_and_offset_columns_are_always_kept():
+    spec = make_spec("t", "topic", kafka_columns=["timestamp"])
+    assert spec.kafka_columns == ("partition", "offset", "timestamp")
+
+
+def test_starting_position_timestamp_and_durations():
+    spec = make_spec("t", "topic", starting_position="2013-01-01T00:00:00Z")
+    assert spec.starting_position.kind == "timestamp" and spec.starting_position.timestamp_ms == 1_356_998_400_000
+    assert parse_duration_s("15m", "x") == 900 and parse_duration_s(30, "x") == 30
+    with pytest.raises(ConfigError):
+        parse_duration_s("soon", "x")
+
+
+def test_duplicate_table_names_are_rejected(tmp_path):
+    import yaml
+
+    path = tmp_path / "tables.yaml"
+    path.write_text(yaml.safe_dump({"tables": [spec_dict("a", "t1"), spec_dict("a", "t2")]}))
+    with pytest.raises(ConfigError, match="name must be unique"):
+        load_table_specs(path)
+
+
+def test_catalog_uri_spellings():
+    sqlite = catalog_from_uri("lake", "sqlite:////data/catalog.db", "file:///w")
+    assert sqlite.jdbc_uri == "jdbc:sqlite:/data/catalog.db" and sqlite.is_sqlite
+    pg = catalog_from_uri("lake", "postgresql://ice:s3cret@db.internal:5433/lake", "s3://b/w")
+    assert pg.jdbc_uri == "jdbc:postgresql://db.internal:5433/lake"
+    assert (pg.jdbc_user, pg.jdbc_password) == ("ice", "s3cret")
+    assert pg.sqlalchemy_uri.startswith("postgresql+psycopg2://") and not pg.is_sqlite
+    with pytest.raises(ConfigError):
+        catalog_from_uri("lake", "mysql://x/y", "file:///w")
+    with pytest.raises(ConfigError, match="JSON object"):
+        load_settings(env={"KAFKA_CLIENT_CONFIG": "[1]"})
