@@ -50,33 +50,21 @@ def iceberg_runtime_jar() -> str:
     return str(deps.get_jar_path(ICEBERG_JAR))
 
 
-def spark_conf(settings: Settings) -> dict[str, str]:
-    """Spark configuration for the Iceberg runtime and the JDBC catalog (``spark.sql.catalog.<name>``).
+JDBC_DRIVER_JARS = ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/postgresql.jar")
+"""Debian's JDBC drivers (libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java)."""
 
-    Includes the master URL, driver memory, the jars (Iceberg runtime, the catalog's
-    Debian JDBC driver, ``LAKE_SPARK_JARS``) and ``LAKE_SPARK_CONF`` on top.
 
-    Raises:
-        ConfigError: the JDBC driver jar is missing (install the Debian package; see README).
-    """
-    cat = settings.catalog
-    if not Path(cat.jdbc_driver_jar).exists():
-        raise ConfigError(f"{cat.jdbc_driver_jar} is missing: apt-get install libxerial-sqlite-jdbc-java libpostgresql-jdbc-java")
+def jdbc_driver_jars(cat: CatalogSettings) -> list[str]:
+    """The catalog's JDBC driver jar, plus the other Debian driver when installed, so one Spark
+    session can also open a second catalog of the other kind."""
+    return [cat.jdbc_driver_jar] + [j for j in JDBC_DRIVER_JARS if j != cat.jdbc_driver_jar and Path(j).exists()]
+
+
+def catalog_conf(cat: CatalogSettings) -> dict[str, str]:
+    """The ``spark.sql.catalog.<name>.*`` settings for one JDBC catalog. They are runtime SQL
+    settings, so a running session can register another catalog with ``spark.conf.set``."""
     prefix = f"spark.sql.catalog.{cat.name}"
     conf = {
-        "spark.master": settings.spark_master,
-        "spark.app.name": "kafka-iceberg-lake",
-        "spark.driver.memory": settings.spark_driver_memory,
-        # executors run the task reader, so they need this interpreter and its packages
-        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        "spark.driver.host": settings.spark_local_ip,
-        "spark.driver.bindAddress": settings.spark_local_ip,
-        "spark.jars": ",".join([iceberg_runtime_jar(), cat.jdbc_driver_jar, *settings.spark_extra_jars]),
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
         f"{prefix}.uri": cat.jdbc_uri,
@@ -93,6 +81,37 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         conf[f"{prefix}.jdbc.user"] = cat.jdbc_user
     if cat.jdbc_password:
         conf[f"{prefix}.jdbc.password"] = cat.jdbc_password
+    return conf
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Spark configuration for the Iceberg runtime and the JDBC catalog (``spark.sql.catalog.<name>``).
+
+    Includes the master URL, driver memory, the jars (Iceberg runtime, the catalog's
+    Debian JDBC driver, ``LAKE_SPARK_JARS``) and ``LAKE_SPARK_CONF`` on top.
+
+    Raises:
+        ConfigError: the JDBC driver jar is missing (install the Debian package; see README).
+    """
+    cat = settings.catalog
+    if not Path(cat.jdbc_driver_jar).exists():
+        raise ConfigError(f"{cat.jdbc_driver_jar} is missing: apt-get install libxerial-sqlite-jdbc-java libpostgresql-jdbc-java")
+    conf = {
+        "spark.master": settings.spark_master,
+        "spark.app.name": "kafka-iceberg-lake",
+        "spark.driver.memory": settings.spark_driver_memory,
+        # executors run the task reader, so they need this interpreter and its packages
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.driver.host": settings.spark_local_ip,
+        "spark.driver.bindAddress": settings.spark_local_ip,
+        "spark.jars": ",".join([iceberg_runtime_jar(), *jdbc_driver_jars(cat), *settings.spark_extra_jars]),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    conf.update(catalog_conf(cat))
     conf.update(settings.spark_conf)
     return conf
 

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
@@ -362,6 +363,52 @@ def append_filler(table, rows: list[dict], summary: dict[str, str], schema: pa.S
     table.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
 
 
+@contextmanager
+def cheap_metadata_copies():
+    """Make pyiceberg appends to a table with many snapshots affordable, while growing fillers.
+
+    pyiceberg 0.12's ``update_table_metadata`` ends with a deep copy of the whole table metadata,
+    and ``Transaction.table_metadata`` calls it on every access (about 20 times per append), so
+    one append to a table with ~1,000 snapshots costs seconds and the growth is O(snapshots^2).
+    The metadata models are frozen (pydantic ``frozen=True``) and every update builds new
+    objects with ``model_copy(update=...)``, so the same function without that final deep copy
+    returns equal metadata. Only the filler growth runs under this patch; the timed
+    micro-batches run the write path unchanged."""
+    import pyiceberg.catalog as catalog_module
+    import pyiceberg.table as table_module
+    import pyiceberg.table.update as update_module
+    from pyiceberg.utils.datetime import datetime_to_millis
+
+    original = update_module.update_table_metadata
+
+    def update_table_metadata(base_metadata, updates, enforce_validation=False, metadata_location=None):
+        if enforce_validation:
+            return original(base_metadata, updates, enforce_validation, metadata_location)
+        context = update_module._TableMetadataUpdateContext()
+        new_metadata = base_metadata
+        for update in updates:
+            new_metadata = update_module._apply_table_update(update, new_metadata, context)
+        if context.has_changes():
+            if metadata_location:
+                new_metadata = update_module._update_table_metadata_log(
+                    new_metadata, metadata_location, base_metadata.last_updated_ms)
+            if base_metadata.last_updated_ms == new_metadata.last_updated_ms:
+                new_metadata = new_metadata.model_copy(
+                    update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
+        new_metadata.spec().check_compatible(new_metadata.schema())
+        new_metadata.sort_order().check_compatible(new_metadata.schema())
+        return new_metadata  # the original returns new_metadata.model_copy(deep=True) here
+
+    modules = (update_module, table_module, catalog_module)
+    for module in modules:
+        module.update_table_metadata = update_table_metadata
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.update_table_metadata = original
+
+
 def grow_snapshots(catalog, spec: TableSpec, config: KafkaConfig, kafka: KafkaMetadata, df,
                    target: int) -> int:
     """Append pyiceberg snapshots until the table has ``target`` snapshots. Each filler snapshot
@@ -385,6 +432,12 @@ def grow_snapshots(catalog, spec: TableSpec, config: KafkaConfig, kafka: KafkaMe
     schema = pa.schema([_plain_field(f) for f in table.schema().as_arrow()])  # Parquet without field ids
     data_dir = Path(urlparse(table.location()).path) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
+    with cheap_metadata_copies():
+        _append_fillers(table, spec, partitions, records, offsets, max_ts, need, schema, data_dir)
+    return need
+
+
+def _append_fillers(table, spec, partitions, records, offsets, max_ts, need, schema, data_dir) -> None:
     for i in range(need):
         rows, batch = [], {}
         for p in partitions:
@@ -397,7 +450,6 @@ def grow_snapshots(catalog, spec: TableSpec, config: KafkaConfig, kafka: KafkaMe
         summary = ingest_summary(topic=spec.topic, offsets=offsets, batch=batch, max_timestamps=max_ts,
                                  commit_id=str(uuid.uuid4()), records=len(rows))
         append_filler(table, filler_rows(rows, spec.topic, spec), summary, schema, data_dir)
-    return need
 
 
 def commit_specs(levels: list[int]) -> list[tuple[int, TableSpec]]:

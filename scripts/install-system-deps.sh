@@ -4,6 +4,8 @@
 # Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
+# PostgreSQL 15 server: the production-like catalog, started by the test suite's fixture
+[ -x /usr/lib/postgresql/15/bin/pg_ctl ] || need+=(postgresql)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 [ -f /usr/share/java/sqlite-jdbc.jar ] || need+=(libxerial-sqlite-jdbc-java)
 [ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
