@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import sys
+
 
 class LakeError(Exception):
     """Base class of every error this project raises on purpose."""
@@ -29,6 +32,8 @@ class DataLossError(LakeError):
     Raised when a committed offset is below the partition's log start offset (low watermark),
     or when a read hits ``OFFSET_OUT_OF_RANGE``. Never skipped silently.
     """
+
+    table = topic = partition = committed = log_start = None  # unset on an error re-raised from a Spark task
 
     def __init__(self, table: str, topic: str, partition: int, committed: int, log_start: int):
         self.table, self.topic, self.partition = table, topic, partition
@@ -74,3 +79,21 @@ class CommitConflictError(LakeError):
 
 class ReadTimeoutError(LakeError):
     """A Spark task could not read its planned offset range within ``LAKE_READ_TIMEOUT_S``."""
+
+
+_REMOTE = re.compile(r"kafka_iceberg\.errors\.(\w+): ([^\n]+)")
+
+
+def from_task_exception(exc: BaseException) -> LakeError | None:
+    """The project error a Spark task raised, recovered from the driver-side exception text
+    (Spark wraps Python worker errors in a ``PythonException``/``Py4JJavaError``), or ``None``.
+
+    The returned error has the task's message; structured attributes are not carried over.
+    """
+    m = _REMOTE.search(str(exc))
+    cls = getattr(sys.modules[__name__], m.group(1), None) if m else None
+    if not (isinstance(cls, type) and issubclass(cls, LakeError)):
+        return None
+    err = cls.__new__(cls)
+    Exception.__init__(err, m.group(2).strip())
+    return err

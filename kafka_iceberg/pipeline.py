@@ -30,7 +30,7 @@ from kafka_iceberg.catalog import (
     metadata_view,
     qualified,
 )
-from kafka_iceberg.errors import CommitConflictError, LakeError, MalformedRecordError
+from kafka_iceberg.errors import CommitConflictError, LakeError, MalformedRecordError, from_task_exception
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import BatchPlan, Watermarks, plan_batch, split_ranges
 from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
@@ -245,6 +245,9 @@ class TableWriter:
             faults.crash_point("after_publish")
         except BaseException as exc:
             self._abandon(branch, exc)
+            remote = from_task_exception(exc) if not isinstance(exc, LakeError) else None
+            if remote is not None:  # e.g. DataLossError or ReadTimeoutError from a reader task
+                raise remote from None
             raise
         finally:
             if raw is not None:

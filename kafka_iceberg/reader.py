@@ -75,6 +75,7 @@ def read_range(
 
     if end <= start:
         return
+    transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
     consumer = Consumer(
         {
             **conf,
@@ -120,7 +121,11 @@ def read_range(
                     if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         next_offset = offsets[-1] + 1 if offsets else start
                         raise DataLossError(table, topic, partition, next_offset, -1)
-                    raise KafkaException(err)
+                    if err.fatal() or not (err.retriable() or code in transient):
+                        raise KafkaException(err)
+                    # a broker blip: librdkafka reconnects and refetches on its own; the
+                    # no-progress deadline above bounds how long we wait for it
+                    continue
                 off = m.offset()
                 if off >= end:
                     done = True

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kafka_iceberg.catalog import TableMetadataView, metadata_view
+from kafka_iceberg.catalog import TableMetadataView
 from kafka_iceberg.state import ancestors
 
 BRANCH_PREFIX = "ingest_"
@@ -200,7 +200,6 @@ __all__ = [
     "delete_orphan_files",
     "expirable_snapshots",
     "expire_snapshot_ids",
-    "metadata_view",
     "parse_attempt",
     "recover",
 ]

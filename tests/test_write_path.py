@@ -301,3 +301,33 @@ def test_duplicate_free_check_fails_on_an_overlapping_commit(
     assert outcome.figures["overlapping_snapshot_pairs"] == 1
     assert outcome.figures["duplicate_offsets"] == 10
     assert "overlapping snapshot offset ranges" in outcome.summary
+
+
+def test_records_deleted_between_plan_and_read_fail_the_run(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, writer_factory
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(100)))
+    spec = make_spec(unique, topic)
+    writer = writer_factory(spec)
+    plan = writer.plan()
+    assert plan.start_offsets == {0: 0}
+    admin = AdminClient(kafka_config.client_conf())
+    for fut in admin.delete_records([TopicPartition(topic, 0, 30)]).values():
+        fut.result(timeout=30)
+    with pytest.raises(DataLossError, match=f"topic {topic} partition 0 no longer holds offset 0"):
+        writer.execute(plan, "reads-deleted-records")
+    view = current_view(catalog, spec)
+    assert view.main is None and not [r for r in view.refs if r.startswith(BRANCH_PREFIX)]
+
+
+def test_unreachable_broker_is_a_clear_error(unique):
+    from kafka_iceberg.errors import BrokerUnavailableError
+    from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
+    from tests.conftest import _free_port
+
+    dead = KafkaMetadata(KafkaConfig(f"127.0.0.1:{_free_port()}", {}, timeout_s=3))
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match="127.0.0.1"):
+        dead.watermarks(f"events.{unique}")
+    assert time.monotonic() - t0 < 30
