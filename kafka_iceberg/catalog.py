@@ -232,11 +232,18 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
     except Exception as exc:  # a concurrent creator won the race
         if "already exists" not in str(exc).lower():
             raise
-    existing = {f.name: f.dataType.simpleString().upper() for f in spark.table(qualified(settings, spec)).schema.fields}
-    for name, stype, _ in spec.table_columns():
+    fields = spark.table(qualified(settings, spec)).schema.fields
+    existing = {f.name: f.dataType.simpleString().upper() for f in fields}
+    nullable = {f.name: f.nullable for f in fields}
+    for name, stype, required in spec.table_columns():
         declared = stype.replace(" ", "").upper()
         actual = existing.get(name)
         if actual is None:
             raise ConfigError(f"table {spec.identifier} has no column {name!r} that tables.yaml declares; evolve the table first")
         if actual.replace(" ", "") != declared:
             raise ConfigError(f"table {spec.identifier} column {name!r} is {actual} but tables.yaml declares {stype}")
+        if nullable[name] == required:
+            raise ConfigError(
+                f"table {spec.identifier} column {name!r} is {'optional' if nullable[name] else 'required'} "
+                f"but tables.yaml declares it {'required' if required else 'optional'}"
+            )

@@ -1,8 +1,10 @@
 """Every runtime setting, with its default and its environment variable.
 
-All settings are read from the process environment once, by :func:`load_settings`.
-Nothing else in the project reads environment variables for configuration, so this
-module is the configuration reference (``docs/configuration.md`` mirrors it).
+All runtime settings of the write path are read from the process environment by
+:func:`load_settings` (``docs/configuration.md`` mirrors it). The only other variables the
+project reads are ``DAGSTER_HOME`` (Dagster's own), ``LAKE_DAGSTER_EXECUTOR``
+(lake_assets/definitions.py), ``PYSPARK_PYTHON`` (Spark's own) and ``LAKE_CRASH_AT``
+(failure rehearsal, kafka_iceberg/faults.py).
 """
 
 from __future__ import annotations
@@ -120,6 +122,19 @@ def _json_env(env: dict[str, str], key: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+def _number(env: dict[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key} must be a number, got {raw!r}") from exc
+    if value < 0:
+        raise ConfigError(f"{key} must not be negative, got {raw!r}")
+    return value
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Read every setting from ``env`` (default: ``os.environ``).
 
@@ -127,9 +142,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         A frozen :class:`Settings`. Paths are absolute.
 
     Raises:
-        ConfigError: a malformed value (bad JSON, an unsupported catalog URI).
+        ConfigError: a malformed value (bad JSON, a non-numeric number, an unsupported catalog URI).
     """
-    env = dict(os.environ if env is None else env)
+    env = {k: v for k, v in (os.environ if env is None else env).items() if v.strip()}  # empty = unset
     lake_home = Path(env.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
     bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
     warehouse = env.get("LAKE_WAREHOUSE") or f"file://{lake_home / 'warehouse'}"
@@ -148,9 +163,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         spark_driver_memory=env.get("LAKE_SPARK_DRIVER_MEMORY", "2g"),
         spark_extra_jars=jars,
         spark_conf=_json_env(env, "LAKE_SPARK_CONF"),
-        kafka_timeout_s=float(env.get("LAKE_KAFKA_TIMEOUT_S", "30")),
-        read_timeout_s=float(env.get("LAKE_READ_TIMEOUT_S", "120")),
-        max_records_per_task=int(env.get("LAKE_MAX_RECORDS_PER_TASK", "250000")),
-        attempt_timeout_s=float(env.get("LAKE_ATTEMPT_TIMEOUT_S", "3600")),
-        orphan_clock_skew_s=float(env.get("LAKE_ORPHAN_CLOCK_SKEW_S", "1")),
+        kafka_timeout_s=_number(env, "LAKE_KAFKA_TIMEOUT_S", 30.0),
+        read_timeout_s=_number(env, "LAKE_READ_TIMEOUT_S", 120.0),
+        max_records_per_task=int(_number(env, "LAKE_MAX_RECORDS_PER_TASK", 250_000)),
+        attempt_timeout_s=_number(env, "LAKE_ATTEMPT_TIMEOUT_S", 3600.0),
+        orphan_clock_skew_s=_number(env, "LAKE_ORPHAN_CLOCK_SKEW_S", 1.0),
     )

@@ -93,7 +93,7 @@ class FreshnessPolicy:
 class TableSpec:
     """A declared Kafka-topic-to-Iceberg-table mapping (one Dagster asset each)."""
 
-    name: str  # asset name, e.g. "flights"
+    name: str  # short name of the declared table, e.g. "flights" (the asset key is lake/<identifier>)
     identifier: str  # Iceberg "namespace.table" inside the catalog
     topic: str
     consumer_group: str
@@ -183,6 +183,9 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     for i, col in enumerate(merged["schema"]):
         if not isinstance(col, dict) or "name" not in col or "type" not in col:
             raise ConfigError(f"{where}: schema entry {i} needs 'name' and 'type'")
+        extra = set(col) - {"name", "type", "required", "doc"}
+        if extra:
+            raise ConfigError(f"{where}: schema entry {col['name']!r} has unknown keys {sorted(extra)}")
         ctype = str(col["type"]).strip().lower()
         if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype):
             raise ConfigError(f"{where}: column {col['name']!r} has unsupported type {ctype!r}; supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
@@ -202,6 +205,9 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
             kafka_columns.append(k)
     kafka_columns = [k for k in KAFKA_COLUMNS if k in kafka_columns]  # canonical order
 
+    clashes = sorted(set(names) & {c for c, _ in KAFKA_COLUMNS.values()})
+    if clashes:
+        raise ConfigError(f"{where}: schema columns {clashes} collide with Kafka metadata column names")
     all_columns = set(names) | {KAFKA_COLUMNS[k][0] for k in kafka_columns}
     partition_by = tuple(str(p).strip() for p in merged.get("partition_by") or ())
     for p in partition_by:
@@ -212,14 +218,20 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         if source not in all_columns:
             raise ConfigError(f"{where}: partition_by {p!r} refers to unknown column {source!r}")
 
-    bound = int(merged.get("max_records_per_partition", 100_000))
+    try:
+        bound = int(merged.get("max_records_per_partition", 100_000))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: max_records_per_partition must be a whole number of records") from exc
     if bound <= 0:
         raise ConfigError(f"{where}: max_records_per_partition must be positive")
     fresh = merged.get("freshness") or {}
+    extra = set(fresh) - {"max_snapshot_age", "max_valid_through_age"}
+    if extra:
+        raise ConfigError(f"{where}: freshness has unknown keys {sorted(extra)}")
     vt = fresh.get("max_valid_through_age", fresh.get("max_snapshot_age", "1d"))
     freshness = FreshnessPolicy(
         parse_duration_s(fresh.get("max_snapshot_age", "1d"), f"{where} freshness.max_snapshot_age"),
-        None if vt in (None, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
+        None if vt in (None, False, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
     )
     unknown_fields = merged.get("unknown_fields", "fail")
     if unknown_fields not in ("fail", "ignore"):

@@ -124,6 +124,10 @@ def test_the_shipped_table_declarations_load():
         ({"starting_position": "yesterday"}, "starting_position"),
         ({"unknown_fields": "evolve"}, "unknown_fields"),
         ({"colour": "blue"}, "unknown keys"),
+        ({"schema": [{"name": "x", "type": "int", "nullable": True}]}, "schema entry 'x' has unknown keys"),
+        ({"schema": [{"name": "_kafka_offset", "type": "long"}]}, "collide with Kafka metadata"),
+        ({"freshness": {"max_age": "1h"}}, "freshness has unknown keys"),
+        ({"max_records_per_partition": "lots"}, "whole number"),
     ],
 )
 def test_invalid_declarations_name_the_problem(override, message):
@@ -164,3 +168,6 @@ def test_catalog_uri_spellings():
         catalog_from_uri("lake", "mysql://x/y", "file:///w")
     with pytest.raises(ConfigError, match="JSON object"):
         load_settings(env={"KAFKA_CLIENT_CONFIG": "[1]"})
+    with pytest.raises(ConfigError, match="LAKE_KAFKA_TIMEOUT_S must be a number"):
+        load_settings(env={"LAKE_KAFKA_TIMEOUT_S": "soon"})
+    assert load_settings(env={"SPARK_MASTER": " "}).spark_master == "local[*]", "empty means unset"
