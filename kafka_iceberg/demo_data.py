@@ -57,7 +57,9 @@ def to_records(dataset: str, df: pd.DataFrame) -> Iterable[tuple[bytes, bytes, i
     """Yield ``(key, value, timestamp_ms)`` per row: UTF-8 key, UTF-8 JSON value, ms since epoch."""
     values = df.to_json(orient="records", lines=True).splitlines()
     keys = _key(dataset, df).tolist()
-    ts = (pd.to_datetime(df["time_hour"], utc=True).astype("int64") // 1_000_000).tolist()
+    # unit-independent: pandas 3 parses to microseconds, pandas 2 to nanoseconds
+    epoch = pd.Timestamp(0, tz="UTC")
+    ts = ((pd.to_datetime(df["time_hour"], utc=True) - epoch) // pd.Timedelta(milliseconds=1)).tolist()
     for k, v, t in zip(keys, values, ts):
         yield k.encode(), v.encode(), int(t)
 

@@ -171,3 +171,17 @@ def test_catalog_uri_spellings():
     with pytest.raises(ConfigError, match="LAKE_KAFKA_TIMEOUT_S must be a number"):
         load_settings(env={"LAKE_KAFKA_TIMEOUT_S": "soon"})
     assert load_settings(env={"SPARK_MASTER": " "}).spark_master == "local[*]", "empty means unset"
+
+
+def test_demo_records_carry_event_time_in_ms_since_epoch():
+    from kafka_iceberg.demo_data import load_frame, to_records
+
+    weather = load_frame("weather").head(3)
+    records = list(to_records("weather", weather))
+    key, value, ts = records[0]
+    assert key == b"EWR"
+    assert json.loads(value)["time_hour"] == "2013-01-01T06:00:00Z"
+    assert ts == 1_357_020_000_000, "2013-01-01T06:00:00Z in ms since epoch"
+    flights = load_frame("flights").head(1)
+    (_, value, _), = to_records("flights", flights)
+    assert json.loads(value)["dep_time"] == 517, "nullable integer columns stay integers in JSON"
