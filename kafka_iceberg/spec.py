@@ -90,6 +90,22 @@ class FreshnessPolicy:
 
 
 @dataclass(frozen=True)
+class LagPolicy:
+    """When the lag sensor triggers a micro-batch, and how it evaluates lag.
+
+    ``max_offset_lag`` (records by offset, summed over partitions): trigger at or above it.
+    ``max_interval_s``: trigger when any lag is left and the last commit is older than this
+    (the micro-batch cadence). ``window``: samples kept for the Burrow evaluation.
+    ``interval_s``: seconds between sensor evaluations.
+    """
+
+    max_offset_lag: int = 10_000
+    max_interval_s: float = 900.0
+    window: int = 10
+    interval_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """A declared Kafka-topic-to-Iceberg-table mapping (one Dagster asset each)."""
 
@@ -106,6 +122,7 @@ class TableSpec:
     freshness: FreshnessPolicy
     unknown_fields: str  # "fail" | "ignore"
     description: str = ""
+    lag: LagPolicy = LagPolicy()
 
     @property
     def namespace(self) -> str:
@@ -161,7 +178,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     where = f"table {name}"
     known = {
         "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
-        "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description",
+        "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description", "lag",
     }
     unknown = set(raw) - known
     if unknown:
@@ -233,6 +250,21 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         parse_duration_s(fresh.get("max_snapshot_age", "1d"), f"{where} freshness.max_snapshot_age"),
         None if vt in (None, False, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
     )
+    lag_raw = merged.get("lag") or {}
+    extra = set(lag_raw) - {"max_offset_lag", "max_interval", "window", "interval"}
+    if extra:
+        raise ConfigError(f"{where}: lag has unknown keys {sorted(extra)}")
+    try:
+        lag = LagPolicy(
+            max_offset_lag=int(lag_raw.get("max_offset_lag", LagPolicy.max_offset_lag)),
+            max_interval_s=parse_duration_s(lag_raw.get("max_interval", "15m"), f"{where} lag.max_interval"),
+            window=int(lag_raw.get("window", LagPolicy.window)),
+            interval_s=parse_duration_s(lag_raw.get("interval", "30s"), f"{where} lag.interval"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: lag.max_offset_lag and lag.window must be whole numbers") from exc
+    if lag.max_offset_lag < 1 or lag.window < 2:
+        raise ConfigError(f"{where}: lag.max_offset_lag must be >= 1 and lag.window >= 2")
     unknown_fields = merged.get("unknown_fields", "fail")
     if unknown_fields not in ("fail", "ignore"):
         raise ConfigError(f"{where}: unknown_fields must be 'fail' or 'ignore', got {unknown_fields!r}")
@@ -250,6 +282,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         freshness=freshness,
         unknown_fields=unknown_fields,
         description=str(merged.get("description", "")).strip(),
+        lag=lag,
     )
 
 

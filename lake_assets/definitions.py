@@ -38,7 +38,11 @@ ingest_all = define_asset_job(
 )
 
 defs = Definitions(
-    assets=[*(topic_asset(s) for s in specs), *(table_asset(s) for s in specs), hourly_departure_delay],
+    assets=[
+        *(topic_asset(s) for s in specs),
+        *(table_asset(s, sqlite_catalog=settings.catalog.is_sqlite) for s in specs),
+        hourly_departure_delay,
+    ],
     asset_checks=[c for s in specs for c in table_checks(s)],
     jobs=[ingest_all],
     sensors=sensors.all_sensors(specs),

@@ -92,7 +92,13 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
     return md
 
 
-def table_asset(spec: TableSpec):
+def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
+    """Dagster concurrency pool of a table asset: one per table, or one shared by all tables on a
+    SQLite catalog (SQLite admits one committing process at a time). Limits: dagster.yaml."""
+    return "lake_sqlite_catalog" if sqlite_catalog else f"lake_table_{_key_part(spec.identifier)}"
+
+
+def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
     """The asset that materializes one micro-batch of ``spec`` per run."""
 
     @asset(
@@ -109,7 +115,7 @@ def table_asset(spec: TableSpec):
             "partition_by": ", ".join(spec.partition_by) or "unpartitioned",
         },
         # one materialization of a table at a time (see dagster.yaml: concurrency.pools)
-        pool=f"lake_table_{_key_part(spec.identifier)}",
+        pool=table_pool(spec, sqlite_catalog),
     )
     def _materialize(
         context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource

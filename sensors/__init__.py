@@ -1,10 +1,13 @@
-"""Sensors. Lag and retention-headroom sensors that trigger runs and backfills are tracked
-in their own issue; until they land the code location has none and tables are
-materialized by the ``ingest_all`` job or from the UI."""
+"""Sensors: one consumer-lag sensor per declared table (sensors/lag.py).
+
+Retention-headroom sensors and sensor-launched backfills are tracked in their own issue.
+"""
 
 from __future__ import annotations
 
 
 def all_sensors(specs) -> list:
-    """Sensors for the declared tables (none yet)."""
-    return []
+    """The sensors of the code location for the declared tables."""
+    from sensors.lag import lag_sensor
+
+    return [lag_sensor(s) for s in specs]

@@ -1,0 +1,99 @@
+"""Lag evaluation (Burrow's rules, time-lag interpolation) and the lag sensor on the real broker."""
+
+from __future__ import annotations
+
+import uuid
+
+from dagster import DagsterInstance, build_sensor_context
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+from kafka_iceberg.demo_data import produce
+from kafka_iceberg.lag import LagSample, LagWindow, evaluate, partition_status, time_lag_s
+from kafka_iceberg.pipeline import run_micro_batch
+from resources import default_resources
+from sensors.lag import TABLE_TAG, lag_sensor
+from tests.helpers import event_records, make_spec
+
+
+def window(*rows, last_commit_ms=None):
+    """rows: (observed s, committed, high) for partition 0."""
+    w = LagWindow(size=10)
+    for t, c, h in rows:
+        w.add(LagSample(t * 1000, {0: c}, {0: h}, last_commit_ms if last_commit_ms is not None else t * 1000))
+    return w
+
+
+def test_burrow_rules():
+    # lag reached zero inside the window
+    assert partition_status(window((0, 10, 20), (10, 20, 20), (20, 25, 30)).samples, 0) == "OK"
+    # committed offset not moving while lag stays above zero
+    assert partition_status(window((0, 10, 20), (10, 10, 25), (20, 10, 30), last_commit_ms=15_000).samples, 0) == "STALL"
+    # committed moves but lag grows in every interval
+    assert partition_status(window((0, 10, 20), (10, 15, 30), (20, 20, 45)).samples, 0) == "WARN"
+    # committed moves and lag shrinks
+    assert partition_status(window((0, 10, 50), (10, 30, 55), (20, 50, 60)).samples, 0) == "OK"
+    # no commit for longer than the window spans
+    stopped = window((100, 10, 20), (110, 10, 25), (120, 10, 30), last_commit_ms=0)
+    assert partition_status(stopped.samples, 0) == "STOP"
+    assert evaluate(stopped).status == "STOP" and evaluate(stopped).total_offset_lag == 20
+
+
+def test_time_lag_is_interpolated_from_high_watermark_history():
+    w = window((0, 0, 100), (10, 0, 200), (20, 150, 300))
+    # offset 150 became the high watermark halfway between t=0 (100) and t=10 (200): 15 s ago
+    assert time_lag_s(w.samples, 0) == 15.0
+    assert time_lag_s(window((0, 300, 300)).samples, 0) == 0.0
+    # older than the window: a lower bound, the window's age
+    assert time_lag_s(window((0, 0, 100), (30, 50, 200)).samples, 0) == 30.0
+
+
+def test_window_round_trips_through_the_cursor_and_stays_bounded():
+    w = LagWindow(size=3)
+    for i in range(5):
+        w.add(LagSample(i, {0: i}, {0: i + 1}, None))
+    restored = LagWindow.from_json(w.to_json(), size=3)
+    assert [s.observed_ms for s in restored.samples] == [2, 3, 4]
+    assert LagWindow.from_json("not json", size=3).samples == []
+
+
+def _tick(sensor_def, instance, resources, cursor):
+    context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    return sensor_def(context)
+
+
+def test_lag_spike_triggers_exactly_one_run(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(100)))
+    spec = make_spec(unique, topic, lag={"max_offset_lag": 300, "max_interval": "1h"})
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
+    instance = DagsterInstance.ephemeral()
+    sensor_def = lag_sensor(spec)
+
+    quiet = _tick(sensor_def, instance, resources, None)
+    assert quiet.run_requests == []
+    (obs,) = quiet.asset_events
+    assert obs.metadata["offset_lag"].value == 0 and obs.metadata["status"].value == "OK"
+
+    produce(kafka_config, topic, event_records(range(100, 600)))  # the spike
+    spike = _tick(sensor_def, instance, resources, quiet.cursor)
+    assert len(spike.run_requests) == 1
+    request = spike.run_requests[0]
+    assert request.tags[TABLE_TAG] == spec.identifier and "offset lag 500" in request.tags["lake/trigger"]
+    assert spike.asset_events[0].metadata["offset_lag"].value == 500
+
+    # the requested run is in progress: the next tick must not request another one
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()), tags=request.tags,
+                                status=DagsterRunStatus.STARTED))
+    assert _tick(sensor_def, instance, resources, spike.cursor).run_requests == []
+
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    (running,) = instance.get_runs()
+    instance.report_run_canceled(running)
+    caught_up = _tick(sensor_def, instance, resources, spike.cursor)
+    assert caught_up.run_requests == [] and caught_up.asset_events[0].metadata["offset_lag"].value == 0
+
+    # with no run in progress, the next spike triggers again: one request per spike
+    produce(kafka_config, topic, event_records(range(600, 1000)))
+    again = _tick(sensor_def, instance, resources, caught_up.cursor)
+    assert len(again.run_requests) == 1 and "offset lag 400" in again.run_requests[0].tags["lake/trigger"]
