@@ -23,6 +23,7 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, RunsFilt
 from dagster_pyspark import PySparkResource
 
 from kafka_iceberg import checks
+from kafka_iceberg.alerts import alert_on_check, pick_measure
 from kafka_iceberg.catalog import load_table, metadata_view, qualified
 from kafka_iceberg.pipeline import BatchResult, run_micro_batch
 from kafka_iceberg.recovery import Attempt, commit_token
@@ -172,6 +173,8 @@ def table_checks(spec: TableSpec) -> list:
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
         outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table))
+        alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "duplicate_free",
+                       *pick_measure("duplicate_free", outcome.figures), outcome.summary, severity="ERROR")
         return _check_result(outcome, AssetCheckSeverity.ERROR)
 
     @asset_check(asset=table_key(spec), name="freshness", blocking=False,
@@ -189,6 +192,8 @@ def table_checks(spec: TableSpec) -> list:
             outcome.figures["valid_through"] = datetime.fromtimestamp(
                 outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc).isoformat()
         outcome.figures["lag_by_partition"] = json.loads(json.dumps({str(p): v for p, v in lag.items()}))
+        alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "freshness",
+                       *pick_measure("freshness", outcome.figures), outcome.summary, severity="WARN")
         return _check_result(outcome, AssetCheckSeverity.WARN)
 
     _duplicate_free.__name__ = f"{spec.name}_duplicate_free"

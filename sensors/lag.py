@@ -4,6 +4,7 @@ Each evaluation reads the table's committed offsets (its snapshot summary) and t
 high watermarks, adds the sample to a window kept in the sensor cursor, evaluates it with
 Burrow's rules (:mod:`kafka_iceberg.lag`) and records an ``AssetObservation`` on the table
 asset with the figures, so the asset page plots offset lag, time lag and status over time.
+A change of status into WARN, STALL or STOP posts a Slack alert (:mod:`kafka_iceberg.alerts`).
 
 It requests a materialization (one micro-batch) when the offset lag reaches the table's
 ``lag.max_offset_lag`` or when lag is left and the last commit is older than
@@ -24,6 +25,7 @@ from dagster import (
 )
 from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, RunsFilter
 
+from kafka_iceberg.alerts import Alert, AlertSink
 from kafka_iceberg.catalog import load_table, metadata_view
 from kafka_iceberg.lag import LagEvaluation, LagWindow, evaluate, sample_from
 from kafka_iceberg.spec import TableSpec
@@ -58,6 +60,25 @@ def should_trigger(spec: TableSpec, evaluation: LagEvaluation, last_commit_ms, n
     return None
 
 
+def alert_lag_status(spec: TableSpec, evaluation: LagEvaluation, previous: str, sink: AlertSink | None = None) -> bool:
+    """Post a Slack alert for a status change into WARN (WARN) or STALL/STOP (ERROR). Never raises."""
+    sink = sink or AlertSink.from_env()
+    return sink.send(
+        Alert(
+            table=spec.identifier,
+            asset_key_path=list(table_key(spec).path),
+            measure="lag_status",
+            value=f"{evaluation.status} (was {previous})",
+            severity="ERROR" if evaluation.status in ("STALL", "STOP") else "WARN",
+            summary=(
+                f"{spec.identifier} on topic {spec.topic}: offset lag {evaluation.total_offset_lag} records, "
+                f"time lag {evaluation.max_time_lag_s:.0f} s, partitions {evaluation.partition_status}"
+            ),
+            source=f"sensor {spec.name}_lag",
+        )
+    )
+
+
 def lag_sensor(spec: TableSpec):
     """The lag sensor of one table (named ``<table name>_lag``)."""
 
@@ -80,8 +101,11 @@ def lag_sensor(spec: TableSpec):
         watermarks = kafka.metadata().watermarks(spec.topic)
         committed = {p: state_offsets.get(p, w.low) for p, w in watermarks.items()}
         window = LagWindow.from_json(context.cursor, spec.lag.window)
+        previous = evaluate(window).status if window.samples else "OK"
         window.add(sample_from(now_ms, committed, {p: w.high for p, w in watermarks.items()}, last_commit_ms))
         evaluation = evaluate(window)
+        if evaluation.status != previous and evaluation.status != "OK":
+            alert_lag_status(spec, evaluation, previous)
         observation = AssetObservation(asset_key=table_key(spec), metadata=observation_metadata(evaluation, last_commit_ms))
         reason = should_trigger(spec, evaluation, last_commit_ms, now_ms)
         run_requests = []
@@ -109,4 +133,4 @@ def lag_sensor(spec: TableSpec):
     return _lag
 
 
-__all__ = ["TABLE_TAG", "lag_sensor", "observation_metadata", "should_trigger"]
+__all__ = ["TABLE_TAG", "alert_lag_status", "lag_sensor", "observation_metadata", "should_trigger"]

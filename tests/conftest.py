@@ -8,9 +8,13 @@ the Spark session and the catalog without seeing each other's data.
 from __future__ import annotations
 
 import itertools
+import json
 import socket
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -106,3 +110,68 @@ def writer_factory(spark, settings, kafka, catalog):
         return w
 
     return make
+
+
+class SlackRecorder:
+    """What the fake Slack API received, and how it should answer next."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url  # e.g. http://127.0.0.1:PORT/api/
+        self.requests: list[dict] = []  # {"path", "authorization", "body"}
+        self.status = 200
+        self.reply: object = {"ok": True, "channel": "C1", "ts": "1.0"}
+        self.delay_s = 0.0
+        self.release = threading.Event()
+
+    @property
+    def messages(self) -> list[dict]:
+        return [r["body"] for r in self.requests if r["path"] == "/api/chat.postMessage"]
+
+
+@pytest.fixture
+def slack(monkeypatch):
+    """A threaded HTTP server on a free 127.0.0.1 port that records chat.postMessage bodies."""
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    recorder: SlackRecorder
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+            if "json" in (self.headers.get("Content-Type") or ""):
+                body = json.loads(raw)
+            else:
+                body = {k: v[0] for k, v in parse_qs(raw).items()}
+            recorder.requests.append(
+                {"path": self.path, "authorization": self.headers.get("Authorization"), "body": body}
+            )
+            if recorder.delay_s:
+                recorder.release.wait(recorder.delay_s)
+            if self.path != "/api/chat.postMessage":
+                status, reply = 404, {"ok": False, "error": "unknown_method"}
+            else:
+                status, reply = recorder.status, recorder.reply
+            data = reply.encode() if isinstance(reply, str) else json.dumps(reply).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if not isinstance(reply, str) else "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout test)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    server.block_on_close = False
+    recorder = SlackRecorder(f"http://127.0.0.1:{server.server_address[1]}/api/")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield recorder
+    recorder.release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(5)

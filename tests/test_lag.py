@@ -97,3 +97,31 @@ def test_lag_spike_triggers_exactly_one_run(spark, settings, kafka, kafka_config
     produce(kafka_config, topic, event_records(range(600, 1000)))
     again = _tick(sensor_def, instance, resources, caught_up.cursor)
     assert len(again.run_requests) == 1 and "offset lag 400" in again.run_requests[0].tags["lake/trigger"]
+
+
+def test_lag_status_change_to_error_posts_one_slack_alert(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+):
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
+    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(50)))
+    spec = make_spec(unique, topic, lag={"max_offset_lag": 10_000, "max_interval": "1h"})
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    produce(kafka_config, topic, event_records(range(50, 80)))  # lag the table does not ingest
+    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
+    instance = DagsterInstance.ephemeral()
+    sensor_def = lag_sensor(spec)
+    first = _tick(sensor_def, instance, resources, None)
+    assert first.asset_events[0].metadata["status"].value == "OK", "one sample cannot show a trend"
+    assert slack.messages == []
+    second = _tick(sensor_def, instance, resources, first.cursor)
+    status = second.asset_events[0].metadata["status"].value
+    assert status in ("STALL", "STOP"), status
+    (message,) = slack.messages
+    text = message["text"]
+    assert spec.identifier in text and "lag_status" in text and status in text
+    assert f"/assets/lake/test/{unique}" in text
+    third = _tick(sensor_def, instance, resources, second.cursor)
+    assert third.asset_events[0].metadata["status"].value == status
+    assert len(slack.messages) == 1, "only a change of status alerts"
