@@ -133,11 +133,20 @@ class TableWriter:
         Raises:
             TopicNotFoundError, BrokerUnavailableError: from the cluster.
             DataLossError: a committed offset fell below the log start offset.
-            LakeError: the table was ingested from a different topic than declared.
+            LakeError: the table was ingested from a different topic than declared, or it holds
+                data but its ingest state was expired.
         """
         spec = self.spec
         view = self.view()
         state = state_at(view.snapshots, view.main)
+        if state.snapshot_id is None and view.main is not None:
+            total = int(view.snapshots[view.main].summary.get("total-records", "0"))
+            if total > 0:  # never restart from the starting position over existing data
+                raise LakeError(
+                    f"table {spec.identifier} holds {total} records but no snapshot in main's ancestry carries "
+                    "kafka.offsets (were they expired?); refusing to re-ingest from the starting position, "
+                    "which would duplicate rows. See docs/state-contract.md."
+                )
         if state.topic is not None and state.topic != spec.topic:
             raise LakeError(
                 f"table {spec.identifier} was ingested from topic {state.topic!r} but tables.yaml declares "

@@ -106,6 +106,24 @@ class LagPolicy:
 
 
 @dataclass(frozen=True)
+class MaintenancePolicy:
+    """Maintenance schedules (cron, UTC) and their settings for one table.
+
+    ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``;
+    ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
+    the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``.
+    """
+
+    compact_cron: str = "0 2 * * *"
+    expire_cron: str = "0 3 * * *"
+    remove_orphans_cron: str = "0 4 * * 0"
+    retain_last: int = 100
+    max_snapshot_age_s: float = 7 * 86400.0
+    orphan_older_than_s: float = 3 * 86400.0
+    target_file_size_bytes: int = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """A declared Kafka-topic-to-Iceberg-table mapping (one Dagster asset each)."""
 
@@ -123,6 +141,7 @@ class TableSpec:
     unknown_fields: str  # "fail" | "ignore"
     description: str = ""
     lag: LagPolicy = LagPolicy()
+    maintenance: MaintenancePolicy = MaintenancePolicy()
 
     @property
     def namespace(self) -> str:
@@ -170,6 +189,42 @@ def _parse_starting_position(value: Any, where: str) -> StartingPosition:
     return StartingPosition("timestamp", int(ts.timestamp() * 1000))
 
 
+_CRON = re.compile(r"^\S+(\s+\S+){4}$")
+
+
+def _parse_maintenance(raw: dict[str, Any], where: str) -> MaintenancePolicy:
+    keys = {"compact", "expire", "remove_orphans", "retain_last", "max_snapshot_age", "orphan_older_than",
+            "target_file_size_bytes"}
+    extra = set(raw) - keys
+    if extra:
+        raise ConfigError(f"{where}: maintenance has unknown keys {sorted(extra)}")
+    d = MaintenancePolicy()
+    crons = {k: str(raw.get(k, default)) for k, default in
+             (("compact", d.compact_cron), ("expire", d.expire_cron), ("remove_orphans", d.remove_orphans_cron))}
+    for k, cron in crons.items():
+        if not _CRON.match(cron):
+            raise ConfigError(f"{where}: maintenance.{k} {cron!r} is not a five-field cron expression")
+    try:
+        retain_last = int(raw.get("retain_last", d.retain_last))
+        target = int(raw.get("target_file_size_bytes", d.target_file_size_bytes))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: maintenance.retain_last and target_file_size_bytes must be whole numbers") from exc
+    orphan_s = parse_duration_s(raw.get("orphan_older_than", d.orphan_older_than_s), f"{where} maintenance.orphan_older_than")
+    if retain_last < 1:
+        raise ConfigError(f"{where}: maintenance.retain_last must be >= 1 (the newest ingest snapshot holds the offsets)")
+    if orphan_s < 86400:
+        raise ConfigError(f"{where}: maintenance.orphan_older_than must be at least 24h (longer than any micro-batch)")
+    return MaintenancePolicy(
+        compact_cron=crons["compact"],
+        expire_cron=crons["expire"],
+        remove_orphans_cron=crons["remove_orphans"],
+        retain_last=retain_last,
+        max_snapshot_age_s=parse_duration_s(raw.get("max_snapshot_age", d.max_snapshot_age_s), f"{where} maintenance.max_snapshot_age"),
+        orphan_older_than_s=orphan_s,
+        target_file_size_bytes=target,
+    )
+
+
 def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     merged = {**defaults, **raw}
     name = merged.get("name")
@@ -179,6 +234,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     known = {
         "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
         "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description", "lag",
+        "maintenance",
     }
     unknown = set(raw) - known
     if unknown:
@@ -265,6 +321,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         raise ConfigError(f"{where}: lag.max_offset_lag and lag.window must be whole numbers") from exc
     if lag.max_offset_lag < 1 or lag.window < 2:
         raise ConfigError(f"{where}: lag.max_offset_lag must be >= 1 and lag.window >= 2")
+    maintenance = _parse_maintenance(merged.get("maintenance") or {}, where)
     unknown_fields = merged.get("unknown_fields", "fail")
     if unknown_fields not in ("fail", "ignore"):
         raise ConfigError(f"{where}: unknown_fields must be 'fail' or 'ignore', got {unknown_fields!r}")
@@ -283,6 +340,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         unknown_fields=unknown_fields,
         description=str(merged.get("description", "")).strip(),
         lag=lag,
+        maintenance=maintenance,
     )
 
 

@@ -46,7 +46,7 @@ defs = Definitions(
     asset_checks=[c for s in specs for c in table_checks(s)],
     jobs=[ingest_all],
     sensors=sensors.all_sensors(specs),
-    schedules=schedules.all_schedules(specs),
+    schedules=schedules.all_schedules(specs, sqlite_catalog=settings.catalog.is_sqlite),
     resources=default_resources(settings),
     executor=_executor(),
 )

@@ -1,9 +1,18 @@
-"""Schedules. Table maintenance schedules (rewrite_data_files, expire_snapshots,
-remove_orphan_files) are tracked in their own issue; until they land there are none."""
+"""Maintenance schedules: compaction, snapshot expiry and orphan-file removal per table.
+
+Each table gets three jobs, ``compact_<name>``, ``expire_snapshots_<name>`` and
+``remove_orphan_files_<name>``, each with its own schedule (cron in the table's
+``maintenance:`` declaration, UTC). They run Iceberg's Spark procedures
+(:mod:`kafka_iceberg.maintenance`) in the table's concurrency pool, so they never commit
+at the same time as the table's micro-batch (or, on SQLite, as any other commit), and record
+an ``AssetObservation`` on the table with live data files and bytes before and after.
+"""
 
 from __future__ import annotations
 
 
-def all_schedules(specs) -> list:
-    """Schedules for the declared tables (none yet)."""
-    return []
+def all_schedules(specs, sqlite_catalog: bool = True) -> list:
+    """Three maintenance schedules per declared table."""
+    from schedules.maintenance import maintenance_schedules
+
+    return [sched for spec in specs for sched in maintenance_schedules(spec, sqlite_catalog)]

@@ -1,0 +1,79 @@
+"""Dagster jobs and schedules around :mod:`kafka_iceberg.maintenance` (thin)."""
+
+from dagster import (
+    AssetObservation,
+    DefaultScheduleStatus,
+    MetadataValue,
+    OpExecutionContext,
+    ScheduleDefinition,
+    job,
+    op,
+)
+from dagster_pyspark import PySparkResource
+
+from kafka_iceberg import maintenance
+from kafka_iceberg.catalog import load_table, metadata_view
+from kafka_iceberg.spec import TableSpec
+from lake_assets.tables import table_key, table_pool
+from resources import IcebergCatalogResource
+
+
+def result_metadata(result: maintenance.MaintenanceResult) -> dict:
+    """Observation metadata: live data files and bytes before/after, seconds, procedure output."""
+    return {
+        "procedure": MetadataValue.text(result.procedure),
+        "data_files_before": MetadataValue.int(result.files_before),
+        "data_files_after": MetadataValue.int(result.files_after),
+        "data_bytes_before": MetadataValue.int(result.bytes_before),
+        "data_bytes_after": MetadataValue.int(result.bytes_after),
+        "seconds": MetadataValue.float(result.seconds),
+        "procedure_output": MetadataValue.json(result.output),
+    }
+
+
+def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
+    policy = spec.maintenance
+
+    def run(spark, catalog_name: str, view) -> maintenance.MaintenanceResult:
+        if kind == "compact":
+            return maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
+        if kind == "expire_snapshots":
+            return maintenance.expire(spark, catalog_name, spec.identifier, policy.max_snapshot_age_s,
+                                      policy.retain_last, view=view())
+        return maintenance.remove_orphans(spark, catalog_name, spec.identifier, policy.orphan_older_than_s)
+
+    @op(name=f"{kind}_{spec.name}_op", pool=table_pool(spec, sqlite_catalog))
+    def _op(context: OpExecutionContext, pyspark: PySparkResource, catalog: IcebergCatalogResource):
+        result = run(pyspark.spark_session, catalog.name,
+                     lambda: metadata_view(load_table(catalog.load(), spec.identifier)))
+        context.log.info(
+            f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after}, "
+            f"bytes {result.bytes_before} -> {result.bytes_after}"
+        )
+        context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result_metadata(result)))
+
+    @job(name=f"{kind}_{spec.name}", description=f"{kind.replace('_', ' ')} on {spec.identifier}",
+         tags={"lake/table": spec.identifier, "lake/maintenance": kind})
+    def _job():
+        _op()
+
+    return _job
+
+
+def maintenance_schedules(spec: TableSpec, sqlite_catalog: bool) -> list[ScheduleDefinition]:
+    """The table's three maintenance schedules (running by default; UTC cron from the declaration)."""
+    crons = {
+        "compact": spec.maintenance.compact_cron,
+        "expire_snapshots": spec.maintenance.expire_cron,
+        "remove_orphan_files": spec.maintenance.remove_orphans_cron,
+    }
+    return [
+        ScheduleDefinition(
+            name=f"{kind}_{spec.name}_schedule",
+            job=_maintenance_job(spec, kind, sqlite_catalog),
+            cron_schedule=cron,
+            execution_timezone="UTC",
+            default_status=DefaultScheduleStatus.RUNNING,
+        )
+        for kind, cron in crons.items()
+    ]

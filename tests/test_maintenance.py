@@ -1,0 +1,109 @@
+"""Maintenance jobs (rewrite_data_files, expire_snapshots, remove_orphan_files) on a real table:
+they shrink what they should and the ingest state and exactly-once guarantees survive them."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from dagster import Definitions
+
+from kafka_iceberg.checks import duplicate_free
+from kafka_iceberg.demo_data import produce
+from kafka_iceberg.errors import LakeError
+from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.state import state_at
+from resources import default_resources
+from schedules import all_schedules
+from tests.helpers import current_view, data_files_on_disk, event_records, make_spec, table_rows
+
+
+def _ingest_in_batches(spark, settings, spec, kafka, catalog):
+    while True:
+        r = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+        if r.total_lag == 0:
+            return
+
+
+def _run_job(settings, spec, kind):
+    (schedule,) = [s for s in all_schedules([spec], sqlite_catalog=True) if s.name == f"{kind}_{spec.name}_schedule"]
+    defs = Definitions(schedules=[schedule], resources=default_resources(settings))
+    result = defs.resolve_job_def(f"{kind}_{spec.name}").execute_in_process()
+    assert result.success
+    (observation,) = [e.event_specific_data.asset_observation for e in result.all_events
+                      if e.event_type_value == "ASSET_OBSERVATION"]
+    return {k: v.value for k, v in observation.metadata.items()}
+
+
+def test_maintenance_keeps_offsets_and_exactly_once(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(600)))
+    spec = make_spec(unique, topic, max_records_per_partition=60, partition_by=[],
+                     maintenance={"retain_last": 1, "max_snapshot_age": "0s", "orphan_older_than": "3d"})
+    _ingest_in_batches(spark, settings, spec, kafka, catalog)
+
+    compacted = _run_job(settings, spec, "compact")
+    assert compacted["data_files_before"] >= 5 and compacted["data_files_after"] < compacted["data_files_before"]
+    assert compacted["data_bytes_after"] < compacted["data_bytes_before"]
+
+    # expiring right after compaction must keep the ingest snapshot below the replace snapshot
+    kept = _run_job(settings, spec, "expire_snapshots")
+    assert kept["procedure_output"]["retain_last"] > 1
+    view = current_view(catalog, spec)
+    assert state_at(view.snapshots, view.main).offsets == {p: w.high for p, w in kafka.watermarks(topic).items()}
+
+    # after the next micro-batch, the pre-compaction snapshots and their small files can go
+    produce(kafka_config, topic, event_records(range(600, 700)))
+    _ingest_in_batches(spark, settings, spec, kafka, catalog)
+    expired = _run_job(settings, spec, "expire_snapshots")
+    assert expired["procedure_output"]["deleted_data_files_count"] >= compacted["data_files_before"]
+    view = current_view(catalog, spec)
+    assert len(view.snapshots) < 10
+    assert state_at(view.snapshots, view.main).offsets == {p: w.high for p, w in kafka.watermarks(topic).items()}
+
+    # exactly-once continues across maintenance
+    produce(kafka_config, topic, event_records(range(700, 750)))
+    _ingest_in_batches(spark, settings, spec, kafka, catalog)
+    ids = [r["id"] for r in table_rows(spark, settings, spec)]
+    assert sorted(ids) == list(range(750))
+    outcome = duplicate_free(spark, f"{settings.catalog.name}.{spec.identifier}", spec, current_view(catalog, spec))
+    assert outcome.passed, outcome.summary
+
+
+def test_a_table_whose_ingest_state_was_expired_refuses_to_reingest(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(100)))
+    spec = make_spec(unique, topic, max_records_per_partition=20, partition_by=[])
+    _ingest_in_batches(spark, settings, spec, kafka, catalog)
+    _run_job(settings, spec, "compact")
+    # an operator expiring by hand with retain_last => 1 drops every ingest snapshot
+    spark.sql(f"CALL {settings.catalog.name}.system.expire_snapshots(table => '{spec.identifier}', "
+              "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)")
+    with pytest.raises(LakeError, match="holds 100 records but no snapshot in main's ancestry carries kafka.offsets"):
+        run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    assert len(table_rows(spark, settings, spec)) == 100
+
+
+def test_remove_orphan_files_respects_its_safety_window(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(50)))
+    spec = make_spec(unique, topic, partition_by=[], maintenance={"orphan_older_than": "2d"})
+    _ingest_in_batches(spark, settings, spec, kafka, catalog)
+    live = data_files_on_disk(settings, spec)
+    data_dir = Path(next(iter(live))).parent
+    old, fresh = data_dir / "stale-leftover.parquet", data_dir / "in-flight-write.parquet"
+    for f in (old, fresh):
+        f.write_bytes(b"PAR1 not really")
+    three_days_ago = time.time() - 3 * 86400
+    os.utime(old, (three_days_ago, three_days_ago))
+
+    result = _run_job(settings, spec, "remove_orphan_files")
+    assert result["procedure_output"]["orphan_files_deleted"] == 1
+    assert not old.exists(), "an unreferenced file older than the window is removed"
+    assert fresh.exists(), "a recent unreferenced file (a write in flight) is kept"
+    assert live <= data_files_on_disk(settings, spec), "referenced files are never touched"
