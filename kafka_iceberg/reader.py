@@ -78,15 +78,20 @@ def read_range(
     transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
     consumer = Consumer(
         {
+            # tunable through KAFKA_CLIENT_CONFIG
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            # a broker that ignores the fetch limits (the dev broker does) can answer with more
+            # than librdkafka's 100 MB default response size
+            "receive.message.max.bytes": 512 * 1024 * 1024,
             **conf,
+            # what exactly-once reading depends on: not tunable
             "group.id": f"lake-reader.{table}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
             "isolation.level": "read_committed",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 16 * 1024 * 1024,
         }
     )
     try:
@@ -96,19 +101,14 @@ def read_range(
         keys: list = []
         values: list = []
         headers: list = []
+        position = start  # the next offset this task expects
         deadline = time.monotonic() + timeout_s
         done = False
         while not done:
-            msgs = consumer.consume(num_messages=10_000, timeout=1.0)
-            if not msgs:
-                if time.monotonic() > deadline:
-                    raise ReadTimeoutError(
-                        f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
-                        f"made no progress for {timeout_s:.0f} s; last offset read: "
-                        f"{offsets[-1] if offsets else 'none'}"
-                    )
-                continue
-            deadline = time.monotonic() + timeout_s
+            # never ask for more than the range still holds, or consume() waits out its timeout
+            remaining = end - position
+            msgs = consumer.consume(num_messages=max(1, min(10_000, remaining)), timeout=1.0)
+            before = position
             for m in msgs:
                 err = m.error()
                 if err is not None:
@@ -119,8 +119,7 @@ def read_range(
                             break
                         continue
                     if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        next_offset = offsets[-1] + 1 if offsets else start
-                        raise DataLossError(table, topic, partition, next_offset, -1)
+                        raise DataLossError(table, topic, partition, position, -1)
                     if err.fatal() or not (err.retriable() or code in transient):
                         raise KafkaException(err)
                     # a broker blip: librdkafka reconnects and refetches on its own; the
@@ -131,6 +130,7 @@ def read_range(
                     done = True
                     break
                 offsets.append(off)
+                position = off + 1
                 timestamps.append(m.timestamp()[1])
                 keys.append(m.key())
                 values.append(m.value())
@@ -139,6 +139,13 @@ def read_range(
                 if off == end - 1:
                     done = True
                     break
+            if position > before:
+                deadline = time.monotonic() + timeout_s
+            elif not done and time.monotonic() > deadline:  # only real records count as progress
+                raise ReadTimeoutError(
+                    f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
+                    f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
+                )
             if len(offsets) >= _CHUNK:
                 yield _batch(topic, partition, offsets, timestamps, keys, values, headers)
                 offsets, timestamps, keys, values, headers = [], [], [], [], []

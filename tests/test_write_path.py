@@ -132,8 +132,27 @@ def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id
     }
     if crash_at:
         env["LAKE_CRASH_AT"] = crash_at
+    # its own process group, so the whole tree (Python driver, Spark's JVM, Python workers)
+    # can be killed at once, as an OOM kill or a lost node would
     return subprocess.Popen([sys.executable, "-c", code, json.dumps(raw_spec)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _kill_tree(proc) -> None:
+    """SIGKILL the process group of ``proc`` and wait until no member is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process group {proc.pid} did not exit")
 
 
 @pytest.mark.parametrize("crash_at", ["after_write", "after_publish"])
@@ -147,6 +166,7 @@ def test_killed_attempt_is_recovered_and_commits_exactly_once(
     proc = _run_in_subprocess(settings, raw, crash_at, commit_id=f"crashed-{unique}")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    _kill_tree(proc)  # the driver killed itself; make sure its JVM is gone too
 
     view = current_view(catalog, spec)
     leftover = [b for b in view.refs if b.startswith(BRANCH_PREFIX)]
@@ -184,9 +204,7 @@ def test_kill_while_writing_leaves_no_orphans(spark, settings, kafka, kafka_conf
         assert proc.poll() is None, "the run finished before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    time.sleep(1.0)  # let Spark's orphaned python workers exit
+    _kill_tree(proc)
 
     result = run(spark, settings, spec, kafka, catalog, is_alive=lambda attempt: False)
     assert result.recovery.dead_attempts, "the killed attempt left its branch"
@@ -331,3 +349,29 @@ def test_unreachable_broker_is_a_clear_error(unique):
     with pytest.raises(BrokerUnavailableError, match="127.0.0.1"):
         dead.watermarks(f"events.{unique}")
     assert time.monotonic() - t0 < 30
+
+
+def test_transaction_markers_and_aborted_records_are_skipped(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    """Offsets taken by transaction markers and aborted records leave gaps the reader tolerates;
+    the table holds exactly the committed records and its offsets cover the whole log."""
+    from confluent_kafka import Producer
+
+    topic = topic_factory(unique, partitions=1)
+    producer = Producer(kafka_config.client_conf(**{"transactional.id": f"tx-{unique}"}))
+    producer.init_transactions(30)
+    for ids, commit in ((range(0, 40), True), (range(1000, 1010), False), (range(40, 60), True)):
+        producer.begin_transaction()
+        for key, value, ts in event_records(ids):
+            producer.produce(topic, key=key, value=value, timestamp=ts)
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    spec = make_spec(unique, topic)
+    high = kafka.watermarks(topic)[0].high
+    assert high > 70, "60 committed + 10 aborted records + 3 markers"
+    t0 = time.monotonic()
+    result = run(spark, settings, spec, kafka, catalog)
+    assert time.monotonic() - t0 < settings.read_timeout_s, "the reader must not wait for offsets that never come"
+    assert result.records == 60 and result.offsets == {0: high} and result.total_lag == 0
+    assert_exactly(spark, settings, spec, catalog, set(range(60)))
