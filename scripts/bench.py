@@ -2,7 +2,8 @@
 
 Run by ``make bench`` (``BENCH_ARGS="--records 200000"`` to pass flags)::
 
-    .venv/bin/python scripts/bench.py [--records N] [--skip-snapshots] [--keep]
+    .venv/bin/python scripts/bench.py [--records N] [--skip-snapshots] [--snapshot-levels 10,100,1000]
+                                      [--commit-batch 1000] [--keep]
 
 Everything runs against fresh, private state: its own noida-db dev broker on a free port,
 and its own ``LAKE_HOME`` (SQLite catalog + warehouse), both under ``/tmp/bench-*``, removed
@@ -17,10 +18,10 @@ at the end unless ``--keep``. It prints figures; it never asserts. See docs/benc
     returning with the snapshot published on ``main``. Records/s, MB/s, the phase
     seconds of ``BatchResult.phase_seconds``, and (b)/(a) in records/s.
 (c) Commit time versus snapshot count: a table is grown to 10, 100 and 1,000 snapshots
-    with pyiceberg appends that carry the same ``kafka.*`` summary the write path
-    writes (over records really produced to its topic, so the committed offsets are
-    always where the next micro-batch starts); at each size one real micro-batch of
-    ``--commit-batch`` records is timed.
+    with pyiceberg appends (``Table.add_files``) that carry the same ``kafka.*`` summary
+    the write path writes, over records really produced to its topic, so the committed
+    offsets are always where the next micro-batch starts; at each size one real
+    micro-batch of ``--commit-batch`` records is timed (plan, execute, publish_s).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from kafka_iceberg import demo_data, devbroker
 from kafka_iceberg.catalog import get_spark, load_catalog, metadata_view
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.pipeline import BatchResult, TableWriter
+from kafka_iceberg.planning import split_ranges
 from kafka_iceberg.settings import CHECKOUT, Settings, load_settings
 from kafka_iceberg.spec import TableSpec, _parse_table
 from kafka_iceberg.state import ingest_summary, state_at
@@ -60,6 +62,7 @@ TOPIC = "bench.flights"
 WARMUP_TOPIC = "bench.warmup"
 COMMITS_TOPIC = "bench.commits"
 WARMUP_RECORDS = 2_000
+RECEIVE_MAX_BYTES = 2_147_483_647  # librdkafka's maximum; see raw_consume
 TOPIC_CONFIG = {"retention.ms": "-1"}  # record timestamps are from 2013
 # env vars that would point the benchmark at shared state instead of its fresh LAKE_HOME
 _SHARED_STATE_VARS = ("LAKE_CATALOG_URI", "LAKE_WAREHOUSE", "LAKE_CATALOG_NAME", "LAKE_TABLES_FILE", "KAFKA_CLIENT_CONFIG")
@@ -124,9 +127,10 @@ def print_machine(settings: Settings | None) -> None:
     say(f"java                  {_cmd_first_line(['java', '-version'])}")
     say(f"pyspark               {pyspark.__version__}")
     say(f"pyiceberg             {pyiceberg.__version__}")
-    say(f"confluent-kafka       {confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})")
+    ck = confluent_kafka.version()
+    say(f"confluent-kafka       {ck if isinstance(ck, str) else ck[0]} (librdkafka {confluent_kafka.libversion()[0]})")
     noida = Path(sys.executable).with_name("noida-db")
-    say(f"broker                noida-db {_cmd_first_line([str(noida), 'version']) if noida.exists() else '?'}")
+    say(f"broker                {_cmd_first_line([str(noida), 'version']) if noida.exists() else 'noida-db ?'}")
     if settings is not None:
         say(f"Spark master          {settings.spark_master}   (driver memory {settings.spark_driver_memory}, "
             f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task})")
@@ -185,10 +189,15 @@ def produce_round_robin(config: KafkaConfig, topic: str, records, partitions: in
 def raw_consume(config: KafkaConfig, topic: str, partitions: list[int]) -> dict:
     """Reference figure (a): one plain Consumer reads every record of ``topic`` from offset 0
     up to the high watermarks, touching each message's value."""
+    client_errors: list[str] = []
     consumer = Consumer(config.client_conf(**{
+        "error_cb": lambda err: client_errors.append(str(err)),
         "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        # the one non-default: noida-db ignores fetch.max.bytes / max.partition.fetch.bytes and can
+        # answer a fetch with more than librdkafka's default 100 MB limit (1M records: 104 MB)
+        "receive.message.max.bytes": RECEIVE_MAX_BYTES,
     }))
     try:
         high = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
@@ -204,8 +213,9 @@ def raw_consume(config: KafkaConfig, topic: str, partitions: list[int]) -> dict:
             msgs = consumer.consume(num_messages=max(1, min(10_000, remaining - records)), timeout=1.0)
             if msgs:
                 last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > 60:
-                say(f"  WARNING: raw consumer made no progress for 60 s; partitions {sorted(pending)} unfinished")
+            elif time.monotonic() - last_progress > 30:
+                say(f"  WARNING: raw consumer made no progress for 30 s; partitions {sorted(pending)} unfinished; "
+                    f"last client error: {client_errors[-1] if client_errors else 'none'}")
                 break
             for m in msgs:
                 err = m.error()
@@ -234,6 +244,7 @@ def read_back(config: KafkaConfig, topic: str, start: dict[int, int], end: dict[
     if not pending:
         return out
     consumer = Consumer(config.client_conf(**{
+        "receive.message.max.bytes": RECEIVE_MAX_BYTES,
         "group.id": f"bench-readback-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "auto.offset.reset": "error",
@@ -452,23 +463,6 @@ def _append_fillers(table, spec, partitions, records, offsets, max_ts, need, sch
         append_filler(table, filler_rows(rows, spec.topic, spec), summary, schema, data_dir)
 
 
-def commit_specs(levels: list[int]) -> list[tuple[int, TableSpec]]:
-    """One table and topic per snapshot level for (c)."""
-    return [(level, flights_spec(f"bench_commits_{level}", f"bench.commits_{level}", f"bench.commits.{level}",
-                                 10_000_000)) for level in levels]
-
-
-def _create_tables_child(settings: Settings, specs: list[TableSpec]) -> None:
-    """Runs in a spawned process: create the tables with the write path's own DDL, then exit
-    (so this process's JDBC connection, and its SQLite lock, go away with it)."""
-    from kafka_iceberg.catalog import ensure_table
-
-    spark = get_spark(settings)
-    for spec in specs:
-        ensure_table(spark, settings, spec)
-    spark.stop()
-
-
 # -- the three figures -------------------------------------------------------------------
 def part_a(config: KafkaConfig, kafka: KafkaMetadata, df, n: int) -> dict:
     section(f"(a) reference: produce and raw-consume {n:,} flights records")
@@ -490,13 +484,15 @@ def part_a(config: KafkaConfig, kafka: KafkaMetadata, df, n: int) -> dict:
         say(f"  NOTE: demo_data.to_records gave record timestamp {first[2]} for time_hour 2013-01-01T10:00Z "
             f"= {datetime.fromtimestamp(first[2] / 1000, tz=timezone.utc):%Y-%m-%d %H:%M} UTC: not ms since epoch "
             "(a library bug; it does not change the throughput figures)")
+    load_before = _load()
     res = raw_consume(config, TOPIC, sorted(wm))
     res["produce_s"] = produce_s
     res["produced"] = produced
     rps, mbps = rate(res["records"], res["seconds"]), rate(res["bytes"], res["seconds"]) / 1e6
-    say(f"raw consume (1 plain Consumer, assign from 0, consume(num_messages=10000), touch value):")
+    say("raw consume (1 plain Consumer, assign from 0, consume(num_messages=10000), touch key and value;\n"
+        "             receive.message.max.bytes raised, see docs/benchmark.md):")
     say(f"  {res['records']:,} records, {res['bytes'] / 1e6:.1f} MB key+value in {res['seconds']:.2f} s")
-    say(f"  => {rps:,.0f} records/s   {mbps:,.1f} MB/s")
+    say(f"  => {rps:,.0f} records/s   {mbps:,.1f} MB/s   (load average before: {load_before})")
     if res["records"] != n:
         say(f"  WARNING: consumed {res['records']:,} records, expected {n:,}")
     res["rps"], res["mbps"] = rps, mbps
@@ -527,17 +523,20 @@ def part_b(spark, settings: Settings, kafka: KafkaMetadata, catalog, n: int) -> 
     writer.recover()
     say(f"table bench.flights (flights schema, partitioned by months(time_hour)), "
         f"max_records_per_partition={spec.max_records_per_partition:,}; created before timing")
+    load_before = _load()
     plan_s, exec_s, result, plan = timed_batch(writer)
     total = plan_s + exec_s
     planned = sum(r.size for r in plan.ranges)
     rps, mbps = rate(result.records, total), rate(result.kafka_bytes, total) / 1e6
-    say(f"planned {planned:,} offsets in {len(plan.ranges)} ranges; read tasks of <= "
-        f"{settings.max_records_per_task:,} offsets each")
+    tasks = len(split_ranges(plan.ranges, settings.max_records_per_task))
+    say(f"planned {planned:,} offsets in {len(plan.ranges)} ranges = {tasks} Spark read tasks of <= "
+        f"{settings.max_records_per_task:,} offsets (LAKE_MAX_RECORDS_PER_TASK)")
     say(f"committed={result.committed}  snapshot {result.snapshot_id}  records {result.records:,}  "
         f"key+value {result.kafka_bytes / 1e6:.1f} MB  data files {result.data_files_added}  "
         f"parquet {result.data_bytes_added / 1e6:.1f} MB")
     say(f"plan() {plan_s:.2f} s + execute() {exec_s:.2f} s = {total:.2f} s")
-    say(f"  => {rps:,.0f} records/s   {mbps:,.1f} MB/s   (plan() through execute() returning)")
+    say(f"  => {rps:,.0f} records/s   {mbps:,.1f} MB/s   (plan() through execute() returning; "
+        f"load average before: {load_before})")
     phases = dict(result.phase_seconds)
     other = exec_s - sum(phases.values())
     say(f"execute() phases (s): {fmt_phases(phases)}  other={other:.2f}")
@@ -551,72 +550,40 @@ def part_b(spark, settings: Settings, kafka: KafkaMetadata, catalog, n: int) -> 
             "bytes": result.kafka_bytes, "rps": rps, "mbps": mbps, "phases": phases}
 
 
-def prepare_c(settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, df, levels: list[int],
-              batch_records: int) -> dict:
-    """Build one table per level with exactly ``level`` snapshots, then produce the records of
-    its timed micro-batch. Runs before this process starts Spark (see the note it prints)."""
-    section(f"(c) preparation: tables with {', '.join(f'{x:,}' for x in levels)} snapshots")
-    say("Each filler snapshot is one pyiceberg append (Table.add_files of a Parquet file written by pyarrow) of 1\n"
-        "record per partition, records really produced to the table's own topic, with the kafka.* summary the\n"
-        "write path writes (ingest_summary: offsets advanced, max timestamps carried forward).\n"
-        "Spark's Iceberg JdbcCatalog holds a SQLite SHARED lock for as long as its session lives, so no other\n"
-        "connection can commit to the catalog meanwhile: the fillers are appended before this process starts\n"
-        "Spark, after the tables are created with the write path's own DDL in a short-lived Spark subprocess.")
-    t0 = time.perf_counter()
-    specs = commit_specs(levels)
-    for _, spec in specs:
-        demo_data.create_topic(config, spec.topic, PARTITIONS, TOPIC_CONFIG)
-    import multiprocessing
-
-    child = multiprocessing.get_context("spawn").Process(target=_create_tables_child,
-                                                         args=(settings, [s for _, s in specs]))
-    child.start()
-    child.join()
-    say(f"created {len(specs)} tables in a Spark subprocess in {time.perf_counter() - t0:.1f} s (exit code {child.exitcode})")
-    if child.exitcode != 0:
-        raise RuntimeError(f"the table-creating Spark subprocess exited with {child.exitcode}")
-    catalog = load_catalog(settings.catalog)
-    out = {}
-    for level, spec in specs:
-        t1 = time.perf_counter()
-        table = catalog.load_table(spec.identifier)
-        # Iceberg Java (Spark) merges manifests on append by default; pyiceberg only with this
-        # property, so setting it keeps the filler manifests as Spark would have left them.
-        with table.transaction() as tx:
-            tx.set_properties({"commit.manifest-merge.enabled": "true"})
-        added = grow_snapshots(catalog, spec, config, kafka, df, level)
-        table = catalog.load_table(spec.identifier)
-        view = metadata_view(table)
-        state = state_at(view.snapshots, view.main)
-        high = {p: w.high for p, w in kafka.watermarks(spec.topic).items()}
-        consistent = state.offsets == high
-        fill_s = time.perf_counter() - t1
-        demo_data.produce(config, spec.topic, flights_records(df, sum(high.values()), batch_records))
-        out[level] = {"spec": spec, "added": added, "fill_s": fill_s, "consistent": consistent,
-                      "state_offsets": dict(state.offsets)}
-        say(f"{spec.identifier:<22} {len(table.metadata.snapshots):>5} snapshots ({added} pyiceberg appends in "
-            f"{fill_s:.1f} s = {rate(added, fill_s):.0f}/s); committed offsets == high watermarks: "
-            f"{'yes' if consistent else 'NO ' + str((state.offsets, high))}; then produced {batch_records:,} records "
-            "for its timed micro-batch")
-    return out
-
-
-def part_c(spark, settings: Settings, kafka: KafkaMetadata, catalog, prepared: dict, batch_records: int) -> list[dict]:
+def part_c(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, catalog, df,
+           levels: list[int], batch_records: int) -> list[dict]:
     section(f"(c) commit time versus snapshot count ({batch_records:,}-record micro-batches)")
+    demo_data.create_topic(config, COMMITS_TOPIC, PARTITIONS, TOPIC_CONFIG)
+    spec = flights_spec("bench_commits", "bench.commits", COMMITS_TOPIC, 10_000_000)
+    writer = TableWriter(spark, settings, spec, kafka, catalog)
+    writer.ensure_table()
+    table = catalog.load_table(spec.identifier)
+    # Iceberg Java (Spark) merges manifests on append by default; pyiceberg only with this
+    # property, so setting it keeps the filler manifests as Spark would have left them.
+    with table.transaction() as tx:
+        tx.set_properties({"commit.manifest-merge.enabled": "true"})
+    say(f"table {spec.identifier} on its own topic {COMMITS_TOPIC}. Filler snapshots: one pyiceberg append each\n"
+        "(Table.add_files of a Parquet file written by pyarrow) of 1 record per Kafka partition, records really\n"
+        "produced to the topic, with the kafka.* summary the write path writes (ingest_summary: offsets advanced,\n"
+        "max timestamps carried forward), so the committed offsets stay where the next micro-batch starts.")
     rows = []
-    for level, prep in sorted(prepared.items()):
-        spec = prep["spec"]
-        writer = TableWriter(spark, settings, spec, kafka, catalog)
-        writer.ensure_table()  # checks the existing table against the declaration
+    for level in levels:
+        t0 = time.perf_counter()
+        added = grow_snapshots(catalog, spec, config, kafka, df, level)
+        fill_s = time.perf_counter() - t0
         table = catalog.load_table(spec.identifier)
         before = len(table.metadata.snapshots)
         meta_before = metadata_json_bytes(table)
+        view = metadata_view(table)
+        state = state_at(view.snapshots, view.main)
+        high = {p: w.high for p, w in kafka.watermarks(COMMITS_TOPIC).items()}
+        consistent = state.offsets == high
+        demo_data.produce(config, COMMITS_TOPIC, flights_records(df, sum(high.values()), batch_records))
         plan_s, exec_s, result, plan = timed_batch(writer)
-        started_at_state = plan.start_offsets == prep["state_offsets"]
+        started_at_state = plan.start_offsets == state.offsets
         after_table = catalog.load_table(spec.identifier)
-        props = after_table.current_snapshot().summary.additional_properties
-        in_table = int(props.get("total-records", -1))
-        in_topic = sum(w.high - w.low for w in kafka.watermarks(spec.topic).values())
+        in_table = int(after_table.current_snapshot().summary.additional_properties.get("total-records", -1))
+        in_topic = sum(w.high - w.low for w in kafka.watermarks(COMMITS_TOPIC).values())
         row = {
             "snapshots": before, "plan_s": plan_s, "exec_s": exec_s,
             "publish_s": result.phase_seconds.get("publish_s", float("nan")),
@@ -625,13 +592,14 @@ def part_c(spark, settings: Settings, kafka: KafkaMetadata, catalog, prepared: d
             "snapshots_after": len(after_table.metadata.snapshots), "records": result.records,
         }
         rows.append(row)
-        say(f"{spec.identifier:<22} {before:>5} snapshots: {result.records:,} records committed, plan {plan_s:.2f} s, "
-            f"execute {exec_s:.2f} s [{fmt_phases(result.phase_seconds)}]")
-        say(f"{'':<22} check: rows in table (total-records) {in_table:,}, records in topic {in_topic:,}: "
-            f"{'OK' if in_table == in_topic else 'MISMATCH'}; snapshots now {row['snapshots_after']:,}")
-        if result.records != batch_records or not started_at_state:
-            say(f"  WARNING: batch read {result.records} records (expected {batch_records}); "
-                f"plan started at the committed offsets: {started_at_state}")
+        say(f"{before:>5,} snapshots ({added} filler appends in {fill_s:.1f} s; committed offsets == high watermarks: "
+            f"{'yes' if consistent else 'NO'}): timed micro-batch of {result.records:,} records")
+        say(f"      plan {plan_s:.2f} s, execute {exec_s:.2f} s [{fmt_phases(result.phase_seconds)}]")
+        say(f"      check: rows in table (total-records) {in_table:,} = records in topic {in_topic:,}: "
+            f"{'OK' if in_table == in_topic else 'MISMATCH'}; plan started at the committed offsets: "
+            f"{'yes' if started_at_state else 'NO'}; snapshots now {row['snapshots_after']:,}")
+        if result.records != batch_records:
+            say(f"      WARNING: the batch read {result.records} records, expected {batch_records}")
     say()
     say("snapshots before | plan s | execute s | publish s | write s | metadata.json bytes before -> after")
     say("-----------------+--------+-----------+-----------+---------+-------------------------------------")
@@ -655,10 +623,6 @@ def run(args, tmp: Path, summary: dict) -> None:
 
     summary["a"] = part_a(config, kafka, df, n)
 
-    prepared = None
-    if not args.skip_snapshots:
-        prepared = prepare_c(settings, config, kafka, df, args.levels, args.commit_batch)
-
     section("Spark warm-up (not timed in (b))")
     t0 = time.perf_counter()
     spark = summary["spark"] = get_spark(settings)
@@ -674,8 +638,8 @@ def run(args, tmp: Path, summary: dict) -> None:
     summary["ratio"] = ratio
     say(f"(b)/(a) records/s: {ratio:.3f}  ({summary['b']['rps']:,.0f} / {summary['a']['rps']:,.0f})")
 
-    if prepared is not None:
-        summary["c"] = part_c(spark, settings, kafka, catalog, prepared, args.commit_batch)
+    if not args.skip_snapshots:
+        summary["c"] = part_c(spark, settings, config, kafka, catalog, df, args.levels, args.commit_batch)
 
 
 def print_summary(args, summary: dict, started: float) -> None:
@@ -718,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
     broker_dir = tmp / "kafka"
-    # Spark's shuffle and spill files go to our own directory (inherited by the subprocess too)
+    # Spark's shuffle and spill files go to our own directory
     os.environ["SPARK_LOCAL_DIRS"] = str(tmp / "spark-local")
     say(f"kafka-iceberg-lake benchmark  {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC")
     say(f"records N={args.records:,}  snapshot levels={args.levels if not args.skip_snapshots else 'skipped'}  "
