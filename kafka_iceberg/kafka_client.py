@@ -8,10 +8,12 @@ of open transactions are never planned.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
 from confluent_kafka import (
+    Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
@@ -19,7 +21,7 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
 from kafka_iceberg.planning import Watermarks
@@ -138,3 +140,50 @@ class KafkaMetadata:
             raise BrokerUnavailableError(f"list offsets of group {group}: {exc}") from exc
         result = self._wait(futures, f"list offsets of group {group}")[group]
         return {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic and tp.offset >= 0}
+
+    def retention_ms(self, topic: str) -> int:
+        """The topic's ``retention.ms`` (ms; ``-1`` means records never expire by time).
+
+        Raises:
+            TopicNotFoundError, BrokerUnavailableError.
+        """
+        resource = ConfigResource("topic", topic)
+        try:
+            futures = self.admin.describe_configs([resource], request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"describe configs of {topic}: {exc}") from exc
+        configs = self._wait(futures, f"describe configs of {topic}")[resource]
+        entry = configs.get("retention.ms")
+        return int(entry.value) if entry is not None and entry.value is not None else -1
+
+    def record_timestamps(self, topic: str, offsets: Mapping[int, int], timeout_s: float = 10.0) -> dict[int, int]:
+        """Timestamp (ms since epoch) of the first record at or after each ``offsets[partition]``.
+
+        Partitions with no such record (or none within ``timeout_s`` seconds) are absent. Reads
+        one fetch per partition with a throwaway assign-only consumer; never commits.
+        """
+        if not offsets:
+            return {}
+        consumer = Consumer(self.config.client_conf(**{
+            "group.id": "lake-inspector", "enable.auto.commit": False, "enable.partition.eof": True,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+        }))
+        found: dict[int, int] = {}
+        try:
+            consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+            pending = set(offsets)
+            deadline = time.monotonic() + timeout_s
+            while pending and time.monotonic() < deadline:
+                for m in consumer.consume(num_messages=len(pending), timeout=1.0):
+                    p = m.partition()
+                    if p not in pending:
+                        continue
+                    if m.error() is None:
+                        found[p] = m.timestamp()[1]
+                        pending.discard(p)
+                        consumer.pause([TopicPartition(topic, p)])
+                    elif m.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(p)
+        finally:
+            consumer.close()
+        return found

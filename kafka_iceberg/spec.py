@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.retention import RetentionPolicy
 
 # Declared type -> Spark SQL type. Spark's Iceberg writer maps these to Iceberg types
 # (int, long, float, double, boolean, string, binary, date, timestamptz, decimal).
@@ -142,6 +143,7 @@ class TableSpec:
     description: str = ""
     lag: LagPolicy = LagPolicy()
     maintenance: MaintenancePolicy = MaintenancePolicy()
+    retention: RetentionPolicy = RetentionPolicy()
 
     @property
     def namespace(self) -> str:
@@ -225,6 +227,25 @@ def _parse_maintenance(raw: dict[str, Any], where: str) -> MaintenancePolicy:
     )
 
 
+def _parse_retention(raw: dict[str, Any], where: str) -> RetentionPolicy:
+    extra = set(raw) - {"warn_headroom", "error_headroom", "warn_ratio", "error_ratio"}
+    if extra:
+        raise ConfigError(f"{where}: retention has unknown keys {sorted(extra)}")
+    d = RetentionPolicy()
+    try:
+        policy = RetentionPolicy(
+            warn_headroom_s=parse_duration_s(raw.get("warn_headroom", d.warn_headroom_s), f"{where} retention.warn_headroom"),
+            error_headroom_s=parse_duration_s(raw.get("error_headroom", d.error_headroom_s), f"{where} retention.error_headroom"),
+            warn_ratio=float(raw.get("warn_ratio", d.warn_ratio)),
+            error_ratio=float(raw.get("error_ratio", d.error_ratio)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: retention.warn_ratio and error_ratio must be numbers") from exc
+    if not (policy.error_headroom_s <= policy.warn_headroom_s and 0 < policy.warn_ratio <= policy.error_ratio <= 1):
+        raise ConfigError(f"{where}: retention needs error_headroom <= warn_headroom and 0 < warn_ratio <= error_ratio <= 1")
+    return policy
+
+
 def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     merged = {**defaults, **raw}
     name = merged.get("name")
@@ -234,7 +255,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     known = {
         "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
         "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description", "lag",
-        "maintenance",
+        "maintenance", "retention",
     }
     unknown = set(raw) - known
     if unknown:
@@ -322,6 +343,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     if lag.max_offset_lag < 1 or lag.window < 2:
         raise ConfigError(f"{where}: lag.max_offset_lag must be >= 1 and lag.window >= 2")
     maintenance = _parse_maintenance(merged.get("maintenance") or {}, where)
+    retention = _parse_retention(merged.get("retention") or {}, where)
     unknown_fields = merged.get("unknown_fields", "fail")
     if unknown_fields not in ("fail", "ignore"):
         raise ConfigError(f"{where}: unknown_fields must be 'fail' or 'ignore', got {unknown_fields!r}")
@@ -341,6 +363,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         description=str(merged.get("description", "")).strip(),
         lag=lag,
         maintenance=maintenance,
+        retention=retention,
     )
 
 

@@ -1,7 +1,7 @@
-"""Sensors: one consumer-lag sensor per declared table (sensors/lag.py) and the Slack
-alert on failed runs (sensors/alerts.py).
+"""Sensors: per declared table a consumer-lag sensor (sensors/lag.py) and a retention-headroom
+sensor (sensors/retention.py); the Slack alert on failed runs (sensors/alerts.py).
 
-Retention-headroom sensors and sensor-launched backfills are tracked in their own issue.
+Sensor-launched backfills are tracked in their own issue.
 """
 
 from __future__ import annotations
@@ -11,5 +11,6 @@ def all_sensors(specs) -> list:
     """The sensors of the code location for the declared tables."""
     from sensors.alerts import run_failure_alert_sensor
     from sensors.lag import lag_sensor
+    from sensors.retention import retention_sensor
 
-    return [*(lag_sensor(s) for s in specs), run_failure_alert_sensor]
+    return [*(lag_sensor(s) for s in specs), *(retention_sensor(s) for s in specs), run_failure_alert_sensor]

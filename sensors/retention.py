@@ -1,0 +1,96 @@
+"""Retention-headroom sensor, one per table: how long until Kafka deletes unread records.
+
+Each evaluation reads per partition the log start offset, the table's committed offset, the
+high watermark, the topic's ``retention.ms`` and the timestamp of the oldest unread record
+(one fetch per lagging partition), computes headroom and ratio
+(:mod:`kafka_iceberg.retention`), records them as an ``AssetObservation`` on the table, and
+posts a Slack alert when the status changes into WARN, ERROR or DATA_LOSS. Data loss also
+makes the table's next micro-batch fail with ``DataLossError``; docs/operations.md says how
+to accept a gap deliberately.
+"""
+
+import json
+import time
+
+from dagster import AssetObservation, DefaultSensorStatus, MetadataValue, SensorEvaluationContext, SensorResult, sensor
+
+from kafka_iceberg.alerts import Alert, AlertSink
+from kafka_iceberg.catalog import load_table, metadata_view
+from kafka_iceberg.retention import PartitionRetention, evaluate
+from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.state import state_at
+from lake_assets.tables import table_key
+from resources import IcebergCatalogResource, KafkaResource
+
+
+def retention_metadata(status: str, parts: list[PartitionRetention], retention_ms: int) -> dict:
+    """Observation metadata: the worst headroom (s) and ratio, status, and per-partition figures."""
+    headrooms = [p.headroom_s for p in parts if p.headroom_s is not None]
+    return {
+        "retention_status": MetadataValue.text(status),
+        "headroom_s": MetadataValue.float(min(headrooms)) if headrooms else MetadataValue.text("unbounded"),
+        "unread_ratio": MetadataValue.float(max((p.ratio for p in parts), default=0.0)),
+        "retention_ms": MetadataValue.int(retention_ms),
+        "partitions": MetadataValue.json({
+            str(p.partition): {"low": p.low, "committed": p.committed, "high": p.high, "headroom_s": p.headroom_s,
+                               "ratio": p.ratio, "oldest_unread_ms": p.oldest_unread_ms, "status": p.status}
+            for p in parts
+        }),
+    }
+
+
+def alert_retention(spec: TableSpec, status: str, previous: str, parts: list[PartitionRetention],
+                    sink: AlertSink | None = None) -> bool:
+    """Post a Slack alert for a change into WARN (WARN) or ERROR/DATA_LOSS (ERROR). Never raises."""
+    worst = [p for p in parts if p.status == status]
+    if status == "DATA_LOSS":
+        measure = "data_loss"
+        value = "; ".join(f"partition {p.partition}: committed {p.committed} < log start {p.low}" for p in worst)
+    else:
+        measure = "retention_headroom_s"
+        value = "; ".join(f"partition {p.partition}: {p.headroom_s if p.headroom_s is not None else 'unbounded'} s, "
+                          f"unread ratio {p.ratio}" for p in worst)
+    return (sink or AlertSink.from_env()).send(Alert(
+        table=spec.identifier,
+        asset_key_path=list(table_key(spec).path),
+        measure=measure,
+        value=value,
+        severity="WARN" if status == "WARN" else "ERROR",
+        summary=f"{spec.identifier} on topic {spec.topic}: retention status {status} (was {previous})",
+        source=f"sensor {spec.name}_retention",
+    ))
+
+
+def retention_sensor(spec: TableSpec):
+    """The retention-headroom sensor of one table (named ``<table name>_retention``)."""
+
+    @sensor(
+        name=f"{spec.name}_retention",
+        minimum_interval_seconds=60,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Retention headroom of {spec.identifier} on {spec.topic}: time and share of the log left before unread records are deleted.",
+    )
+    def _retention(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
+        now_ms = int(time.time() * 1000)
+        meta = kafka.metadata()
+        table = load_table(catalog.load(), spec.identifier)
+        committed = {}
+        if table is not None:
+            view = metadata_view(table)
+            committed = state_at(view.snapshots, view.main).offsets
+        watermarks = meta.watermarks(spec.topic)
+        lagging = {p: max(committed.get(p, w.low), w.low) for p, w in watermarks.items()
+                   if w.high > committed.get(p, w.low)}
+        oldest = meta.record_timestamps(spec.topic, lagging)
+        retention_ms = meta.retention_ms(spec.topic)
+        status, parts = evaluate(watermarks, committed, retention_ms, oldest, now_ms, spec.retention)
+        previous = json.loads(context.cursor)["status"] if context.cursor else "OK"
+        if status != previous and status != "OK":
+            alert_retention(spec, status, previous, parts)
+        context.log.info(f"{spec.identifier}: retention status {status}")
+        return SensorResult(
+            asset_events=[AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms))],
+            cursor=json.dumps({"status": status}),
+        )
+
+    return _retention
