@@ -12,7 +12,7 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test bench dev clean dagster-home
+.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -40,6 +40,13 @@ bench: install
 
 dev: install dagster-home
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# after data loss: make accept-gap TABLE=flights REASON="retention expired during the outage of 2026-11-20"
+accept-gap: install
+	$(PY) -m kafka_iceberg.cli accept-gap --table "$(TABLE)" --reason "$(REASON)"
+
+status: install
+	$(PY) -m kafka_iceberg.cli status
 
 clean:
 	-$(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka

@@ -47,7 +47,7 @@ class DataLossError(LakeError):
             detail = f"no longer holds offset {committed}, which the table has not ingested yet"
         super().__init__(
             f"data loss on table {table}: topic {topic} partition {partition} {detail} "
-            "(retention.ms or delete_records removed them); see docs/state-contract.md#retention-and-data-loss"
+            "(retention.ms or delete_records removed them); see docs/operations.md#data-loss"
         )
 
 

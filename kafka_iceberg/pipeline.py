@@ -186,7 +186,7 @@ class TableWriter:
         )
         return ranges_df.mapInArrow(reader, RAW_SCHEMA_DDL)
 
-    def execute(self, plan: BatchPlan, commit_id: str) -> BatchResult:
+    def execute(self, plan: BatchPlan, commit_id: str, new_gaps: list[dict] | None = None) -> BatchResult:
         """Read the planned ranges, write them to an attempt branch and publish it to ``main``.
 
         Returns a :class:`BatchResult`; ``committed`` is False when the plan had nothing to do.
@@ -226,7 +226,8 @@ class TableWriter:
             records = sum(r["records"] for r in stats)
             kafka_bytes = sum(r["bytes"] or 0 for r in stats)
             self._check_read(plan, stats)
-            max_ts = self._max_timestamps(plan, stats)
+            base_state = state_at(self.view().snapshots, plan.base_snapshot_id)
+            max_ts = self._max_timestamps(base_state.max_timestamps, stats)
 
             summary = ingest_summary(
                 topic=spec.topic,
@@ -235,6 +236,7 @@ class TableWriter:
                 max_timestamps=max_ts,
                 commit_id=commit_id,
                 records=records,
+                accepted_gaps=[*base_state.accepted_gaps, *(new_gaps or [])],
             )
             with _Timer(phases, "write_s"):
                 writer = parse_records(raw, spec).writeTo(f"{self.qualified}.branch_{branch}")
@@ -283,6 +285,42 @@ class TableWriter:
         result.phase_seconds = phases
         return result
 
+    def accept_gap(self, commit_id: str, reason: str) -> BatchResult:
+        """Accept records that were deleted before they were ingested: move each partition whose
+        committed offset is below its log start offset up to that offset, in a snapshot of its own
+        whose summary records every gap (``kafka.accepted-gaps``, carried forward by every later
+        snapshot). Nothing is read; the next micro-batch continues from the log start offsets.
+
+        Raises:
+            LakeError: there is no gap (no committed offset is below its log start offset), or
+                ``reason`` is empty.
+            CommitConflictError: the table changed meanwhile.
+        """
+        if not reason.strip():
+            raise LakeError("accepting a gap needs a reason; it is kept in the snapshot summary")
+        spec = self.spec
+        view = self.view()
+        state = state_at(view.snapshots, view.main)
+        watermarks = self.kafka.watermarks(spec.topic)
+        now_ms = int(time.time() * 1000)
+        gaps = [
+            {"partition": p, "start": state.offsets[p], "end": wm.low, "reason": reason.strip(),
+             "accepted_ms": now_ms, "commit_id": commit_id}
+            for p, wm in sorted(watermarks.items())
+            if p in state.offsets and state.offsets[p] < wm.low
+        ]
+        if not gaps:
+            raise LakeError(f"table {spec.identifier}: no committed offset is below its log start offset; no gap to accept")
+        offsets = dict(state.offsets)
+        offsets.update({g["partition"]: g["end"] for g in gaps})
+        plan = BatchPlan(
+            table=spec.identifier, topic=spec.topic, base_snapshot_id=view.main,
+            start_offsets=offsets, end_offsets=dict(offsets), watermarks=watermarks, has_state=False,
+        )
+        result = self.execute(plan, commit_id, new_gaps=gaps)
+        log.warning("table %s: accepted gaps %s", spec.identifier, gaps)
+        return result
+
     def _sync_group(self, offsets: dict[int, int], result: BatchResult, only_if_different: bool = False) -> None:
         """Mirror the table's committed offsets into its consumer group, so lag tools see them.
 
@@ -311,8 +349,7 @@ class TableWriter:
                     f"from partition {row['partition']}, outside the planned range {r}"
                 )
 
-    def _max_timestamps(self, plan: BatchPlan, stats) -> dict[int, int]:
-        previous = state_at(self.view().snapshots, plan.base_snapshot_id).max_timestamps
+    def _max_timestamps(self, previous: dict[int, int], stats) -> dict[int, int]:
         out = dict(previous)
         for row in stats:
             p, ts = row["partition"], row["max_timestamp_ms"]

@@ -20,6 +20,10 @@ Snapshot summary keys (all values are strings, as Iceberg requires):
                            absent while no partition has had a record
 ``kafka.commit-id``        the run that committed it (the Dagster run id)
 ``kafka.records``          records this snapshot added (records)
+``kafka.accepted-gaps``    JSON list of offset ranges an operator accepted as lost, each
+                           ``{"partition", "start", "end", "reason", "accepted_ms",
+                           "commit_id"}``; carried forward by every later snapshot so the
+                           gap stays visible (absent while there is none)
 =========================  ==================================================================
 
 The functions here are pure: they take :class:`SnapshotInfo` values, which the catalog
@@ -39,6 +43,7 @@ KEY_MAX_TIMESTAMPS = "kafka.max-timestamps"
 KEY_VALID_THROUGH = "kafka.valid-through-ms"
 KEY_COMMIT_ID = "kafka.commit-id"
 KEY_RECORDS = "kafka.records"
+KEY_GAPS = "kafka.accepted-gaps"
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class IngestState:
     snapshot_id: int | None
     snapshot_timestamp_ms: int | None = None
     valid_through_ms: int | None = None
+    accepted_gaps: tuple = ()
 
     @classmethod
     def empty(cls) -> "IngestState":
@@ -118,6 +124,7 @@ def state_at(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> IngestS
                 snapshot_id=snap.snapshot_id,
                 snapshot_timestamp_ms=snap.timestamp_ms,
                 valid_through_ms=int(vt) if vt else None,
+                accepted_gaps=tuple(json.loads(snap.summary.get(KEY_GAPS) or "[]")),
             )
     return IngestState.empty()
 
@@ -135,6 +142,7 @@ def ingest_summary(
     max_timestamps: Mapping[int, int],
     commit_id: str,
     records: int,
+    accepted_gaps: tuple | list = (),
 ) -> dict[str, str]:
     """The snapshot summary properties for one ingest commit (see the module docstring)."""
     props = {
@@ -148,6 +156,8 @@ def ingest_summary(
     vt = valid_through(max_timestamps)
     if vt is not None:
         props[KEY_VALID_THROUGH] = str(vt)
+    if accepted_gaps:
+        props[KEY_GAPS] = json.dumps(list(accepted_gaps), separators=(",", ":"))
     return props
 
 

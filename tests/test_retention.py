@@ -13,13 +13,14 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from dagster import DagsterInstance, build_sensor_context
 
 from kafka_iceberg.demo_data import produce
-from kafka_iceberg.errors import DataLossError
-from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.errors import DataLossError, LakeError
+from kafka_iceberg.pipeline import TableWriter, run_micro_batch
 from kafka_iceberg.planning import Watermarks
 from kafka_iceberg.retention import RetentionPolicy, evaluate
+from kafka_iceberg.state import state_at
 from resources import default_resources
 from sensors.retention import retention_sensor
-from tests.helpers import event_records, make_spec
+from tests.helpers import current_view, event_records, make_spec, table_rows
 
 HOUR_MS = 3_600_000
 
@@ -97,3 +98,22 @@ def test_shrinking_retention_and_data_loss_raise_alerts(
 
     with pytest.raises(DataLossError, match="30 offsets were deleted"):
         run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+
+    # the documented recovery: accept the gap explicitly; it stays in every later snapshot summary
+    writer = TableWriter(spark, settings, spec, kafka, catalog)
+    with pytest.raises(LakeError, match="needs a reason"):
+        writer.accept_gap("op-1", reason=" ")
+    accepted = writer.accept_gap("op-1", reason="retention shrunk during the incident")
+    assert accepted.committed and accepted.records == 0 and accepted.offsets == {0: 50}
+    while run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog).total_lag:
+        pass
+    view = current_view(catalog, spec)
+    state = state_at(view.snapshots, view.main)
+    assert state.offsets == {0: 100} and state.snapshot_id != accepted.snapshot_id
+    (gap,) = state.accepted_gaps
+    assert (gap["partition"], gap["start"], gap["end"]) == (0, 20, 50)
+    assert gap["reason"] == "retention shrunk during the incident"
+    ids = sorted(r["id"] for r in table_rows(spark, settings, spec))
+    assert ids == list(range(20)) + list(range(50, 100)), "exactly the records that survived, once"
+    with pytest.raises(LakeError, match="no gap to accept"):
+        writer.accept_gap("op-2", reason="again")
