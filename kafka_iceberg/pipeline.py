@@ -30,7 +30,7 @@ from kafka_iceberg.catalog import (
     metadata_view,
     qualified,
 )
-from kafka_iceberg.errors import CommitConflictError, LakeError, MalformedRecordError, from_task_exception
+from kafka_iceberg.errors import CommitConflictError, LakeError, from_task_exception
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import BatchPlan, Watermarks, plan_batch, split_ranges
 from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
@@ -442,4 +442,4 @@ def describe(result: BatchResult) -> str:
     )
 
 
-__all__ = ["BatchResult", "TableWriter", "run_micro_batch", "describe", "MalformedRecordError"]
+__all__ = ["BatchResult", "TableWriter", "run_micro_batch", "describe"]

@@ -5,7 +5,6 @@ its result into materialization metadata; the checks call :mod:`kafka_iceberg.ch
 """
 
 
-import json
 from datetime import datetime, timezone
 
 from dagster import (
@@ -14,19 +13,20 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetSpec,
+    DagsterRunStatus,
     MaterializeResult,
     MetadataValue,
+    RunsFilter,
     asset,
     asset_check,
 )
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, RunsFilter
 from dagster_pyspark import PySparkResource
 
 from kafka_iceberg import checks
 from kafka_iceberg.alerts import alert_on_check, pick_measure
 from kafka_iceberg.catalog import load_table, metadata_view, qualified
 from kafka_iceberg.pipeline import BatchResult, run_micro_batch
-from kafka_iceberg.recovery import Attempt, commit_token
+from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
 from resources import IcebergCatalogResource, KafkaResource, settings_for
@@ -58,7 +58,7 @@ def topic_asset(spec: TableSpec) -> AssetSpec:
 
 
 def _dagster_liveness(context):
-    runs = context.instance.get_runs(filters=RunsFilter(statuses=list(IN_PROGRESS_RUN_STATUSES)))
+    runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
     tokens = {commit_token(r.run_id) for r in runs}
     return lambda attempt: attempt.token in tokens
 
@@ -191,7 +191,7 @@ def table_checks(spec: TableSpec) -> list:
         if "valid_through_ms" in outcome.figures:
             outcome.figures["valid_through"] = datetime.fromtimestamp(
                 outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc).isoformat()
-        outcome.figures["lag_by_partition"] = json.loads(json.dumps({str(p): v for p, v in lag.items()}))
+        outcome.figures["lag_by_partition"] = {str(p): v for p, v in lag.items()}
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "freshness",
                        *pick_measure("freshness", outcome.figures), outcome.summary, severity="WARN")
         return _check_result(outcome, AssetCheckSeverity.WARN)
@@ -201,4 +201,8 @@ def table_checks(spec: TableSpec) -> list:
     return [_duplicate_free, _freshness]
 
 
-__all__ = ["Attempt", "table_asset", "table_checks", "table_key", "topic_asset", "topic_key", "materialization_metadata"]
+IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+"""Run statuses during which a run may still write."""
+
+__all__ = ["IN_PROGRESS", "table_asset", "table_checks", "table_key", "table_pool", "topic_asset", "topic_key",
+           "materialization_metadata"]

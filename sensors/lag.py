@@ -19,18 +19,18 @@ from dagster import (
     DefaultSensorStatus,
     MetadataValue,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     sensor,
 )
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, RunsFilter
 
 from kafka_iceberg.alerts import Alert, AlertSink
 from kafka_iceberg.catalog import load_table, metadata_view
 from kafka_iceberg.lag import LagEvaluation, LagWindow, evaluate, sample_from
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
-from lake_assets.tables import table_key
+from lake_assets.tables import IN_PROGRESS, table_key
 from resources import IcebergCatalogResource, KafkaResource
 
 TABLE_TAG = "lake/table"
@@ -111,7 +111,7 @@ def lag_sensor(spec: TableSpec):
         run_requests = []
         if reason:
             busy = context.instance.get_runs(
-                filters=RunsFilter(tags={TABLE_TAG: spec.identifier}, statuses=list(IN_PROGRESS_RUN_STATUSES)), limit=1
+                filters=RunsFilter(tags={TABLE_TAG: spec.identifier}, statuses=IN_PROGRESS), limit=1
             )
             if busy:
                 reason = None

@@ -7,6 +7,7 @@ the Spark session and the catalog without seeing each other's data.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import socket
@@ -75,8 +76,11 @@ def kafka_config(settings) -> KafkaConfig:
 
 
 @pytest.fixture(scope="session")
-def kafka(kafka_config) -> KafkaMetadata:
-    return KafkaMetadata(kafka_config)
+def kafka(kafka_config):
+    meta = KafkaMetadata(kafka_config)
+    yield meta
+    meta.admin = None  # destroy the client before the broker stops, so it does not log reconnects
+    gc.collect()
 
 
 @pytest.fixture()

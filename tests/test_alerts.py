@@ -6,7 +6,6 @@ in an ephemeral Dagster instance.
 
 import json
 import logging
-import threading
 import time
 
 import pytest
