@@ -73,3 +73,14 @@ def referenced_data_files(spark, settings, spec: TableSpec) -> set[str]:
     """Data files referenced by any snapshot of the table (the all_data_files metadata table)."""
     rows = spark.sql(f"SELECT file_path FROM {settings.catalog.name}.{spec.identifier}.all_data_files").collect()
     return {r["file_path"].removeprefix("file:").replace("//", "/") for r in rows}
+
+
+def delete_records(kafka_config, topic: str, partition: int, before_offset: int) -> None:
+    """Delete every record of ``topic``/``partition`` below ``before_offset`` (Kafka's DeleteRecords),
+    moving its log start offset there, as retention would."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kafka_config.client_conf())
+    for fut in admin.delete_records([TopicPartition(topic, partition, before_offset)]).values():
+        fut.result(timeout=30)

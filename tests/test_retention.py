@@ -8,7 +8,6 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from dagster import DagsterInstance, build_sensor_context
 
@@ -20,7 +19,7 @@ from kafka_iceberg.retention import RetentionPolicy, evaluate
 from kafka_iceberg.state import state_at
 from resources import default_resources
 from sensors.retention import retention_sensor
-from tests.helpers import current_view, event_records, make_spec, table_rows
+from tests.helpers import current_view, delete_records, event_records, make_spec, table_rows
 
 HOUR_MS = 3_600_000
 
@@ -84,9 +83,7 @@ def test_shrinking_retention_and_data_loss_raise_alerts(
     assert status == "ERROR" and md["headroom_s"].value < 3600
     assert len(slack.messages) == 2 and "ERROR" in slack.messages[-1]["text"]
 
-    admin = AdminClient(kafka_config.client_conf())
-    for fut in admin.delete_records([TopicPartition(topic, 0, 50)]).values():
-        fut.result(timeout=30)
+    delete_records(kafka_config, topic, 0, 50)
     cursor, status, md = tick(cursor)
     assert status == "DATA_LOSS"
     assert md["partitions"].value["0"]["low"] == 50 and md["partitions"].value["0"]["committed"] == 20

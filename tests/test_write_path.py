@@ -12,8 +12,6 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka import TopicPartition
 
 from kafka_iceberg import duck
 from kafka_iceberg.catalog import load_table
@@ -25,6 +23,7 @@ from kafka_iceberg.recovery import BRANCH_PREFIX
 from kafka_iceberg.spec import parse_table_spec
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (
+    delete_records,
     current_view,
     data_files_on_disk,
     event,
@@ -286,9 +285,7 @@ def test_records_deleted_before_ingest_are_reported_as_data_loss(
     produce(kafka_config, topic, event_records(range(100)))
     spec = make_spec(unique, topic, max_records_per_partition=40)
     run(spark, settings, spec, kafka, catalog)  # commits [0, 40)
-    admin = AdminClient(kafka_config.client_conf())
-    for fut in admin.delete_records([TopicPartition(topic, 0, 70)]).values():
-        fut.result(timeout=30)
+    delete_records(kafka_config, topic, 0, 70)
     with pytest.raises(DataLossError) as info:
         run(spark, settings, spec, kafka, catalog)
     assert (info.value.partition, info.value.committed, info.value.log_start) == (0, 40, 70)
@@ -330,9 +327,7 @@ def test_records_deleted_between_plan_and_read_fail_the_run(
     writer = writer_factory(spec)
     plan = writer.plan()
     assert plan.start_offsets == {0: 0}
-    admin = AdminClient(kafka_config.client_conf())
-    for fut in admin.delete_records([TopicPartition(topic, 0, 30)]).values():
-        fut.result(timeout=30)
+    delete_records(kafka_config, topic, 0, 30)
     with pytest.raises(DataLossError, match=f"topic {topic} partition 0 no longer holds offset 0"):
         writer.execute(plan, "reads-deleted-records")
     view = current_view(catalog, spec)
