@@ -28,6 +28,39 @@ from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings
 from kafka_iceberg.state import state_at
 
 MAX_ROUNDS = 20
+DEMO_TAGS = {"lake/launched-by": "make-demo"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release_abandoned_runs(instance: DagsterInstance) -> int:
+    """Mark runs of a killed ``make demo`` as failed and free the concurrency-pool slots they hold.
+
+    The demo executes runs in its own process; a run left "started" by a demo process that is
+    gone would otherwise hold its tables' pool slots and block every later run. Runs of a demo
+    that is still alive, and runs not launched by the demo, are left alone. Returns the count.
+    """
+    from dagster import DagsterRunStatus, RunsFilter
+
+    in_progress = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    released = 0
+    for run in instance.get_runs(filters=RunsFilter(statuses=in_progress, tags=DEMO_TAGS)):
+        pid = int(run.tags.get("lake/demo-pid", "0"))
+        if pid and _alive(pid):
+            continue
+        instance.report_run_failed(run, message="abandoned: the make demo process that ran it is gone")
+        if instance.event_log_storage.supports_global_concurrency_limits:
+            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        released += 1
+    return released
 
 
 def main() -> int:
@@ -49,6 +82,9 @@ def main() -> int:
     from lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
 
     instance = DagsterInstance.get()
+    released = release_abandoned_runs(instance)
+    if released:
+        print(f"released {released} run(s) abandoned by a killed make demo (their pool slots are free again)")
     job = defs.resolve_job_def("ingest_all")
     meta = KafkaMetadata(config)
     failed_checks: list[str] = []
@@ -58,6 +94,7 @@ def main() -> int:
         result = job.execute_in_process(
             instance=instance,
             raise_on_error=False,
+            tags={**DEMO_TAGS, "lake/demo-pid": str(os.getpid())},
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
         if not result.success:
