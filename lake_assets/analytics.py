@@ -8,6 +8,8 @@ and it is rebuilt in full from the tables' current snapshots on every materializ
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
 from dagster_pyspark import PySparkResource
 
+from kafka_iceberg.settings import load_settings
+from lake_assets.tables import SQLITE_POOL
 from resources import IcebergCatalogResource
 
 FLIGHTS = AssetKey(["lake", "nyc", "flights"])
@@ -41,6 +43,8 @@ def hourly_delay_sql(catalog: str) -> str:
     deps=[FLIGHTS, WEATHER],
     group_name="analytics",
     kinds={"iceberg", "spark"},
+    # it commits too: on SQLite it shares the tables' pool (one committing process at a time)
+    pool=SQLITE_POOL if load_settings().catalog.is_sqlite else None,
     description="Hourly departure delay by origin airport joined with that hour's weather (Spark SQL over the Iceberg tables).",
 )
 def hourly_departure_delay(

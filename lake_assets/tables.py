@@ -93,10 +93,14 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
     return md
 
 
+SQLITE_POOL = "lake_sqlite_catalog"
+"""The one concurrency pool of every committing step on a SQLite catalog."""
+
+
 def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
     """Dagster concurrency pool of a table asset: one per table, or one shared by all tables on a
     SQLite catalog (SQLite admits one committing process at a time). Limits: dagster.yaml."""
-    return "lake_sqlite_catalog" if sqlite_catalog else f"lake_table_{_key_part(spec.identifier)}"
+    return SQLITE_POOL if sqlite_catalog else f"lake_table_{_key_part(spec.identifier)}"
 
 
 def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
@@ -204,5 +208,5 @@ def table_checks(spec: TableSpec) -> list:
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 """Run statuses during which a run may still write."""
 
-__all__ = ["IN_PROGRESS", "table_asset", "table_checks", "table_key", "table_pool", "topic_asset", "topic_key",
+__all__ = ["IN_PROGRESS", "SQLITE_POOL", "table_asset", "table_checks", "table_key", "table_pool", "topic_asset", "topic_key",
            "materialization_metadata"]
