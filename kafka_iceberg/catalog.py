@@ -21,7 +21,7 @@ from pyiceberg.table import Table
 from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
 from kafka_iceberg.settings import CatalogSettings, Settings
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.state import SnapshotInfo
+from kafka_iceberg.state import IngestState, SnapshotInfo, state_at
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 
@@ -200,6 +200,20 @@ def metadata_view(table: Table) -> TableMetadataView:
         snaps[s.snapshot_id] = SnapshotInfo(s.snapshot_id, s.parent_snapshot_id, s.timestamp_ms, summary)
     refs = {name: ref.snapshot_id for name, ref in table.metadata.refs.items()}
     return TableMetadataView(snaps, refs, table.metadata_location)
+
+
+def read_state(catalog: SqlCatalog, identifier: str) -> IngestState:
+    """The table's current ingest state (committed offsets and more, from ``main``'s snapshot
+    summaries); :meth:`IngestState.empty` for a table that does not exist yet.
+
+    Raises:
+        CatalogUnavailableError: the catalog database cannot be queried.
+    """
+    table = load_table(catalog, identifier)
+    if table is None:
+        return IngestState.empty()
+    view = metadata_view(table)
+    return state_at(view.snapshots, view.main)
 
 
 def qualified(settings: Settings, spec: TableSpec) -> str:

@@ -18,13 +18,13 @@ import json
 import sys
 import uuid
 
-from kafka_iceberg.catalog import get_spark, load_catalog, load_table, metadata_view
+from kafka_iceberg.catalog import get_spark, load_catalog, read_state
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.pipeline import TableWriter
+from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.settings import load_settings
 from kafka_iceberg.spec import load_table_specs
-from kafka_iceberg.state import state_at
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,12 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     catalog = load_catalog(settings.catalog)
     if args.command == "status":
         for spec in specs:
-            table = load_table(catalog, spec.identifier)
-            state = state_at(metadata_view(table).snapshots, metadata_view(table).main) if table else None
-            committed = state.offsets if state else {}
-            lag = {p: w.high - committed.get(p, w.low) for p, w in kafka.watermarks(spec.topic).items()}
-            print(json.dumps({"table": spec.identifier, "committed": committed, "lag": lag,
-                              "accepted_gaps": list(state.accepted_gaps) if state else []}))
+            state = read_state(catalog, spec.identifier)
+            lag = offset_lag(kafka.watermarks(spec.topic), state.offsets)
+            print(json.dumps({"table": spec.identifier, "committed": state.offsets, "lag": lag,
+                              "accepted_gaps": list(state.accepted_gaps)}))
         return 0
     matches = [s for s in specs if args.table in (s.name, s.identifier)]
     if not matches:

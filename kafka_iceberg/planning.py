@@ -141,6 +141,12 @@ def plan_batch(
     )
 
 
+def offset_lag(watermarks: Mapping[int, Watermarks], committed: Mapping[int, int]) -> dict[int, int]:
+    """Per-partition offset lag: high watermark minus committed offset (records by offset, >= 0).
+    Partitions without a committed offset count from their log start offset."""
+    return {p: max(0, wm.high - committed.get(p, wm.low)) for p, wm in sorted(watermarks.items())}
+
+
 def split_ranges(ranges: list[OffsetRange], max_records_per_task: int) -> list[OffsetRange]:
     """Split ranges wider than ``max_records_per_task`` offsets into consecutive pieces.
 

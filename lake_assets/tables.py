@@ -26,6 +26,7 @@ from kafka_iceberg import checks
 from kafka_iceberg.alerts import alert_on_check, pick_measure
 from kafka_iceberg.catalog import load_table, metadata_view, qualified
 from kafka_iceberg.pipeline import BatchResult, run_micro_batch
+from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
@@ -188,9 +189,7 @@ def table_checks(spec: TableSpec) -> list:
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
         view = metadata_view(table)
-        committed = state_at(view.snapshots, view.main).offsets
-        wm = kafka.metadata().watermarks(spec.topic)
-        lag = {p: w.high - committed.get(p, w.low) for p, w in wm.items()}
+        lag = offset_lag(kafka.metadata().watermarks(spec.topic), state_at(view.snapshots, view.main).offsets)
         outcome = checks.freshness(spec, view, lag)
         if "valid_through_ms" in outcome.figures:
             outcome.figures["valid_through"] = datetime.fromtimestamp(

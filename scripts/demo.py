@@ -22,8 +22,9 @@ import time
 from dagster import DagsterInstance
 
 from kafka_iceberg import demo_data, devbroker, duck
-from kafka_iceberg.catalog import load_catalog, load_table, metadata_view
+from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
+from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings
 from kafka_iceberg.state import state_at
 
@@ -113,9 +114,7 @@ def main() -> int:
         catalog = load_catalog(settings.catalog)
         lag = 0
         for spec in specs:
-            view = metadata_view(load_table(catalog, spec.identifier))
-            committed = state_at(view.snapshots, view.main).offsets
-            lag += sum(w.high - committed.get(p, w.low) for p, w in meta.watermarks(spec.topic).items())
+            lag += sum(offset_lag(meta.watermarks(spec.topic), read_state(catalog, spec.identifier).offsets).values())
         if lag == 0:
             break
     else:

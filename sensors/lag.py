@@ -26,10 +26,9 @@ from dagster import (
 )
 
 from kafka_iceberg.alerts import Alert, AlertSink
-from kafka_iceberg.catalog import load_table, metadata_view
+from kafka_iceberg.catalog import read_state
 from kafka_iceberg.lag import LagEvaluation, LagWindow, evaluate, sample_from
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.state import state_at
 from lake_assets.tables import IN_PROGRESS, table_key
 from resources import IcebergCatalogResource, KafkaResource
 
@@ -91,15 +90,10 @@ def lag_sensor(spec: TableSpec):
     )
     def _lag(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
         now_ms = int(time.time() * 1000)
-        table = load_table(catalog.load(), spec.identifier)
-        if table is None:
-            state_offsets, last_commit_ms = {}, None
-        else:
-            view = metadata_view(table)
-            state = state_at(view.snapshots, view.main)
-            state_offsets, last_commit_ms = state.offsets, state.snapshot_timestamp_ms
+        state = read_state(catalog.load(), spec.identifier)
+        last_commit_ms = state.snapshot_timestamp_ms
         watermarks = kafka.metadata().watermarks(spec.topic)
-        committed = {p: state_offsets.get(p, w.low) for p, w in watermarks.items()}
+        committed = {p: state.offsets.get(p, w.low) for p, w in watermarks.items()}
         window = LagWindow.from_json(context.cursor, spec.lag.window)
         previous = evaluate(window).status if window.samples else "OK"
         window.add(sample_from(now_ms, committed, {p: w.high for p, w in watermarks.items()}, last_commit_ms))

@@ -15,10 +15,10 @@ import time
 from dagster import AssetObservation, DefaultSensorStatus, MetadataValue, SensorEvaluationContext, SensorResult, sensor
 
 from kafka_iceberg.alerts import Alert, AlertSink
-from kafka_iceberg.catalog import load_table, metadata_view
+from kafka_iceberg.catalog import read_state
+from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.retention import PartitionRetention, evaluate
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.state import state_at
 from lake_assets.tables import table_key
 from resources import IcebergCatalogResource, KafkaResource
 
@@ -73,14 +73,10 @@ def retention_sensor(spec: TableSpec):
     def _retention(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
         now_ms = int(time.time() * 1000)
         meta = kafka.metadata()
-        table = load_table(catalog.load(), spec.identifier)
-        committed = {}
-        if table is not None:
-            view = metadata_view(table)
-            committed = state_at(view.snapshots, view.main).offsets
+        committed = read_state(catalog.load(), spec.identifier).offsets
         watermarks = meta.watermarks(spec.topic)
-        lagging = {p: max(committed.get(p, w.low), w.low) for p, w in watermarks.items()
-                   if w.high > committed.get(p, w.low)}
+        lag = offset_lag(watermarks, committed)
+        lagging = {p: max(committed.get(p, w.low), w.low) for p, w in watermarks.items() if lag[p] > 0}
         oldest = meta.record_timestamps(spec.topic, lagging)
         retention_ms = meta.retention_ms(spec.topic)
         status, parts = evaluate(watermarks, committed, retention_ms, oldest, now_ms, spec.retention)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kafka_iceberg.errors import ConfigError, DataLossError, OffsetsAheadError
-from kafka_iceberg.planning import OffsetRange, Watermarks, plan_batch, split_ranges
+from kafka_iceberg.planning import OffsetRange, Watermarks, offset_lag, plan_batch, split_ranges
 from kafka_iceberg.recovery import attempt_branch, parse_attempt
 from kafka_iceberg.settings import catalog_from_uri, load_settings
 from kafka_iceberg.spec import load_table_specs, parse_duration_s
@@ -61,6 +61,11 @@ def test_offsets_ahead_of_the_log_or_vanished_partitions_are_errors():
         plan({0: 60}, {0: (0, 50)})
     with pytest.raises(OffsetsAheadError, match=r"partitions \[1\]"):
         plan({0: 10, 1: 5}, {0: (0, 50)})
+
+
+def test_offset_lag_counts_uncommitted_partitions_from_their_log_start():
+    wm = {0: Watermarks(0, 100), 1: Watermarks(40, 90), 2: Watermarks(0, 5)}
+    assert offset_lag(wm, {0: 60, 2: 5}) == {0: 40, 1: 50, 2: 0}
 
 
 def test_split_ranges_tiles_each_range_exactly():
