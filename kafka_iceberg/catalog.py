@@ -8,8 +8,11 @@ procedures) and pyiceberg for cheap metadata reads (snapshots, summaries, refs).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +25,8 @@ from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
 from kafka_iceberg.settings import CatalogSettings, Settings
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import IngestState, SnapshotInfo, state_at
+
+log = logging.getLogger(__name__)
 
 ICEBERG_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 
@@ -261,3 +266,107 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
                 f"table {spec.identifier} column {name!r} is {'optional' if nullable[name] else 'required'} "
                 f"but tables.yaml declares it {'required' if required else 'optional'}"
             )
+
+
+def dead_letter_ddl(settings: Settings, spec: TableSpec) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` statement for ``spec``'s dead-letter table
+    (:data:`kafka_iceberg.transform.DEAD_LETTER_COLUMNS`, partitioned by day of quarantine)."""
+    from kafka_iceberg.transform import DEAD_LETTER_COLUMNS
+
+    cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in DEAD_LETTER_COLUMNS)
+    props = ", ".join(f"'{k}'='{v}'" for k, v in {**TABLE_PROPERTIES, "lake.dead-letter-of": spec.identifier}.items())
+    return (
+        f"CREATE TABLE IF NOT EXISTS {settings.catalog.name}.{spec.bad_records.dead_letter_identifier} (\n  {cols}\n) "
+        f"USING iceberg\nPARTITIONED BY (days(quarantined_at))\n"
+        f"COMMENT 'Records of topic {spec.topic} quarantined by table {spec.identifier}'\nTBLPROPERTIES ({props})"
+    )
+
+
+def ensure_dead_letter_table(spark, settings: Settings, spec: TableSpec) -> None:
+    """Create ``spec``'s dead-letter table (and its namespace) if missing.
+
+    Raises:
+        ConfigError: a table of that name exists but is not this table's dead-letter table.
+    """
+    ident = spec.bad_records.dead_letter_identifier
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{ident.rsplit('.', 1)[0]}")
+    try:
+        spark.sql(dead_letter_ddl(settings, spec))
+    except Exception as exc:  # a concurrent creator won the race
+        if "already exists" not in str(exc).lower():
+            raise
+    owner = spark.sql(f"SHOW TBLPROPERTIES {settings.catalog.name}.{ident} ('lake.dead-letter-of')").collect()
+    value = owner[0]["value"] if owner else None
+    if value != spec.identifier:
+        raise ConfigError(f"table {ident} exists but is not the dead-letter table of {spec.identifier} (lake.dead-letter-of={value!r})")
+
+
+_TRANSIENT = re.compile(
+    r"SQLITE_BUSY|SQLITE_LOCKED|database is locked|database table is locked"
+    r"|Connection refused|connection to server|server closed the connection|terminating connection"
+    r"|the database system is (shutting down|starting up|in recovery mode)|Connection reset"
+    r"|This connection has been closed|An I/O error occurred while sending to the backend"
+    r"|Cannot get a connection|Failed to connect|could not connect",
+    re.IGNORECASE,
+)
+
+
+def is_transient_catalog_error(exc: BaseException) -> bool:
+    """True when ``exc`` (from Spark's JdbcCatalog through Py4J, or from pyiceberg/SQLAlchemy)
+    says the catalog database was locked or unreachable, so the operation may succeed later."""
+    return bool(_TRANSIENT.search(f"{type(exc).__name__}: {exc}"))
+
+
+def with_catalog_retry(what: str, fn, budget_s: float, *, before_retry=None):
+    """Call ``fn()``; while it fails with a transient catalog error, wait with exponential backoff
+    (0.5 s doubling to 8 s) and call ``before_retry()`` then ``fn()`` again, for at most
+    ``budget_s`` seconds in all.
+
+    ``before_retry`` re-reads the table and returns a value to return *instead of* retrying
+    when the failed call did take effect after all (for example, the branch already points at
+    the new snapshot), or ``None`` to retry. It may raise to stop retrying.
+
+    Raises:
+        CatalogUnavailableError: the budget ran out; names ``what``, the attempts and the last error.
+        Any non-transient exception of ``fn`` or ``before_retry``, unchanged.
+    """
+    deadline = time.monotonic() + budget_s
+    delay, attempt = 0.5, 1
+
+    def give_up(exc: BaseException):
+        text = str(exc).strip()
+        first = text.splitlines()[0][:300] if text else type(exc).__name__
+        return CatalogUnavailableError(
+            f"{what}: the Iceberg catalog stayed unavailable for {budget_s:.0f} s over {attempt} attempt(s); "
+            f"last error: {first}"
+        )
+
+    def wait(exc: BaseException) -> None:
+        nonlocal delay, attempt
+        if time.monotonic() + delay > deadline:
+            raise give_up(exc) from exc
+        text = str(exc).strip()
+        log.warning("%s: transient catalog error (attempt %d), retrying in %.1f s: %s",
+                    what, attempt, delay, text.splitlines()[0][:200] if text else type(exc).__name__)
+        time.sleep(delay)
+        delay, attempt = min(delay * 2, 8.0), attempt + 1
+
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient_catalog_error(exc):
+                raise
+            wait(exc)
+        # never repeat a call that may have taken effect before looking at the table again
+        while before_retry is not None:
+            try:
+                done = before_retry()
+            except Exception as exc:
+                if not is_transient_catalog_error(exc):
+                    raise
+                wait(exc)
+                continue
+            if done is not None:
+                return done
+            break

@@ -25,20 +25,22 @@ from pyspark.sql import functions as F
 from kafka_iceberg import faults
 from kafka_iceberg.catalog import (
     TableMetadataView,
+    ensure_dead_letter_table,
     ensure_table,
     load_table,
     metadata_view,
     qualified,
+    with_catalog_retry,
 )
-from kafka_iceberg.errors import CommitConflictError, LakeError, from_task_exception
+from kafka_iceberg.errors import CommitConflictError, LakeError, MalformedRecordError, from_task_exception
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import BatchPlan, Watermarks, plan_batch, split_ranges
 from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
 from kafka_iceberg.recovery import Attempt, RecoveryReport, age_liveness, attempt_branch, recover
 from kafka_iceberg.settings import Settings
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.state import ingest_summary, state_at, valid_through
-from kafka_iceberg.transform import bad_record_from_exception, parse_records
+from kafka_iceberg.state import KEY_DEAD_LETTER, ancestors, dead_letter_ref, ingest_summary, state_at, valid_through
+from kafka_iceberg.transform import PROBLEM, ValueColumn, classify, dead_letter_rows, new_fields, table_rows, value_columns
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,9 @@ log = logging.getLogger(__name__)
 class BatchResult:
     """Outcome of one micro-batch.
 
-    Units: ``records`` in records, ``kafka_bytes`` in bytes of key + value read from Kafka,
+    Units: ``records`` in records added to the table, ``records_read`` in records read from
+    Kafka, ``quarantined`` in records written to the dead-letter table (``records_read =
+    records + quarantined``), ``kafka_bytes`` in bytes of key + value read from Kafka,
     ``data_bytes_added`` in bytes of Parquet written, ``phase_seconds`` in seconds, offsets
     as Kafka offsets. ``snapshot_id`` is the published snapshot (None when nothing was
     committed because there was nothing new).
@@ -68,6 +72,12 @@ class BatchResult:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     recovery: RecoveryReport = field(default_factory=RecoveryReport)
     group_commit_error: str | None = None
+    records_read: int = 0
+    quarantined: int = 0
+    quarantined_by_partition: dict[int, int] = field(default_factory=dict)
+    quarantine_kinds: dict[str, int] = field(default_factory=dict)
+    schema_changes: list[dict] = field(default_factory=list)
+    dead_letter_snapshot_id: int | None = None
 
     @property
     def total_lag(self) -> int:
@@ -103,28 +113,81 @@ class TableWriter:
 
     # -- metadata ------------------------------------------------------------------------
     def view(self) -> TableMetadataView:
-        """The table's current snapshots and refs (freshly loaded from the catalog)."""
-        table = load_table(self.catalog, self.spec.identifier)
-        if table is None:
-            raise LakeError(f"table {self.spec.identifier} does not exist in catalog {self.catalog.name}")
-        return metadata_view(table)
+        """The table's current snapshots and refs (freshly loaded from the catalog; retried while
+        the catalog is locked or unreachable, up to ``LAKE_CATALOG_RETRY_S``).
+
+        Raises:
+            LakeError: the table does not exist. CatalogUnavailableError: the retries ran out.
+        """
+        return self._view(self.spec.identifier)
 
     def ensure_table(self) -> None:
-        """Create the table from its declaration if it does not exist (see :func:`catalog.ensure_table`)."""
-        ensure_table(self.spark, self.settings, self.spec)
+        """Create the table from its declaration if it does not exist (see :func:`catalog.ensure_table`),
+        and its dead-letter table under ``bad_records.policy: quarantine``."""
+        self._retry("create or check the table", lambda: ensure_table(self.spark, self.settings, self.spec))
+        if self.spec.bad_records.policy == "quarantine":
+            self._ensure_dead_letter()
 
     # -- recovery --------------------------------------------------------------------------
     def recover(self, is_alive: Callable[[Attempt], bool] | None = None, only: set[str] | None = None) -> RecoveryReport:
-        """Clean up after dead attempts (see :mod:`kafka_iceberg.recovery`)."""
-        return recover(
-            self.spark,
-            catalog_name=self.settings.catalog.name,
-            identifier=self.spec.identifier,
-            load_view=self.view,
-            is_alive=is_alive or age_liveness(self.settings.attempt_timeout_s),
-            clock_skew_s=self.settings.orphan_clock_skew_s,
-            only=only,
-        )
+        """Clean up after dead attempts on the table and its dead-letter table (see
+        :mod:`kafka_iceberg.recovery`), after rolling the dead-letter table forward to every
+        dead-letter snapshot a published ``main`` snapshot points at."""
+        alive = is_alive or age_liveness(self.settings.attempt_timeout_s)
+        report = RecoveryReport()
+        dlq = self.spec.bad_records.dead_letter_identifier
+        has_dlq = self._retry("look up the dead-letter table", lambda: load_table(self.catalog, dlq)) is not None
+        if has_dlq:
+            report.rolled_forward = self._roll_forward_dead_letter()
+        targets = [self.spec.identifier] + ([dlq] if has_dlq else [])
+        for ident in targets:
+            part = self._retry(f"recover {ident}", lambda ident=ident: recover(
+                self.spark,
+                catalog_name=self.settings.catalog.name,
+                identifier=ident,
+                load_view=lambda: self._view(ident),
+                is_alive=alive,
+                clock_skew_s=self.settings.orphan_clock_skew_s,
+                only=only,
+            ))
+            prefix = "" if ident == self.spec.identifier else f"{ident}:"
+            report.dead_attempts += [prefix + b for b in part.dead_attempts]
+            report.live_attempts += [prefix + b for b in part.live_attempts]
+            report.expired_snapshots += part.expired_snapshots
+            report.orphan_files_deleted += part.orphan_files_deleted
+        return report
+
+    def _roll_forward_dead_letter(self) -> list[int]:
+        """Publish dead-letter snapshots that ``main``'s published snapshots point at but the dead-letter
+        table's ``main`` does not reach yet (a crash between the two publishes). Returns their ids.
+
+        Raises:
+            LakeError: a pointed-at dead-letter snapshot is gone (its branch was dropped unpublished).
+        """
+        view = self.view()
+        dlq = self.spec.bad_records.dead_letter_identifier
+        dview = self._view(dlq)
+        published = {s.snapshot_id for s in ancestors(dview.snapshots, dview.main)}
+        pending = []
+        for snap in ancestors(view.snapshots, view.main):
+            ref = dead_letter_ref(snap)
+            if ref is None:
+                continue
+            if int(ref["snapshot-id"]) in published:
+                break
+            pending.append(ref)
+        rolled = []
+        for ref in reversed(pending):  # oldest first: each is a descendant of the one before
+            sid, branch = int(ref["snapshot-id"]), ref["branch"]
+            if self._view(dlq).refs.get(branch) != sid:
+                raise LakeError(
+                    f"table {self.spec.identifier}: dead-letter snapshot {sid} of {dlq} (branch {branch}) is referenced "
+                    "by a published snapshot but is gone; its quarantined records are lost. See docs/operations.md."
+                )
+            self._publish_dead_letter(branch, sid)
+            log.warning("table %s: rolled dead-letter table %s forward to snapshot %s", self.spec.identifier, dlq, sid)
+            rolled.append(sid)
+        return rolled
 
     # -- planning --------------------------------------------------------------------------
     def plan(self) -> BatchPlan:
@@ -189,12 +252,22 @@ class TableWriter:
     def execute(self, plan: BatchPlan, commit_id: str, new_gaps: list[dict] | None = None) -> BatchResult:
         """Read the planned ranges, write them to an attempt branch and publish it to ``main``.
 
+        Bad records (see :mod:`kafka_iceberg.transform`) go to the dead-letter table under
+        ``bad_records.policy: quarantine``: they are written to the same-named branch of the
+        dead-letter table first, ``main``'s snapshot records how many per partition and which
+        dead-letter snapshot holds them, and that snapshot is published right after ``main``
+        (recovery rolls it forward after a crash in between). Every batch reconciles before it
+        publishes: records read = rows added + rows quarantined, per partition, checked against
+        both snapshots' ``added-records``.
+
         Returns a :class:`BatchResult`; ``committed`` is False when the plan had nothing to do.
 
         Raises:
-            MalformedRecordError: a record does not fit the declared schema (nothing committed).
+            MalformedRecordError: a bad record under ``bad_records.policy: fail`` (nothing committed).
             CommitConflictError: ``main`` moved since the plan (nothing published).
+            CatalogUnavailableError: the catalog stayed locked or unreachable past ``LAKE_CATALOG_RETRY_S``.
             DataLossError, ReadTimeoutError, BrokerUnavailableError: reading failed.
+            LakeError: the batch did not reconcile (nothing published).
         """
         spec = self.spec
         phases: dict[str, float] = {}
@@ -207,53 +280,73 @@ class TableWriter:
             return result
         started_ms = int(time.time() * 1000)
         branch = attempt_branch(commit_id, started_ms)
-        raw = None
+        dlq = spec.bad_records.dead_letter_identifier
+        raw = classified = None
+        dlq_snapshot_id = None
         try:
             with _Timer(phases, "branch_s"):
-                as_of = f" AS OF VERSION {plan.base_snapshot_id}" if plan.base_snapshot_id is not None else ""
-                self.spark.sql(f"ALTER TABLE {self.qualified} CREATE BRANCH `{branch}`{as_of}")
+                branch_base = self._create_branch(spec.identifier, branch, plan.base_snapshot_id)
             faults.crash_point("after_branch")
 
             with _Timer(phases, "read_s"):
                 raw = self._read(plan).persist()
-                stats = raw.groupBy("partition").agg(
+                schema_changes = self._evolve(raw, commit_id) if spec.unknown_fields == "evolve" else []
+                columns = self._value_columns()
+                classified = classify(raw, spec, columns).persist()
+                stats = classified.groupBy("partition").agg(
                     F.count(F.lit(1)).alias("records"),
+                    F.count(F.col(PROBLEM)).alias("quarantined"),
                     F.max("offset").alias("max_offset"),
                     F.max("timestamp_ms").alias("max_timestamp_ms"),
                     F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
                 ).collect()
+                raw.unpersist()
             faults.crash_point("after_read")
-            records = sum(r["records"] for r in stats)
-            kafka_bytes = sum(r["bytes"] or 0 for r in stats)
             self._check_read(plan, stats)
+            read = {r["partition"]: int(r["records"]) for r in stats}
+            quarantined = {r["partition"]: int(r["quarantined"]) for r in stats if r["quarantined"]}
+            records_read, n_bad = sum(read.values()), sum(quarantined.values())
+            kinds: dict[str, int] = {}
+            if n_bad:
+                kinds = {r["kind"]: int(r["n"]) for r in classified.where(F.col(PROBLEM).isNotNull())
+                         .groupBy(F.col(f"{PROBLEM}.kind").alias("kind")).agg(F.count(F.lit(1)).alias("n")).collect()}
+                if spec.bad_records.policy == "fail":
+                    raise self._first_bad_record(classified)
+            kafka_bytes = sum(r["bytes"] or 0 for r in stats)
             base_state = state_at(self.view().snapshots, plan.base_snapshot_id)
             max_ts = self._max_timestamps(base_state.max_timestamps, stats)
-
             summary = ingest_summary(
                 topic=spec.topic,
                 offsets=plan.end_offsets,
                 batch={r.partition: (r.start, r.end) for r in plan.ranges},
                 max_timestamps=max_ts,
                 commit_id=commit_id,
-                records=records,
+                records=records_read - n_bad,
                 accepted_gaps=[*base_state.accepted_gaps, *(new_gaps or [])],
+                read={p: read.get(p, 0) for p in sorted({r.partition for r in plan.ranges})},
+                quarantined=quarantined,
+                quarantine_kinds=kinds,
+                schema_changes=schema_changes,
             )
             with _Timer(phases, "write_s"):
-                writer = parse_records(raw, spec).writeTo(f"{self.qualified}.branch_{branch}")
-                for key, value in summary.items():
-                    writer = writer.option(f"snapshot-property.{key}", value)
-                try:
-                    writer.append()
-                except Exception as exc:
-                    bad = bad_record_from_exception(exc, spec.identifier)
-                    if bad is not None:
-                        raise bad from None
-                    raise
+                if n_bad:
+                    self._ensure_dead_letter()
+                    dlq_base = self._create_branch(dlq, branch, self._view(dlq).main)
+                    dlq_snapshot_id = self._append(dlq, branch, dlq_base, dead_letter_rows(classified, commit_id),
+                                                   {"kafka.commit-id": commit_id, "kafka.dead-letter-of": spec.identifier})
+                    self._reconcile(dlq, dlq_snapshot_id, n_bad, "quarantined")
+                    summary[KEY_DEAD_LETTER] = json.dumps(
+                        {"table": dlq, "snapshot-id": dlq_snapshot_id, "branch": branch}, separators=(",", ":"))
+                snapshot_id = self._append(spec.identifier, branch, branch_base, table_rows(classified, spec, columns), summary)
+                self._reconcile(spec.identifier, snapshot_id, records_read - n_bad, "added")
             faults.crash_point("after_write")
 
             with _Timer(phases, "publish_s"):
-                snapshot_id = self._publish(plan, branch)
+                self._publish(plan, branch, snapshot_id)
             faults.crash_point("after_publish")
+            if dlq_snapshot_id is not None:
+                with _Timer(phases, "publish_s"):
+                    self._publish_dead_letter(branch, dlq_snapshot_id)
         except BaseException as exc:
             self._abandon(branch, exc)
             remote = from_task_exception(exc) if not isinstance(exc, LakeError) else None
@@ -261,11 +354,13 @@ class TableWriter:
                 raise remote from None
             raise
         finally:
-            if raw is not None:
-                raw.unpersist()
+            for frame in (raw, classified):
+                if frame is not None:
+                    frame.unpersist()
 
         with _Timer(phases, "cleanup_s"):
-            self.spark.sql(f"ALTER TABLE {self.qualified} DROP BRANCH IF EXISTS `{branch}`")
+            for ident in (spec.identifier, dlq) if dlq_snapshot_id is not None else (spec.identifier,):
+                self._drop_branch(ident, branch)
 
         with _Timer(phases, "group_commit_s"):
             self._sync_group(plan.end_offsets, result)
@@ -273,7 +368,13 @@ class TableWriter:
         snap = self.view().snapshots[snapshot_id]
         high = self.kafka.watermarks(spec.topic, sorted(plan.end_offsets))
         result.committed = True
-        result.records = records
+        result.records = records_read - n_bad
+        result.records_read = records_read
+        result.quarantined = n_bad
+        result.quarantined_by_partition = quarantined
+        result.quarantine_kinds = kinds
+        result.schema_changes = schema_changes
+        result.dead_letter_snapshot_id = dlq_snapshot_id
         result.kafka_bytes = int(kafka_bytes or 0)
         result.ranges = {r.partition: (r.start, r.end) for r in plan.ranges}
         result.offsets = dict(plan.end_offsets)
@@ -284,6 +385,112 @@ class TableWriter:
         result.valid_through_ms = valid_through(max_ts)
         result.phase_seconds = phases
         return result
+
+    # -- the steps of execute, each retried on a transient catalog error where that is safe ---------
+    def _retry(self, what: str, fn, before_retry=None):
+        return with_catalog_retry(f"table {self.spec.identifier}: {what}", fn, self.settings.catalog_retry_s,
+                                  before_retry=before_retry)
+
+    def _view(self, identifier: str) -> TableMetadataView:
+        def load():
+            table = load_table(self.catalog, identifier)
+            if table is None:
+                raise LakeError(f"table {identifier} does not exist in catalog {self.catalog.name}")
+            return metadata_view(table)
+
+        return self._retry(f"load metadata of {identifier}", load)
+
+    def _create_branch(self, identifier: str, branch: str, at_snapshot: int | None) -> int:
+        """Create ``branch`` at ``at_snapshot`` (``main`` of an empty table); returns its head snapshot id."""
+        as_of = f" AS OF VERSION {at_snapshot}" if at_snapshot is not None else ""
+        sql = f"ALTER TABLE {self.settings.catalog.name}.{identifier} CREATE BRANCH `{branch}`{as_of}"
+
+        def created():
+            return self._view(identifier).refs.get(branch)
+
+        self._retry(f"create branch {branch} of {identifier}", lambda: self.spark.sql(sql), before_retry=created)
+        head = created()
+        if head is None:
+            raise LakeError(f"table {identifier}: branch {branch} was not created")
+        return head
+
+    def _append(self, identifier: str, branch: str, branch_base: int, rows, summary: dict[str, str]) -> int:
+        """Append ``rows`` to ``branch`` as one snapshot carrying ``summary``; returns its id.
+
+        A retry happens only while the branch still points at ``branch_base`` (the append did
+        not land), so the rows are never appended twice."""
+
+        def append():
+            writer = rows.writeTo(f"{self.settings.catalog.name}.{identifier}.branch_{branch}")
+            for key, value in summary.items():
+                writer = writer.option(f"snapshot-property.{key}", value)
+            writer.append()
+
+        def landed():
+            head = self._view(identifier).refs.get(branch)
+            if head is None:
+                raise LakeError(f"table {identifier}: attempt branch {branch} disappeared during the write")
+            return head if head != branch_base else None
+
+        self._retry(f"append to {identifier} branch {branch}", append, before_retry=landed)
+        head = landed()
+        if head is None:
+            raise LakeError(f"table {identifier}: the append to branch {branch} made no snapshot")
+        return head
+
+    def _reconcile(self, identifier: str, snapshot_id: int, expected: int, what: str) -> None:
+        """The snapshot added exactly ``expected`` rows (its ``added-records``), or raise LakeError."""
+        snap = self._view(identifier).snapshots[snapshot_id]
+        added = int(snap.summary.get("added-records", "0"))
+        if added != expected:
+            raise LakeError(
+                f"table {self.spec.identifier}: micro-batch does not reconcile: snapshot {snapshot_id} of {identifier} "
+                f"added {added} rows but {expected} records were {what}; nothing was published"
+            )
+
+    def _first_bad_record(self, classified) -> MalformedRecordError:
+        row = (classified.where(F.col(PROBLEM).isNotNull()).orderBy("partition", "offset")
+               .select("topic", "partition", "offset", F.col(f"{PROBLEM}.kind").alias("kind"),
+                       F.col(f"{PROBLEM}.reason").alias("reason")).first())
+        return MalformedRecordError(self.spec.identifier, row["topic"], row["partition"], row["offset"],
+                                    f"{row['kind']}: {row['reason']}")
+
+    def _value_columns(self) -> list[ValueColumn]:
+        return self._retry("read the table schema", lambda: value_columns(self.spark.table(self.qualified).schema))
+
+    def _evolve(self, raw, commit_id: str) -> list[dict]:
+        """Schema evolution (``unknown_fields: evolve``): add an optional column for every new
+        top-level field of a primitive type in this batch, with Iceberg's schema update
+        (``ALTER TABLE ... ADD COLUMN``), before the batch is written. Fields that cannot be added
+        stay unknown and their records are quarantined. Returns the columns added."""
+        fields = new_fields(self.spark, raw, self._value_columns())
+        added = []
+        for f in fields:
+            if f.type is None:
+                log.warning("table %s: new field %r is not added: %s; its records are quarantined",
+                            self.spec.identifier, f.name, f.why_not)
+                continue
+            comment = f"added by schema evolution from topic {self.spec.topic} in run {commit_id}".replace("'", "")
+            sql = f"ALTER TABLE {self.qualified} ADD COLUMN `{f.name}` {f.type.upper()} COMMENT '{comment}'"
+
+            def exists(name=f.name):
+                return True if any(c.name == name for c in self._value_columns()) else None
+
+            if exists() is None:
+                self._retry(f"add column {f.name}", lambda sql=sql: self.spark.sql(sql), before_retry=exists)
+            log.warning("table %s: schema evolved: added optional column %s %s", self.spec.identifier, f.name, f.type)
+            added.append({"column": f.name, "type": f.type})
+        return added
+
+    def _drop_branch(self, identifier: str, branch: str) -> None:
+        try:
+            self._retry(f"drop branch {branch} of {identifier}", lambda: self.spark.sql(
+                f"ALTER TABLE {self.settings.catalog.name}.{identifier} DROP BRANCH IF EXISTS `{branch}`"))
+        except Exception as exc:  # published already; the next recovery drops it
+            log.warning("table %s: could not drop branch %s (%s); the next run drops it", identifier, branch, exc)
+
+    def _ensure_dead_letter(self) -> None:
+        self._retry("create the dead-letter table", lambda: ensure_dead_letter_table(self.spark, self.settings, self.spec))
 
     def accept_gap(self, commit_id: str, reason: str) -> BatchResult:
         """Accept records that were deleted before they were ingested: move each partition whose
@@ -357,25 +564,54 @@ class TableWriter:
                 out[p] = max(out.get(p, ts), ts)
         return out
 
-    def _publish(self, plan: BatchPlan, branch: str) -> int:
-        """Fast-forward ``main`` to the attempt branch if ``main`` is still the planned base."""
-        view = self.view()
-        if view.main != plan.base_snapshot_id:
-            raise CommitConflictError(
-                f"table {plan.table}: main moved from snapshot {plan.base_snapshot_id} to {view.main} after this "
-                "micro-batch was planned; another run committed first. Nothing was published; rerun to re-plan."
-            )
-        try:
-            self.spark.sql(f"CALL {self.settings.catalog.name}.system.fast_forward('{self.spec.identifier}', 'main', '{branch}')")
-        except Exception as exc:
-            text = str(exc)
-            if "not an ancestor" in text or "CommitFailedException" in text or "refresh is required" in text:
+    def _publish(self, plan: BatchPlan, branch: str, snapshot_id: int) -> None:
+        """Fast-forward ``main`` to the attempt branch (at ``snapshot_id``) if ``main`` is still the
+        planned base. The commit point of the micro-batch.
+
+        A transient catalog error is retried only after re-reading ``main``: already at
+        ``snapshot_id`` means the fast-forward landed; still at the base means retry; anything
+        else is a conflict."""
+
+        def check() -> int | None:
+            main = self._view(self.spec.identifier).main
+            if main == snapshot_id:
+                return snapshot_id
+            if main != plan.base_snapshot_id:
                 raise CommitConflictError(
-                    f"table {plan.table}: main moved after this micro-batch was planned (Iceberg refused the "
-                    f"fast-forward: {text.splitlines()[0][:300]}). Nothing was published; rerun to re-plan."
-                ) from None
-            raise
-        return self.view().refs[branch]
+                    f"table {plan.table}: main moved from snapshot {plan.base_snapshot_id} to {main} after this "
+                    "micro-batch was planned; another run committed first. Nothing was published; rerun to re-plan."
+                )
+            return None
+
+        def fast_forward():
+            try:
+                self.spark.sql(
+                    f"CALL {self.settings.catalog.name}.system.fast_forward('{self.spec.identifier}', 'main', '{branch}')")
+            except Exception as exc:
+                text = str(exc)
+                if "not an ancestor" in text or "CommitFailedException" in text or "refresh is required" in text:
+                    raise CommitConflictError(
+                        f"table {plan.table}: main moved after this micro-batch was planned (Iceberg refused the "
+                        f"fast-forward: {text.splitlines()[0][:300]}). Nothing was published; rerun to re-plan."
+                    ) from None
+                raise
+
+        check()
+        self._retry(f"publish branch {branch}", fast_forward, before_retry=check)
+        if self._view(self.spec.identifier).main != snapshot_id:
+            raise CommitConflictError(f"table {plan.table}: main is not at snapshot {snapshot_id} after the fast-forward")
+
+    def _publish_dead_letter(self, branch: str, snapshot_id: int) -> None:
+        """Fast-forward the dead-letter table's ``main`` to ``snapshot_id`` on ``branch`` (after
+        ``main`` of the table published the batch that points at it)."""
+        dlq = self.spec.bad_records.dead_letter_identifier
+
+        def done():
+            return True if self._view(dlq).main == snapshot_id else None
+
+        if done() is None:
+            self._retry(f"publish dead-letter branch {branch}", lambda: self.spark.sql(
+                f"CALL {self.settings.catalog.name}.system.fast_forward('{dlq}', 'main', '{branch}')"), before_retry=done)
 
     def _abandon(self, branch: str, exc: BaseException) -> None:
         """Best-effort cleanup of this attempt after a failure (not a crash): the next run's

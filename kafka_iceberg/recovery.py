@@ -78,11 +78,12 @@ class RecoveryReport:
     live_attempts: list[str] = field(default_factory=list)
     expired_snapshots: list[int] = field(default_factory=list)
     orphan_files_deleted: list[str] = field(default_factory=list)
+    rolled_forward: list[int] = field(default_factory=list)  # dead-letter snapshots published late
 
     @property
     def did_anything(self) -> bool:
         """True when recovery changed the table or deleted files."""
-        return bool(self.dead_attempts or self.expired_snapshots or self.orphan_files_deleted)
+        return bool(self.dead_attempts or self.expired_snapshots or self.orphan_files_deleted or self.rolled_forward)
 
 
 def _reachable(view: TableMetadataView, skip: set[str]) -> set[int]:

@@ -72,6 +72,7 @@ class Settings:
     max_records_per_task: int = 250_000
     attempt_timeout_s: float = 3600.0
     orphan_clock_skew_s: float = 1.0
+    catalog_retry_s: float = 60.0
 
     @property
     def dagster_home(self) -> Path:
@@ -169,4 +170,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_records_per_task=int(_number(env, "LAKE_MAX_RECORDS_PER_TASK", 250_000)),
         attempt_timeout_s=_number(env, "LAKE_ATTEMPT_TIMEOUT_S", 3600.0),
         orphan_clock_skew_s=_number(env, "LAKE_ORPHAN_CLOCK_SKEW_S", 1.0),
+        catalog_retry_s=_number(env, "LAKE_CATALOG_RETRY_S", 60.0),
     )

@@ -124,6 +124,28 @@ class MaintenancePolicy:
     target_file_size_bytes: int = 128 * 1024 * 1024
 
 
+BAD_RECORD_POLICIES = ("quarantine", "fail")
+UNKNOWN_FIELD_POLICIES = ("reject", "ignore", "evolve")
+
+
+@dataclass(frozen=True)
+class BadRecordPolicy:
+    """What happens to a record that does not fit the table (see docs/tables.md#bad-records).
+
+    ``policy``: ``quarantine`` writes it to the dead-letter table in the same micro-batch as
+    the good records; ``fail`` fails the run and commits nothing.
+    ``max_quarantine_rate``: the ``quarantine`` asset check fails when the latest micro-batch
+    quarantined more than this fraction (0..1) of the records it read.
+    ``max_record_bytes``: a record whose key plus value is larger (bytes) is a bad record.
+    ``dead_letter_identifier``: the dead-letter Iceberg table (``namespace.table``).
+    """
+
+    policy: str = "quarantine"
+    max_quarantine_rate: float = 0.01
+    max_record_bytes: int = 1024 * 1024
+    dead_letter_identifier: str = ""
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """A declared Kafka-topic-to-Iceberg-table mapping (one Dagster asset each)."""
@@ -139,8 +161,9 @@ class TableSpec:
     max_records_per_partition: int
     starting_position: StartingPosition
     freshness: FreshnessPolicy
-    unknown_fields: str  # "fail" | "ignore"
+    unknown_fields: str  # "reject" | "ignore" | "evolve"
     description: str = ""
+    bad_records: BadRecordPolicy = BadRecordPolicy()
     lag: LagPolicy = LagPolicy()
     maintenance: MaintenancePolicy = MaintenancePolicy()
     retention: RetentionPolicy = RetentionPolicy()
@@ -246,6 +269,27 @@ def _parse_retention(raw: dict[str, Any], where: str) -> RetentionPolicy:
     return policy
 
 
+def _parse_bad_records(raw: dict[str, Any], where: str, identifier: str) -> BadRecordPolicy:
+    extra = set(raw) - {"policy", "max_quarantine_rate", "max_record_bytes", "dead_letter_table"}
+    if extra:
+        raise ConfigError(f"{where}: bad_records has unknown keys {sorted(extra)}")
+    policy = raw.get("policy", "quarantine")
+    if policy not in BAD_RECORD_POLICIES:
+        raise ConfigError(f"{where}: bad_records.policy must be one of {BAD_RECORD_POLICIES}, got {policy!r}")
+    try:
+        rate = float(raw.get("max_quarantine_rate", BadRecordPolicy.max_quarantine_rate))
+        size = int(raw.get("max_record_bytes", BadRecordPolicy.max_record_bytes))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: bad_records.max_quarantine_rate must be a number and max_record_bytes a whole number") from exc
+    if not 0 <= rate <= 1 or size <= 0:
+        raise ConfigError(f"{where}: bad_records needs 0 <= max_quarantine_rate <= 1 and max_record_bytes > 0")
+    dlq = str(raw.get("dead_letter_table") or f"{identifier}_dead_letter")
+    parts = dlq.split(".")
+    if len(parts) < 2 or not all(_IDENT.match(p) for p in parts) or dlq == identifier:
+        raise ConfigError(f"{where}: bad_records.dead_letter_table {dlq!r} must be another namespace.table in lower_snake_case")
+    return BadRecordPolicy(policy, rate, size, dlq)
+
+
 def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     merged = {**defaults, **raw}
     name = merged.get("name")
@@ -255,7 +299,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     known = {
         "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
         "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description", "lag",
-        "maintenance", "retention",
+        "maintenance", "retention", "bad_records",
     }
     unknown = set(raw) - known
     if unknown:
@@ -344,9 +388,10 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         raise ConfigError(f"{where}: lag.max_offset_lag must be >= 1 and lag.window >= 2")
     maintenance = _parse_maintenance(merged.get("maintenance") or {}, where)
     retention = _parse_retention(merged.get("retention") or {}, where)
-    unknown_fields = merged.get("unknown_fields", "fail")
-    if unknown_fields not in ("fail", "ignore"):
-        raise ConfigError(f"{where}: unknown_fields must be 'fail' or 'ignore', got {unknown_fields!r}")
+    unknown_fields = merged.get("unknown_fields", "reject")
+    if unknown_fields not in UNKNOWN_FIELD_POLICIES:
+        raise ConfigError(f"{where}: unknown_fields must be one of {UNKNOWN_FIELD_POLICIES}, got {unknown_fields!r}")
+    bad_records = _parse_bad_records(merged.get("bad_records") or {}, where, identifier)
     return TableSpec(
         name=str(name),
         identifier=identifier,
@@ -360,6 +405,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         starting_position=_parse_starting_position(merged.get("starting_position", "earliest"), where),
         freshness=freshness,
         unknown_fields=unknown_fields,
+        bad_records=bad_records,
         description=str(merged.get("description", "")).strip(),
         lag=lag,
         maintenance=maintenance,

@@ -20,6 +20,18 @@ Snapshot summary keys (all values are strings, as Iceberg requires):
                            absent while no partition has had a record
 ``kafka.commit-id``        the run that committed it (the Dagster run id)
 ``kafka.records``          records this snapshot added (records)
+``kafka.read``             JSON ``{"<partition>": records}``: records this snapshot's batch read
+                           from Kafka, per partition (absent on snapshots older than it)
+``kafka.quarantined``      JSON ``{"<partition>": records}``: of those, records written to the
+                           dead-letter table instead; ``read = added + quarantined`` per
+                           partition, where added is ``kafka.records`` summed
+``kafka.quarantine-kinds`` JSON ``{"<kind>": records}`` (``malformed``, ``schema``, ...)
+``kafka.dead-letter``      JSON ``{"table", "snapshot-id", "branch"}``: the dead-letter snapshot
+                           holding this batch's quarantined records (absent when none). It
+                           is published right after this snapshot; recovery rolls it forward
+                           if a crash came between the two
+``kafka.schema-changes``   JSON list of ``{"column", "type"}``:
+                           optional columns schema evolution added before this batch
 ``kafka.accepted-gaps``    JSON list of offset ranges an operator accepted as lost, each
                            ``{"partition", "start", "end", "reason", "accepted_ms",
                            "commit_id"}``; carried forward by every later snapshot so the
@@ -44,6 +56,11 @@ KEY_VALID_THROUGH = "kafka.valid-through-ms"
 KEY_COMMIT_ID = "kafka.commit-id"
 KEY_RECORDS = "kafka.records"
 KEY_GAPS = "kafka.accepted-gaps"
+KEY_READ = "kafka.read"
+KEY_QUARANTINED = "kafka.quarantined"
+KEY_QUARANTINE_KINDS = "kafka.quarantine-kinds"
+KEY_DEAD_LETTER = "kafka.dead-letter"
+KEY_SCHEMA_CHANGES = "kafka.schema-changes"
 
 
 @dataclass(frozen=True)
@@ -143,8 +160,15 @@ def ingest_summary(
     commit_id: str,
     records: int,
     accepted_gaps: tuple | list = (),
+    read: Mapping[int, int] | None = None,
+    quarantined: Mapping[int, int] | None = None,
+    quarantine_kinds: Mapping[str, int] | None = None,
+    schema_changes: list | None = None,
 ) -> dict[str, str]:
-    """The snapshot summary properties for one ingest commit (see the module docstring)."""
+    """The snapshot summary properties for one ingest commit (see the module docstring).
+
+    ``read`` and ``quarantined`` are records per partition; ``kafka.dead-letter`` is added by the
+    write path once the dead-letter snapshot exists."""
     props = {
         KEY_TOPIC: topic,
         KEY_OFFSETS: encode_int_map(offsets),
@@ -158,7 +182,25 @@ def ingest_summary(
         props[KEY_VALID_THROUGH] = str(vt)
     if accepted_gaps:
         props[KEY_GAPS] = json.dumps(list(accepted_gaps), separators=(",", ":"))
+    if read is not None:
+        props[KEY_READ] = encode_int_map(read)
+        props[KEY_QUARANTINED] = encode_int_map(quarantined or {})
+    if quarantine_kinds:
+        props[KEY_QUARANTINE_KINDS] = json.dumps(dict(sorted(quarantine_kinds.items())), separators=(",", ":"))
+    if schema_changes:
+        props[KEY_SCHEMA_CHANGES] = json.dumps(list(schema_changes), separators=(",", ":"))
     return props
+
+
+def int_map(snapshot: SnapshotInfo, key: str) -> dict[int, int]:
+    """A partition -> int map stored under ``key`` in the snapshot summary ({} when absent)."""
+    return _int_map(snapshot.summary.get(key))
+
+
+def dead_letter_ref(snapshot: SnapshotInfo) -> dict | None:
+    """The ``kafka.dead-letter`` pointer of a snapshot: ``{"table", "snapshot-id", "branch"}`` or None."""
+    raw = snapshot.summary.get(KEY_DEAD_LETTER)
+    return json.loads(raw) if raw else None
 
 
 @dataclass(frozen=True)

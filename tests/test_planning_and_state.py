@@ -127,7 +127,7 @@ def test_the_shipped_table_declarations_load():
         ({"partition_by": ["days(nope)"]}, "unknown column 'nope'"),
         ({"max_records_per_partition": 0}, "must be positive"),
         ({"starting_position": "yesterday"}, "starting_position"),
-        ({"unknown_fields": "evolve"}, "unknown_fields"),
+        ({"unknown_fields": "fail"}, "unknown_fields"),
         ({"colour": "blue"}, "unknown keys"),
         ({"schema": [{"name": "x", "type": "int", "nullable": True}]}, "schema entry 'x' has unknown keys"),
         ({"schema": [{"name": "_kafka_offset", "type": "long"}]}, "collide with Kafka metadata"),
