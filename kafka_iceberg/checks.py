@@ -5,13 +5,25 @@ The Dagster asset checks in ``lake_assets`` run these and report their figures.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kafka_iceberg.catalog import TableMetadataView
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.state import ancestors, overlapping_batches, state_at
+from kafka_iceberg.state import (
+    KEY_QUARANTINE_KINDS,
+    KEY_QUARANTINED,
+    KEY_READ,
+    KEY_RECORDS,
+    ancestors,
+    batch_ranges,
+    dead_letter_ref,
+    int_map,
+    overlapping_batches,
+    state_at,
+)
 
 
 @dataclass
@@ -122,3 +134,71 @@ def freshness(
     if problems:
         return CheckOutcome(False, f"table {spec.identifier} is stale: " + "; ".join(problems), figures)
     return CheckOutcome(True, f"snapshot {snapshot_age_s:.0f} s old, lag {lag} records", figures)
+
+
+def quarantine(spark, catalog_name: str, spec: TableSpec, view: TableMetadataView,
+               dead_letter_view: TableMetadataView | None) -> CheckOutcome:
+    """Check the latest micro-batch that read records against the table's bad-record policy, and
+    reconcile its accounting with the dead-letter table.
+
+    Fails when any of these holds for that batch (read from its snapshot summary, and from the
+    dead-letter table ``spec.bad_records.dead_letter_identifier`` with Spark):
+
+    1. quarantined / read > ``bad_records.max_quarantine_rate`` (records / records);
+    2. records were quarantined as ``schema`` (a producer's type change or dropped required
+       field, blocked from the table);
+    3. per partition, rows added + rows quarantined != records read, or the dead-letter table
+       does not hold exactly the batch's quarantined offsets (counted by (partition, offset)
+       inside the batch's ranges), or its dead-letter snapshot is not published;
+    4. the dead-letter table holds a (partition, offset) twice.
+
+    Figures: ``read``, ``quarantined``, ``quarantine_rate``, ``kinds``, ``dead_letter_rows_in_batch``,
+    ``duplicate_dead_letters``, ``snapshot_id``.
+    """
+    policy = spec.bad_records
+    latest = next((s for s in ancestors(view.snapshots, view.main)
+                   if KEY_READ in s.summary and sum(int_map(s, KEY_READ).values()) > 0), None)
+    figures: dict[str, Any] = {"max_quarantine_rate": policy.max_quarantine_rate, "dead_letter_table": policy.dead_letter_identifier}
+    if latest is None:
+        return CheckOutcome(True, "no micro-batch has read records yet", figures)
+    read, bad = int_map(latest, KEY_READ), int_map(latest, KEY_QUARANTINED)
+    added = int(latest.summary.get(KEY_RECORDS, "0"))
+    kinds = json.loads(latest.summary.get(KEY_QUARANTINE_KINDS) or "{}")
+    n_read, n_bad = sum(read.values()), sum(bad.values())
+    rate = n_bad / n_read
+    figures.update({"snapshot_id": str(latest.snapshot_id), "read": n_read, "quarantined": n_bad, "added": added,
+                    "quarantine_rate": round(rate, 6), "kinds": kinds})
+    problems = []
+    if added + n_bad != n_read:
+        problems.append(f"rows added {added} + quarantined {n_bad} != records read {n_read}")
+    dup = 0
+    in_batch: dict[int, int] = {}
+    if dead_letter_view is not None and dead_letter_view.main is not None:
+        dlq = f"{catalog_name}.{policy.dead_letter_identifier}"
+        ranges = batch_ranges(latest)
+        if ranges:
+            cond = " OR ".join(f"(`partition` = {p} AND `offset` >= {s} AND `offset` < {e})" for p, (s, e) in ranges.items())
+            in_batch = {r["p"]: int(r["n"]) for r in spark.sql(
+                f"SELECT `partition` AS p, count(*) AS n FROM {dlq} WHERE `topic` = '{spec.topic}' AND ({cond}) GROUP BY `partition`"
+            ).collect()}
+        dup = int(spark.sql(
+            f"SELECT coalesce(sum(n - 1), 0) AS extra FROM (SELECT count(*) AS n FROM {dlq} "
+            f"GROUP BY `topic`, `partition`, `offset` HAVING count(*) > 1)"
+        ).collect()[0]["extra"])
+        ref = dead_letter_ref(latest)
+        published = {s.snapshot_id for s in ancestors(dead_letter_view.snapshots, dead_letter_view.main)}
+        if ref is not None and int(ref["snapshot-id"]) not in published:
+            problems.append(f"dead-letter snapshot {ref['snapshot-id']} is not published yet")
+    figures["dead_letter_rows_in_batch"] = sum(in_batch.values())
+    figures["duplicate_dead_letters"] = dup
+    if {p: n for p, n in in_batch.items() if n} != {p: n for p, n in bad.items() if n}:
+        problems.append(f"dead-letter rows per partition {in_batch} != quarantined per partition {bad}")
+    if dup:
+        problems.append(f"{dup} records quarantined twice")
+    if rate > policy.max_quarantine_rate:
+        problems.append(f"quarantine rate {rate:.2%} is above {policy.max_quarantine_rate:.2%} ({n_bad} of {n_read} records)")
+    if kinds.get("schema"):
+        problems.append(f"{kinds['schema']} records blocked by the table schema (a producer schema change?)")
+    if problems:
+        return CheckOutcome(False, f"table {spec.identifier}: " + "; ".join(problems), figures)
+    return CheckOutcome(True, f"{n_bad} of {n_read} records quarantined ({rate:.2%}); accounting reconciles", figures)
