@@ -289,6 +289,8 @@ def pick_measure(check_name: str, figures: Mapping[str, Any]) -> tuple[str, str]
         ``freshness``: ``snapshot_age_s`` when it exceeds ``max_snapshot_age_s`` with lag,
         else ``valid_through_age_s`` when over ``max_valid_through_age_s`` (or missing while
         required), e.g. ``("snapshot_age_s", "4210.0 s (threshold 3600 s, lag 12 records)")``.
+        ``quarantine``: ``blocked_by_schema`` when records were blocked by the table schema, else
+        ``quarantine_rate`` with the counts, e.g. ``("quarantine_rate", "9.09% (5 of 55 records; threshold 1.00%)")``.
         No figures at all (the table does not exist): ``("table_exists", "false")``.
     """
     if not figures:
@@ -311,6 +313,12 @@ def pick_measure(check_name: str, figures: Mapping[str, Any]) -> tuple[str, str]
         if max_vt is not None and vt_age is not None and vt_age > max_vt:
             return "valid_through_age_s", f"{vt_age} s (threshold {max_vt:g} s)"
         return "snapshot_age_s", f"{age} s (lag {lag:g} records)"
+    if check_name == "quarantine" and "read" in figures:
+        schema = (figures.get("kinds") or {}).get("schema")
+        if schema:
+            return "blocked_by_schema", f"{schema} records"
+        rate, limit = _num(figures.get("quarantine_rate")) or 0, _num(figures.get("max_quarantine_rate")) or 0
+        return "quarantine_rate", f"{rate:.2%} ({figures.get('quarantined')} of {figures.get('read')} records; threshold {limit:.2%})"
     name = next(iter(figures))
     return name, str(figures[name])
 

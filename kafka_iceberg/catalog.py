@@ -130,7 +130,7 @@ def prepare_spark_environment(settings: Settings) -> None:
     """
     os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_local_ip)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    load_catalog(settings.catalog)  # creates the directory and the JDBC catalog tables if missing
+    load_catalog(settings.catalog, settings.catalog_retry_s)  # creates the directory and the JDBC catalog tables if missing
 
 
 def get_spark(settings: Settings):
@@ -149,12 +149,17 @@ def get_spark(settings: Settings):
     return spark
 
 
-def load_catalog(cat: CatalogSettings) -> SqlCatalog:
+def load_catalog(cat: CatalogSettings, retry_s: float = 0.0) -> SqlCatalog:
     """pyiceberg's view of the same JDBC catalog (same catalog name, same database).
+
+    ``retry_s``: seconds to keep retrying while the database is locked or unreachable
+    (see :func:`with_catalog_retry`); 0 tries once.
 
     Raises:
         CatalogUnavailableError: the catalog database cannot be opened.
     """
+    if retry_s > 0:
+        return with_catalog_retry(f"open catalog {cat.name}", lambda: load_catalog(cat), retry_s)
     if cat.is_sqlite:
         Path(cat.sqlalchemy_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     if cat.warehouse.startswith("file://"):

@@ -650,7 +650,7 @@ def run_micro_batch(
     kafka = kafka or KafkaMetadata(
         KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s)
     )
-    catalog = catalog or load_catalog(settings.catalog)
+    catalog = catalog or load_catalog(settings.catalog, settings.catalog_retry_s)
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     phases: dict[str, float] = {}
     with _Timer(phases, "recover_s"):

@@ -11,6 +11,7 @@ import sensors
 from kafka_iceberg.settings import load_settings
 from kafka_iceberg.spec import load_table_specs
 from lake_assets.analytics import hourly_departure_delay
+from lake_assets.quality import quarantine_check
 from lake_assets.tables import table_asset, table_checks, topic_asset
 from resources import default_resources
 
@@ -43,7 +44,7 @@ defs = Definitions(
         *(table_asset(s, sqlite_catalog=settings.catalog.is_sqlite) for s in specs),
         hourly_departure_delay,
     ],
-    asset_checks=[c for s in specs for c in table_checks(s)],
+    asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
     jobs=[ingest_all],
     sensors=sensors.all_sensors(specs),
     schedules=schedules.all_schedules(specs, sqlite_catalog=settings.catalog.is_sqlite),

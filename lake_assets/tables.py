@@ -23,7 +23,7 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 
 from kafka_iceberg import checks
-from kafka_iceberg.alerts import alert_on_check, pick_measure
+from kafka_iceberg.alerts import Alert, AlertSink, alert_on_check, pick_measure
 from kafka_iceberg.catalog import load_table, metadata_view, qualified
 from kafka_iceberg.pipeline import BatchResult, run_micro_batch
 from kafka_iceberg.planning import offset_lag
@@ -85,6 +85,10 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
         "valid_through": _ts(result.valid_through_ms),
         "recovered_dead_attempts": MetadataValue.int(len(result.recovery.dead_attempts)),
         "recovered_orphan_files": MetadataValue.int(len(result.recovery.orphan_files_deleted)),
+        "records_read": MetadataValue.int(result.records_read),
+        "records_quarantined": MetadataValue.int(result.quarantined),
+        "quarantined_by_kind": MetadataValue.json(result.quarantine_kinds),
+        "schema_changes": MetadataValue.json(result.schema_changes),
     }
     for phase, seconds in result.phase_seconds.items():
         md[f"phase_{phase}"] = MetadataValue.float(seconds)
@@ -141,6 +145,8 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
         context.log.info(
             f"{spec.identifier}: {result.records} records, snapshot {result.snapshot_id}, lag left {result.total_lag}"
         )
+        if result.schema_changes:
+            alert_schema_change(spec, result.schema_changes)
         md = materialization_metadata(result)
         table = load_table(catalog.load(), spec.identifier)
         if table is not None and table.current_snapshot() is not None:
@@ -151,7 +157,21 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
     return _materialize
 
 
-def _check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> AssetCheckResult:
+def alert_schema_change(spec: TableSpec, changes: list[dict]) -> bool:
+    """Post a WARN alert that schema evolution added columns (never a silent schema change)."""
+    return AlertSink.from_env().send(Alert(
+        table=spec.identifier,
+        asset_key_path=list(table_key(spec).path),
+        measure="schema_changes",
+        value=", ".join(f"+{c['column']} {c['type']}" for c in changes),
+        severity="WARN",
+        summary=f"{spec.identifier}: new fields in topic {spec.topic} were added as optional columns (unknown_fields: evolve)",
+        source=f"asset {spec.name}",
+    ))
+
+
+def check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> AssetCheckResult:
+    """A check outcome as an ``AssetCheckResult`` whose metadata are the outcome's figures."""
     md = {}
     for k, v in outcome.figures.items():
         if isinstance(v, (list, dict)):
@@ -180,7 +200,7 @@ def table_checks(spec: TableSpec) -> list:
         outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table))
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "duplicate_free",
                        *pick_measure("duplicate_free", outcome.figures), outcome.summary, severity="ERROR")
-        return _check_result(outcome, AssetCheckSeverity.ERROR)
+        return check_result(outcome, AssetCheckSeverity.ERROR)
 
     @asset_check(asset=table_key(spec), name="freshness", blocking=False,
                  description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.")
@@ -197,7 +217,7 @@ def table_checks(spec: TableSpec) -> list:
         outcome.figures["lag_by_partition"] = {str(p): v for p, v in lag.items()}
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "freshness",
                        *pick_measure("freshness", outcome.figures), outcome.summary, severity="WARN")
-        return _check_result(outcome, AssetCheckSeverity.WARN)
+        return check_result(outcome, AssetCheckSeverity.WARN)
 
     _duplicate_free.__name__ = f"{spec.name}_duplicate_free"
     _freshness.__name__ = f"{spec.name}_freshness"
@@ -207,5 +227,5 @@ def table_checks(spec: TableSpec) -> list:
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 """Run statuses during which a run may still write."""
 
-__all__ = ["IN_PROGRESS", "SQLITE_POOL", "table_asset", "table_checks", "table_key", "table_pool", "topic_asset", "topic_key",
+__all__ = ["IN_PROGRESS", "SQLITE_POOL", "alert_schema_change", "check_result", "table_asset", "table_checks", "table_key", "table_pool", "topic_asset", "topic_key",
            "materialization_metadata"]

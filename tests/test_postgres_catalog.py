@@ -5,56 +5,32 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from kafka_iceberg import duck
+from kafka_iceberg import devpostgres, duck
+from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.catalog import catalog_conf, load_catalog, load_table
 from kafka_iceberg.demo_data import produce
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.settings import load_settings
-from tests.conftest import _free_port
 from tests.helpers import event_records, make_spec, spec_dict
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 @pytest.fixture(scope="module")
 def postgres_uri():
-    """A private PostgreSQL 15 server on a free loopback port; yields its URI.
-
-    Runs as the ``postgres`` user when the tests run as root (PostgreSQL refuses root), so its
-    directory lives outside pytest's root-only temporary directory.
-    """
-    if not (PG_BIN / "pg_ctl").exists():
-        pytest.fail("PostgreSQL 15 is not installed: run scripts/install-system-deps.sh (make test does)")
-    root = Path(tempfile.mkdtemp(prefix="lake-pg-"))
-    data = root / "data"
-    port = _free_port()
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(root, "postgres")
-    pwfile = root / "pw"
-    pwfile.write_text("lakepw\n")
-    if as_user:
-        shutil.chown(pwfile, "postgres")
-    subprocess.run([*as_user, str(PG_BIN / "initdb"), "-D", str(data), "-U", "lake", "--pwfile", str(pwfile),
-                    "-A", "scram-sha-256"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o",
-                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"], check=True, stdout=subprocess.DEVNULL)
-    env = {**os.environ, "PGPASSWORD": "lakepw"}
-    subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "lake", "iceberg"],
-                   check=True, env=env)
-    yield f"postgresql://lake:lakepw@127.0.0.1:{port}/iceberg"
-    subprocess.run([*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
-    shutil.rmtree(root, ignore_errors=True)
+    """A private PostgreSQL 15 server on a free loopback port (:mod:`kafka_iceberg.devpostgres`); yields its URI."""
+    try:
+        server = devpostgres.create()
+    except CatalogUnavailableError as exc:
+        pytest.fail(str(exc))
+    yield server.uri
+    server.destroy()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,68 @@
+"""The failure rehearsal's fast subset (``make rehearse`` runs it full size, 20 kills).
+
+Each scenario runs on a broker and a catalog of its own (a second noida-db, a fresh
+``LAKE_HOME``), with producers writing while faults are injected, and ends with the
+reconciliation of every produced record (see :mod:`kafka_iceberg.rehearsal`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kafka_iceberg import devbroker
+from kafka_iceberg.rehearsal import Lake, Rehearsal, format_table
+from tests.conftest import _free_port
+
+pytestmark = pytest.mark.rehearsal
+
+
+@pytest.fixture(scope="module")
+def rehearsal():
+    home = Path(tempfile.mkdtemp(prefix="lake-rehearsal-"))
+    bootstrap = devbroker.start(home / "kafka", _free_port())
+    yield Rehearsal(Lake(home, home / "kafka", bootstrap), seed=7)
+    devbroker.stop(home / "kafka")
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _assert_passed(result):
+    print("\n" + format_table([result]))
+    assert result.tally.lost == 0 and result.tally.duplicates == 0, result.tally
+    assert result.tally.mismatched == 0 and result.tally.unexpected == 0, result.tally.examples
+    assert result.tally.produced > 0 and result.tally.in_table > 0
+    assert all(result.checks.values()), {k: v for k, v in result.checks.items() if not v}
+
+
+def test_kills_at_every_crash_point_and_from_outside(rehearsal):
+    result = rehearsal.kills(n=5)
+    _assert_passed(result)
+    assert result.tally.quarantined > 0, "the producer's malformed records are accounted for in the dead-letter table"
+    assert result.tally.in_table + result.tally.quarantined == result.tally.produced
+
+
+def test_sink_stop_and_restart(rehearsal):
+    result = rehearsal.sink_outage(produce_s=10)
+    _assert_passed(result)
+    assert result.tally.in_table == result.tally.produced
+
+
+def test_broker_outage_mid_run(rehearsal):
+    _assert_passed(rehearsal.broker_outage(down_s=6))
+
+
+def test_catalog_locked_by_another_process(rehearsal):
+    _assert_passed(rehearsal.catalog_lock())
+
+
+def test_transaction_markers_and_aborted_transactions(rehearsal):
+    result = rehearsal.transactions(seconds=6)
+    _assert_passed(result)
+    assert result.faults > 0, "some transactions were aborted"
+
+
+def test_retention_loss_is_reported_and_the_gap_accepted(rehearsal):
+    _assert_passed(rehearsal.retention_loss())
