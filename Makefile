@@ -12,7 +12,7 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status
+.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -34,6 +34,10 @@ demo: install dagster-home
 
 test: install
 	$(PY) -m pytest -q -ra
+
+# the failure rehearsal, full size: make rehearse [REHEARSE_ARGS="--kills 40 --seed 1"]
+rehearse: install
+	$(PY) scripts/rehearse.py $(REHEARSE_ARGS)
 
 bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)
