@@ -5,7 +5,8 @@ Run by ``make demo``. Steps:
 1. start the dev broker (noida-db) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set;
 2. produce all flights and weather rows to two multi-partition topics, once;
 3. run the ``ingest_all`` job (every table asset, the downstream asset, all checks) in the
-   Dagster instance at ``$DAGSTER_HOME`` until no table has lag left;
+   Dagster instance at ``$DAGSTER_HOME`` until no table has lag left, each round on a new
+   micro-batch slot (a partition key of ``micro_batches``, added to the instance first);
 4. print rows per table counted by DuckDB from each table's Iceberg metadata, the committed
    offsets, and the check results.
 
@@ -86,14 +87,20 @@ def main() -> int:
     released = release_abandoned_runs(instance)
     if released:
         print(f"released {released} run(s) abandoned by a killed make demo (their pool slots are free again)")
+    from lake_assets.backfill import new_slot_keys
+    from lake_assets.tables import MICRO_BATCHES
+
     job = defs.resolve_job_def("ingest_all")
     meta = KafkaMetadata(config)
     failed_checks: list[str] = []
     evaluations = []
     for round_no in range(1, MAX_ROUNDS + 1):
         t0 = time.perf_counter()
+        (slot,) = new_slot_keys(1, int(time.time() * 1000))
+        instance.add_dynamic_partitions(MICRO_BATCHES.name, [slot])
         result = job.execute_in_process(
             instance=instance,
+            partition_key=slot,
             raise_on_error=False,
             tags={**DEMO_TAGS, "lake/demo-pid": str(os.getpid())},
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
@@ -110,7 +117,7 @@ def main() -> int:
             if "records" in ev.materialization.metadata
         }
         evaluations = result.get_asset_check_evaluations()
-        print(f"round {round_no}: run {result.run_id} ingested {records} in {time.perf_counter() - t0:.1f} s")
+        print(f"round {round_no}: run {result.run_id} (slot {slot}) ingested {records} in {time.perf_counter() - t0:.1f} s")
         catalog = load_catalog(settings.catalog)
         lag = 0
         for spec in specs:
