@@ -41,6 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from dagster import DagsterInstance, RunRequest, RunsFilter
@@ -256,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= batches <= 1000:
         print("--batches must be between 1 and 1000", file=sys.stderr)
         return 2
-    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
-    settings.dagster_home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))  # as make demo and make dev
+    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
     instance = DagsterInstance.get()
     busy = table_in_progress(instance, spec)
     if busy and not args.force:

@@ -167,3 +167,43 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
         done = lag_sensor(spec)(build_sensor_context(instance=instance, resources=resources, cursor=busy_tick.cursor))
         assert done.run_requests == [] and done.asset_events[0].metadata["offset_lag"].value == 0
         assert len(slack.messages) == 1
+
+
+def test_command_line_submits_one_backfill_per_backlog_and_refuses_a_second(
+    settings, lake_env, kafka, kafka_config, unique, topic_factory, tmp_path, monkeypatch, capsys
+):
+    import yaml
+    from dagster import DagsterInstance
+
+    from lake_assets.backfill import main
+
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(500)))
+    tables = tmp_path / "tables.yaml"
+    tables.write_text(yaml.safe_dump({"tables": [spec_dict(unique, topic, max_records_per_partition=100)]}))
+    for k, v in lake_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("LAKE_TABLES_FILE", str(tables))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("DAGSTER_UI_URL", "http://ui.example:3000")
+
+    assert main(["--table", "no_such_table"]) == 2
+    assert main(["--table", unique]) == 0
+    out = capsys.readouterr().out
+    instance = DagsterInstance.get()
+    (backfill,) = instance.get_backfills()
+    slots = sorted(ap.partition_key for ap in backfill.asset_backfill_data.target_subset.iterate_asset_partitions())
+    # never committed, starts at earliest: the whole topic is the backlog
+    expected = math.ceil(max(w.high - w.low for w in kafka.watermarks(topic).values()) / 100)
+    assert backfill.tags[TABLE_TAG] == f"test.{unique}" and backfill.tags["lake/launched-by"] == "cli"
+    assert list(backfill.asset_selection) == [table_key(make_spec(unique, topic))]
+    assert sorted(instance.get_dynamic_partitions(MICRO_BATCHES.name)) == slots
+    assert len(slots) == expected >= 3
+    assert f"backfill {backfill.backfill_id}: test.{unique}, {len(slots)} micro-batch runs" in out
+    assert f"http://ui.example:3000/runs/b/{backfill.backfill_id}" in out
+
+    # the backfill has not run (no daemon here): a second submission is refused, --force submits
+    assert main(["--table", unique, "--batches", "2"]) == 2
+    assert "backfill " + backfill.backfill_id in capsys.readouterr().err
+    assert main(["--table", unique, "--batches", "2", "--force"]) == 0
+    assert len(instance.get_backfills()) == 2
