@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
         return 2
     keys = new_slot_keys(batches, int(time.time() * 1000))
-    reason = (f"command line: max partition lag {plan.max_partition_lag} records "
-              f"(partition {plan.partition}), bound {plan.bound} per partition")
+    reason = (f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
+              f"bound {plan.bound} per partition")
     backfill_id = submit_backfill(
         instance, spec, keys,
         tags={TABLE_TAG: spec.identifier, "lake/trigger": reason, "lake/launched-by": "cli"},

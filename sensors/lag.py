@@ -137,7 +137,8 @@ def lag_sensor(spec: TableSpec):
         minimum_interval_seconds=int(spec.lag.interval_s),
         asset_selection=[table_key(spec)],
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"Consumer lag of {spec.identifier} on {spec.topic}: observe, evaluate (Burrow), trigger micro-batches.",
+        description=f"Consumer lag of {spec.identifier} on {spec.topic}: observe, evaluate (Burrow), trigger a "
+        "micro-batch, or a backfill of micro-batches when the backlog exceeds one.",
     )
     def _lag(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
         now_ms = int(time.time() * 1000)
