@@ -19,15 +19,20 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
-from dagster import DagsterInstance
+# import this checkout's packages even when the virtualenv's editable install points at another
+# checkout (git worktrees sharing one .venv): python puts scripts/, not the checkout, on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kafka_iceberg import demo_data, devbroker, duck
-from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.planning import offset_lag
-from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings
-from kafka_iceberg.state import state_at
+from dagster import DagsterInstance  # noqa: E402
+
+from kafka_iceberg import demo_data, devbroker, duck  # noqa: E402
+from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state  # noqa: E402
+from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata  # noqa: E402
+from kafka_iceberg.planning import offset_lag  # noqa: E402
+from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
+from kafka_iceberg.state import state_at  # noqa: E402
 
 MAX_ROUNDS = 20
 DEMO_TAGS = {"lake/launched-by": "make-demo"}
