@@ -134,6 +134,9 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
         runs = instance.get_runs(filters=RunsFilter(tags={BACKFILL_ID_TAG: backfill.backfill_id}))
         assert len(runs) == expected_batches and all(r.is_success for r in runs)
         assert all(r.tags[TABLE_TAG] == spec.identifier for r in runs)
+        run_slots = sorted(r.tags["dagster/asset_partition_range_start"] for r in runs)
+        assert run_slots == slots and all(
+            r.tags["dagster/asset_partition_range_start"] == r.tags["dagster/asset_partition_range_end"] for r in runs)
         materializations = instance.fetch_materializations(key, limit=100, ascending=True).records
         assert sorted(_slot_of(m) for m in materializations) == slots, "one materialization per slot"
         assert len({m.run_id for m in materializations}) == expected_batches, "one run per slot"
