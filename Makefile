@@ -12,7 +12,7 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse
+.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse backfill
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -51,6 +51,11 @@ accept-gap: install
 
 status: install
 	$(PY) -m kafka_iceberg.cli status
+
+# a backfill of micro-batches, one run each: make backfill TABLE=flights [BATCHES=3] [BACKFILL_ARGS="--wait 600"]
+# (default BATCHES: what the table's lag needs). The daemon of make dev (or dagster-daemon) runs it.
+backfill: install dagster-home
+	$(PY) -m lake_assets.backfill --table "$(TABLE)" $(if $(BATCHES),--batches $(BATCHES)) $(BACKFILL_ARGS)
 
 clean:
 	-$(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka

@@ -2,17 +2,30 @@
 
 Thin by design: the asset calls :func:`kafka_iceberg.pipeline.run_micro_batch` and turns
 its result into materialization metadata; the checks call :mod:`kafka_iceberg.checks`.
+
+Every table asset is partitioned by :data:`MICRO_BATCHES`, a dynamic partitions definition
+shared by all tables. A partition key is a micro-batch *slot*, not an offset range: a run of
+any slot ingests the table's next bounded micro-batch from its committed offsets (the Kafka
+offsets in the Iceberg snapshot summary decide what is read), so slots run in any order
+commit consecutive offset ranges, re-running an old slot never re-ingests, and a slot that
+finds nothing new commits nothing. The offset ranges a slot committed are in its
+materialization metadata (``offset_ranges``). Backfills over several slots run one slot per
+run (``BackfillPolicy.multi_run(1)``); see :mod:`lake_assets.backfill`.
 """
 
 
+import warnings
 from datetime import datetime, timezone
 
 from dagster import (
     AssetCheckResult,
+    BackfillPolicy,
+    DynamicPartitionsDefinition,
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
     AssetSpec,
+    BetaWarning,
     DagsterRunStatus,
     MaterializeResult,
     MetadataValue,
@@ -98,6 +111,12 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
     return md
 
 
+MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
+"""The partitions of every table asset: micro-batch slots (keys from
+:func:`lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
+demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
+can hold every table plus the unpartitioned downstream asset."""
+
 SQLITE_POOL = "lake_sqlite_catalog"
 """The one concurrency pool of every committing step on a SQLite catalog."""
 
@@ -109,24 +128,38 @@ def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
 
 
 def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
-    """The asset that materializes one micro-batch of ``spec`` per run."""
+    """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot).
 
-    @asset(
-        key=table_key(spec),
-        deps=[topic_key(spec)],
-        group_name="lake",
-        kinds={"iceberg", "spark", "kafka"},
-        description=spec.description or f"Iceberg table {spec.identifier} ingested from Kafka topic {spec.topic}.",
-        metadata={
-            "iceberg_table": spec.identifier,
-            "topic": spec.topic,
-            "consumer_group": spec.consumer_group,
-            "max_records_per_partition": spec.max_records_per_partition,
-            "partition_by": ", ".join(spec.partition_by) or "unpartitioned",
-        },
-        # one materialization of a table at a time (see dagster.yaml: concurrency.pools)
-        pool=table_pool(spec, sqlite_catalog),
-    )
+    The partition key only names the slot; what is read is decided by the table's committed
+    offsets when the run plans. A run must target exactly one slot (a backfill makes one run
+    per slot); ``sqlite_catalog`` picks the concurrency pool (:func:`table_pool`).
+    """
+
+    with warnings.catch_warnings():
+        # backfill_policy is marked beta in Dagster 1.13; without this filter every process that
+        # loads the code location prints the warning once per table
+        warnings.simplefilter("ignore", BetaWarning)
+        decorator = asset(
+            key=table_key(spec),
+            deps=[topic_key(spec)],
+            group_name="lake",
+            kinds={"iceberg", "spark", "kafka"},
+            description=spec.description or f"Iceberg table {spec.identifier} ingested from Kafka topic {spec.topic}.",
+            metadata={
+                "iceberg_table": spec.identifier,
+                "topic": spec.topic,
+                "consumer_group": spec.consumer_group,
+                "max_records_per_partition": spec.max_records_per_partition,
+                "partition_by": ", ".join(spec.partition_by) or "unpartitioned",
+            },
+            # one materialization of a table at a time (see dagster.yaml: concurrency.pools)
+            pool=table_pool(spec, sqlite_catalog),
+            partitions_def=MICRO_BATCHES,
+            # a backfill over N slots is N runs, one bounded micro-batch each
+            backfill_policy=BackfillPolicy.multi_run(1),
+        )
+
+    @decorator
     def _materialize(
         context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource
     ) -> MaterializeResult:
@@ -143,7 +176,8 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
         if result.recovery.did_anything:
             context.log.warning(f"recovered after dead attempts on {spec.identifier}: {result.recovery}")
         context.log.info(
-            f"{spec.identifier}: {result.records} records, snapshot {result.snapshot_id}, lag left {result.total_lag}"
+            f"{spec.identifier} slot {context.partition_key}: {result.records} records, "
+            f"snapshot {result.snapshot_id}, lag left {result.total_lag}"
         )
         if result.schema_changes:
             alert_schema_change(spec, result.schema_changes)
@@ -227,5 +261,6 @@ def table_checks(spec: TableSpec) -> list:
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 """Run statuses during which a run may still write."""
 
-__all__ = ["IN_PROGRESS", "SQLITE_POOL", "alert_schema_change", "check_result", "table_asset", "table_checks", "table_key", "table_pool", "topic_asset", "topic_key",
+__all__ = ["IN_PROGRESS", "MICRO_BATCHES", "SQLITE_POOL", "alert_schema_change", "check_result", "table_asset", "table_checks",
+           "table_key", "table_pool", "topic_asset", "topic_key",
            "materialization_metadata"]

@@ -5,7 +5,8 @@ Run by ``make demo``. Steps:
 1. start the dev broker (noida-db) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set;
 2. produce all flights and weather rows to two multi-partition topics, once;
 3. run the ``ingest_all`` job (every table asset, the downstream asset, all checks) in the
-   Dagster instance at ``$DAGSTER_HOME`` until no table has lag left;
+   Dagster instance at ``$DAGSTER_HOME`` until no table has lag left, each round on a new
+   micro-batch slot (a partition key of ``micro_batches``, added to the instance first);
 4. print rows per table counted by DuckDB from each table's Iceberg metadata, the committed
    offsets, and the check results.
 
@@ -18,15 +19,20 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
-from dagster import DagsterInstance
+# import this checkout's packages even when the virtualenv's editable install points at another
+# checkout (git worktrees sharing one .venv): python puts scripts/, not the checkout, on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kafka_iceberg import demo_data, devbroker, duck
-from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.planning import offset_lag
-from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings
-from kafka_iceberg.state import state_at
+from dagster import DagsterInstance  # noqa: E402
+
+from kafka_iceberg import demo_data, devbroker, duck  # noqa: E402
+from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state  # noqa: E402
+from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata  # noqa: E402
+from kafka_iceberg.planning import offset_lag  # noqa: E402
+from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
+from kafka_iceberg.state import state_at  # noqa: E402
 
 MAX_ROUNDS = 20
 DEMO_TAGS = {"lake/launched-by": "make-demo"}
@@ -86,14 +92,20 @@ def main() -> int:
     released = release_abandoned_runs(instance)
     if released:
         print(f"released {released} run(s) abandoned by a killed make demo (their pool slots are free again)")
+    from lake_assets.backfill import new_slot_keys
+    from lake_assets.tables import MICRO_BATCHES
+
     job = defs.resolve_job_def("ingest_all")
     meta = KafkaMetadata(config)
     failed_checks: list[str] = []
     evaluations = []
     for round_no in range(1, MAX_ROUNDS + 1):
         t0 = time.perf_counter()
+        (slot,) = new_slot_keys(1, int(time.time() * 1000))
+        instance.add_dynamic_partitions(MICRO_BATCHES.name, [slot])
         result = job.execute_in_process(
             instance=instance,
+            partition_key=slot,
             raise_on_error=False,
             tags={**DEMO_TAGS, "lake/demo-pid": str(os.getpid())},
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
@@ -110,7 +122,7 @@ def main() -> int:
             if "records" in ev.materialization.metadata
         }
         evaluations = result.get_asset_check_evaluations()
-        print(f"round {round_no}: run {result.run_id} ingested {records} in {time.perf_counter() - t0:.1f} s")
+        print(f"round {round_no}: run {result.run_id} (slot {slot}) ingested {records} in {time.perf_counter() - t0:.1f} s")
         catalog = load_catalog(settings.catalog)
         lag = 0
         for spec in specs:

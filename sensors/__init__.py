@@ -1,7 +1,6 @@
-"""Sensors: per declared table a consumer-lag sensor (sensors/lag.py) and a retention-headroom
-sensor (sensors/retention.py); the Slack alert on failed runs (sensors/alerts.py).
-
-Sensor-launched backfills are tracked in their own issue.
+"""Sensors: per declared table a consumer-lag sensor (sensors/lag.py, which also launches
+backfills of micro-batches, lake_assets/backfill.py) and a retention-headroom sensor
+(sensors/retention.py); the Slack alert on failed runs (sensors/alerts.py).
 """
 
 from __future__ import annotations

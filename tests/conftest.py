@@ -50,17 +50,22 @@ def broker(lake_home):
 
 
 @pytest.fixture(scope="session")
-def settings(lake_home, broker):
-    return load_settings(
-        env={
-            "LAKE_HOME": str(lake_home),
-            "KAFKA_BOOTSTRAP_SERVERS": broker,
-            "SPARK_MASTER": "local[2]",
-            "LAKE_SPARK_DRIVER_MEMORY": "1g",
-            "LAKE_READ_TIMEOUT_S": "30",
-            "LAKE_KAFKA_TIMEOUT_S": "15",
-        }
-    )
+def lake_env(lake_home, broker) -> dict[str, str]:
+    """The environment the test settings are read from (for code that calls ``load_settings()``
+    itself, such as a code location loaded by Dagster: set these with ``monkeypatch.setenv``)."""
+    return {
+        "LAKE_HOME": str(lake_home),
+        "KAFKA_BOOTSTRAP_SERVERS": broker,
+        "SPARK_MASTER": "local[2]",
+        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        "LAKE_READ_TIMEOUT_S": "30",
+        "LAKE_KAFKA_TIMEOUT_S": "15",
+    }
+
+
+@pytest.fixture(scope="session")
+def settings(lake_env):
+    return load_settings(env=lake_env)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from kafka_iceberg.demo_data import produce
 from kafka_iceberg.lag import LagSample, LagWindow, evaluate, partition_status, time_lag_s
 from kafka_iceberg.pipeline import run_micro_batch
+from lake_assets.backfill import submit_backfill
+from lake_assets.tables import MICRO_BATCHES, table_key
 from resources import default_resources
 from sensors.lag import TABLE_TAG, lag_sensor
 from tests.helpers import event_records, make_spec
@@ -61,42 +63,66 @@ def _tick(sensor_def, instance, resources, cursor):
     return sensor_def(context)
 
 
-def test_lag_spike_triggers_exactly_one_run(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+def test_lag_spike_triggers_exactly_one_run_per_table(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+):
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
+    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(100)))
-    spec = make_spec(unique, topic, lag={"max_offset_lag": 300, "max_interval": "1h"})
-    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    # two tables on one topic; a micro-batch holds 1000 records per partition, so a spike of 500 fits in one
+    specs = [make_spec(name, topic, lag={"max_offset_lag": 300, "max_interval": "1h"}) for name in (unique, f"{unique}_b")]
+    for spec in specs:
+        run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
     instance = DagsterInstance.ephemeral()
-    sensor_def = lag_sensor(spec)
+    sensors = [lag_sensor(spec) for spec in specs]
 
-    quiet = _tick(sensor_def, instance, resources, None)
-    assert quiet.run_requests == []
-    (obs,) = quiet.asset_events
-    assert obs.metadata["offset_lag"].value == 0 and obs.metadata["status"].value == "OK"
+    quiet = [_tick(s, instance, resources, None) for s in sensors]
+    for result in quiet:
+        assert result.run_requests == [] and not result.dynamic_partitions_requests
+        (obs,) = result.asset_events
+        assert obs.metadata["offset_lag"].value == 0 and obs.metadata["status"].value == "OK"
 
     produce(kafka_config, topic, event_records(range(100, 600)))  # the spike
-    spike = _tick(sensor_def, instance, resources, quiet.cursor)
-    assert len(spike.run_requests) == 1
-    request = spike.run_requests[0]
-    assert request.tags[TABLE_TAG] == spec.identifier and "offset lag 500" in request.tags["lake/trigger"]
-    assert spike.asset_events[0].metadata["offset_lag"].value == 500
+    spikes = [_tick(s, instance, resources, q.cursor) for s, q in zip(sensors, quiet)]
+    for spec, spike in zip(specs, spikes):
+        (request,) = spike.run_requests
+        (added,) = spike.dynamic_partitions_requests
+        assert added.partitions_def_name == MICRO_BATCHES.name and list(added.partition_keys) == [request.partition_key]
+        assert request.asset_selection == [table_key(spec)] and not request.requires_backfill_daemon()
+        assert request.tags[TABLE_TAG] == spec.identifier and "offset lag 500" in request.tags["lake/trigger"]
+        assert spike.asset_events[0].metadata["offset_lag"].value == 500
+    assert len(slack.messages) == 2, "one message per table"
+    for spec, message in zip(specs, slack.messages):
+        text = message["text"]
+        assert f"WARN {spec.identifier} (sensor {spec.name}_lag)" in text
+        assert "offset_lag = 500 records (threshold 300)" in text and "lag spike" in text
+        assert f"/assets/lake/test/{spec.name}" in text
 
-    # the requested run is in progress: the next tick must not request another one
-    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()), tags=request.tags,
+    # the first table's requested run is in progress (as the daemon launches it: tagged);
+    # the second table's is a backfill launched from the UI (no tags): neither asks again
+    first, second = specs
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()), tags=spikes[0].run_requests[0].tags,
                                 status=DagsterRunStatus.STARTED))
-    assert _tick(sensor_def, instance, resources, spike.cursor).run_requests == []
+    instance.add_dynamic_partitions(MICRO_BATCHES.name, ["ui-1", "ui-2"])
+    submit_backfill(instance, second, ["ui-1", "ui-2"], tags={})
+    busy = [_tick(s, instance, resources, spike.cursor) for s, spike in zip(sensors, spikes)]
+    assert [b.run_requests for b in busy] == [[], []]
+    assert len(slack.messages) == 2
 
-    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    run_micro_batch(spark, settings, first, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     (running,) = instance.get_runs()
     instance.report_run_canceled(running)
-    caught_up = _tick(sensor_def, instance, resources, spike.cursor)
+    caught_up = _tick(sensors[0], instance, resources, busy[0].cursor)
     assert caught_up.run_requests == [] and caught_up.asset_events[0].metadata["offset_lag"].value == 0
 
     # with no run in progress, the next spike triggers again: one request per spike
     produce(kafka_config, topic, event_records(range(600, 1000)))
-    again = _tick(sensor_def, instance, resources, caught_up.cursor)
+    again = _tick(sensors[0], instance, resources, caught_up.cursor)
     assert len(again.run_requests) == 1 and "offset lag 400" in again.run_requests[0].tags["lake/trigger"]
+    assert again.run_requests[0].partition_key != spikes[0].run_requests[0].partition_key, "a new slot"
+    assert len(slack.messages) == 3 and "offset_lag = 400 records" in slack.messages[-1]["text"]
 
 
 def test_lag_status_change_to_error_posts_one_slack_alert(

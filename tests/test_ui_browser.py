@@ -2,8 +2,13 @@
 Chromium (Debian's) through Playwright. Screenshots go to docs/screenshots/ (shown in the README).
 
 It checks what a user sees: the lineage from Kafka topics to tables to the downstream asset,
-a table's checks with their results, the lag sensor's ticks, and a materialization launched
-from the UI that succeeds.
+a table's checks with their results, the lag sensor's ticks, a backfill of micro-batches the
+lag sensor launched on its own, and a backfill of two new micro-batch slots launched from the
+asset's Materialize dialog, both under Runs -> Backfills.
+
+The weather table is declared here with ``max_records_per_partition: 150`` (a copy of
+tables.yaml through ``LAKE_TABLES_FILE``), so its 300 records are a backlog of two
+micro-batches and the lag sensor launches a backfill of two runs at its first tick.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kafka_iceberg.demo_data import FLIGHTS, WEATHER, create_topic, load_frame, produce, to_records
 from kafka_iceberg.settings import CHECKOUT
 from tests.conftest import _free_port
 
 CHROMIUM = "/usr/bin/chromium"
+WEATHER_BOUND = 150
+"""Records per partition per micro-batch of the weather table in this test (300 records: two)."""
 SHOTS = CHECKOUT / "docs" / "screenshots"
 pytestmark = pytest.mark.browser
 
@@ -49,8 +57,14 @@ def dagster_ui(tmp_path, broker, kafka_config):
     dagster_home = lake_home / "dagster"
     dagster_home.mkdir(parents=True)
     shutil.copy(CHECKOUT / "dagster.yaml", dagster_home / "dagster.yaml")
+    declared = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    for table in declared["tables"]:
+        if table["name"] == "weather":
+            table["max_records_per_partition"] = WEATHER_BOUND
+    tables_file = tmp_path / "tables.yaml"
+    tables_file.write_text(yaml.safe_dump(declared, sort_keys=False))
     port = _free_port()
-    env = {**os.environ, "LAKE_HOME": str(lake_home), "DAGSTER_HOME": str(dagster_home),
+    env = {**os.environ, "LAKE_HOME": str(lake_home), "DAGSTER_HOME": str(dagster_home), "LAKE_TABLES_FILE": str(tables_file),
            "KAFKA_BOOTSTRAP_SERVERS": broker, "SPARK_MASTER": "local[1]", "LAKE_SPARK_DRIVER_MEMORY": "1g",
            "DAGSTER_UI_URL": f"http://127.0.0.1:{port}"}
     log = open(tmp_path / "dagster-dev.log", "w")
@@ -87,17 +101,27 @@ def dagster_ui(tmp_path, broker, kafka_config):
         log.close()
 
 
-def _wait_for_run(url: str, run_id: str, timeout_s: float = 300) -> str:
+BACKFILLS = ("{ partitionBackfillsOrError(limit: 20) { ... on PartitionBackfills { results "
+             "{ id status numPartitions partitionNames tags { key value } } } } }")
+
+
+def _backfills(url: str) -> list[dict]:
+    """Every backfill of the instance, newest first, with its tags as a dict."""
+    results = _graphql(url, BACKFILLS)["partitionBackfillsOrError"]["results"]
+    return [{**b, "tags": {t["key"]: t["value"] for t in b["tags"]}} for b in results]
+
+
+def _wait_for_backfill(url: str, backfill_id: str, timeout_s: float = 420) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = _graphql(url, f'{{ runOrError(runId: "{run_id}") {{ ... on Run {{ status }} }} }}')["runOrError"]["status"]
-        if status in ("SUCCESS", "FAILURE", "CANCELED"):
-            return status
-        time.sleep(2)
-    raise AssertionError(f"run {run_id} did not finish in {timeout_s} s")
+        (backfill,) = [b for b in _backfills(url) if b["id"] == backfill_id]
+        if backfill["status"] not in ("REQUESTED", "CANCELING", "FAILING"):
+            return backfill
+        time.sleep(3)
+    raise AssertionError(f"backfill {backfill_id} did not finish in {timeout_s} s")
 
 
-def test_ui_shows_lineage_checks_sensor_ticks_and_a_launched_materialization(dagster_ui):
+def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
     from playwright.sync_api import expect, sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -111,7 +135,7 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_a_launched_materialization(dag
         page = browser.new_page(viewport={"width": 1500, "height": 950})
         page.set_default_timeout(60_000)
 
-        # 1. launch a materialization of the weather table from its asset page
+        # 1. launch a backfill of two new micro-batch slots of the weather table from its Materialize dialog
         page.goto(f"{url}/assets/lake/nyc/weather")
         skip = page.get_by_role("button", name="Skip", exact=True)  # the first-visit newsletter dialog
         try:
@@ -119,50 +143,77 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_a_launched_materialization(dag
         except Exception:
             pass
         page.locator("button", has_text="Materialize").first.click()
-        launched = page.get_by_text("Launched run", exact=False)
-        expect(launched.first).to_be_visible()
-        runs = _graphql(url, "{ runsOrError(limit: 10) { ... on Runs { results { runId tags { key value } } } } }")
-        launched_from_ui = [r["runId"] for r in runs["runsOrError"]["results"]
-                            if not any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
-        assert launched_from_ui, "the click launched a run (sensor-requested runs are told apart by their tag)"
-        run_id = launched_from_ui[0]
-        assert _wait_for_run(url, run_id) == "SUCCESS"
-        page.goto(f"{url}/runs/{run_id}")
+        dialog = page.locator("[role=dialog]", has_text="Launch runs to materialize").first
+        expect(dialog.get_by_text("maximum of 1 partitions per run", exact=False)).to_be_visible()
+        for slot in ("ui-slot-1", "ui-slot-2"):
+            dialog.get_by_text("Add a partition", exact=True).click()
+            add = page.locator("[role=dialog]", has_text="Add a partition for micro_batches")
+            add.locator("input[type=text]").fill(slot)
+            add.get_by_role("button", name="Save").click()
+            expect(add).to_have_count(0)
+        expect(dialog.get_by_text("2 partitions", exact=True)).to_be_visible()
+        dialog.get_by_role("button", name="Launch backfill").click()
+        expect(page.get_by_text("Created backfill", exact=False).first).to_be_visible()
+        (from_ui,) = [b for b in _backfills(url) if b["tags"].get("dagster/from_ui") == "true"]
+        assert sorted(from_ui["partitionNames"]) == ["ui-slot-1", "ui-slot-2"]
+
+        # 2. the lag sensor launched a backfill of two micro-batches on its own (300 records, 150 per batch)
+        deadline = time.monotonic() + 120
+        while not (by_sensor := [b for b in _backfills(url) if b["tags"].get("dagster/sensor_name") == "weather_lag"]):
+            assert time.monotonic() < deadline, "the weather_lag sensor launched no backfill in 120 s"
+            time.sleep(3)
+        (by_sensor,) = by_sensor
+        assert by_sensor["numPartitions"] == 2 and by_sensor["tags"]["lake/table"] == "nyc.weather"
+        assert _wait_for_backfill(url, by_sensor["id"])["status"] == "COMPLETED_SUCCESS"
+        assert _wait_for_backfill(url, from_ui["id"])["status"] == "COMPLETED_SUCCESS"
+        page.goto(f"{url}/runs/b/{by_sensor['id']}")
+        expect(page.get_by_text("Succeeded", exact=True).first).to_be_visible()
+        expect(page.get_by_text("100% completed", exact=False).first).to_be_visible()
+        page.screenshot(path=str(SHOTS / "backfill.png"))
+
+        # 3. Runs -> Backfills lists both
+        page.goto(f"{url}/runs?view=backfills")
+        expect(page.get_by_text(by_sensor["id"], exact=True).first).to_be_visible()
+        expect(page.get_by_text(from_ui["id"], exact=True).first).to_be_visible()
+        expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(SHOTS / "backfills.png"))
+
+        # 4. one of the UI backfill's runs: one micro-batch slot, succeeded
+        runs = _graphql(url, '{ runsOrError(filter: {tags: [{key: "dagster/backfill", value: "%s"}]}) '
+                             '{ ... on Runs { results { runId status } } } }' % from_ui["id"])["runsOrError"]["results"]
+        assert len(runs) == 2 and all(r["status"] == "SUCCESS" for r in runs)
+        page.goto(f"{url}/runs/{runs[0]['runId']}")
         expect(page.get_by_text("Success", exact=False).first).to_be_visible()
         expect(page.get_by_text("RUN_SUCCESS", exact=False).first).to_be_visible()  # the event log has loaded
         page.screenshot(path=str(SHOTS / "run-success.png"))
 
-        # 2. lineage: topic -> table -> downstream asset
+        # 5. lineage: topic -> table -> downstream asset
         page.goto(f"{url}/assets/lake/nyc/weather?view=lineage&lineageScope=neighbors&lineageDepth=2")
         expect(page.get_by_text("nycflights13_weather", exact=False).first).to_be_visible()
         expect(page.get_by_text("hourly_departure_delay", exact=False).first).to_be_visible()
         expect(page.get_by_text("Loading", exact=False)).to_have_count(0, timeout=30_000)
         page.screenshot(path=str(SHOTS / "lineage.png"))
 
-        # 3. the table's checks and their results
+        # 6. the table's checks and their results
         page.goto(f"{url}/assets/lake/nyc/weather?view=checks")
         expect(page.get_by_text("duplicate_free", exact=False).first).to_be_visible()
         expect(page.get_by_text("freshness", exact=False).first).to_be_visible()
         expect(page.get_by_text("Passed", exact=False).first).to_be_visible()
         page.screenshot(path=str(SHOTS / "checks.png"))
 
-        # 4. the lag sensor and its ticks (the daemon evaluates it on start)
+        # 7. the lag sensor and its ticks (the first requested the backfill)
         page.goto(f"{url}/locations/lake_assets.definitions/sensors/weather_lag")
         expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
-        deadline = time.monotonic() + 120
-        while True:
-            ticks = _graphql(url, '{ sensorOrError(sensorSelector: {repositoryLocationName: "lake_assets.definitions", '
-                                  'repositoryName: "__repository__", sensorName: "weather_lag"}) '
-                                  '{ ... on Sensor { sensorState { ticks(limit: 5) { status } } } } }')
-            statuses = [t["status"] for t in ticks["sensorOrError"]["sensorState"]["ticks"]]
-            if any(s in ("SUCCESS", "SKIPPED") for s in statuses):
-                break
-            assert time.monotonic() < deadline, f"no completed sensor tick in 120 s: {statuses}"
-            time.sleep(3)
+        ticks = _graphql(url, '{ sensorOrError(sensorSelector: {repositoryLocationName: "lake_assets.definitions", '
+                              'repositoryName: "__repository__", sensorName: "weather_lag"}) '
+                              '{ ... on Sensor { sensorState { ticks(limit: 20) { status } } } } }')
+        statuses = [t["status"] for t in ticks["sensorOrError"]["sensorState"]["ticks"]]
+        assert "SUCCESS" in statuses, statuses
         page.reload()
         expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(SHOTS / "lag-sensor.png"))
         browser.close()
-    for name in ("run-success", "lineage", "checks", "lag-sensor"):
+    for name in ("backfill", "backfills", "run-success", "lineage", "checks", "lag-sensor"):
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000

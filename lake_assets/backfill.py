@@ -1,0 +1,298 @@
+"""Backfills of micro-batches, for a table that lags by more than one micro-batch holds.
+
+One micro-batch reads at most ``max_records_per_partition`` (the *bound*) offsets from every
+partition. A table whose largest per-partition offset lag (high watermark minus committed
+offset) is ``L`` records therefore needs ``ceil(L / bound)`` micro-batches to catch up
+(:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many new
+micro-batch slots of the table asset (:data:`lake_assets.tables.MICRO_BATCHES`); the asset's
+``BackfillPolicy.multi_run(1)`` makes it one run per slot, i.e. one run per micro-batch. It
+shows under *Runs -> Backfills* in the UI like any other backfill.
+
+Why the runs commit in order whatever order they run in: a slot is not an offset range. Each
+run plans its micro-batch from the table's committed offsets (the Iceberg snapshot summary)
+when it starts, so the k runs commit k consecutive ranges; a run that finds nothing new
+commits nothing, and a re-run of an old slot ingests the *next* micro-batch, never the old
+one again. The table's concurrency pool (``dagster.yaml``) lets one run of a table execute
+at a time; the run queue also holds back queued runs whose pool is full.
+
+Launchers, all through Dagster's backfill machinery:
+
+- the lag sensor (``sensors/lag.py``) returns ``AddDynamicPartitionsRequest`` plus
+  ``RunRequest.for_asset_graph_subset``; the sensor daemon turns that into a backfill;
+- the command line: ``python -m lake_assets.backfill --table flights`` (``make backfill
+  TABLE=flights``), which adds the slots and submits the same backfill to the instance at
+  ``$DAGSTER_HOME`` (:func:`main`);
+- the UI: the table's *Materialize* dialog, with several new partitions -> *Launch backfill*.
+
+The backfill daemon (part of ``dagster dev``; ``dagster-daemon run`` in production) launches
+the runs, as for every Dagster backfill.
+
+Dagster APIs used that are not exported at the top level (1.13): ``AssetGraphSubset`` (the
+argument of ``RunRequest.for_asset_graph_subset``), ``PartitionBackfill.from_asset_graph_subset``
+(what the sensor daemon itself calls for such a request), ``BulkActionsFilter`` and
+``BulkActionStatus`` (to find backfills in progress).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from dagster import DagsterInstance, RunRequest, RunsFilter
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+
+from kafka_iceberg.spec import TableSpec
+from lake_assets.tables import IN_PROGRESS, MICRO_BATCHES, table_key
+
+TABLE_TAG = "lake/table"
+"""Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
+
+MAX_BACKFILL_BATCHES = 100
+"""Most micro-batches (runs) one backfill holds. A larger backlog is caught up by a backfill of
+this many, then (the lag sensor sees lag left) by the next one."""
+
+ACTIVE_BACKFILL_STATUSES = [BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING, BulkActionStatus.FAILING]
+"""Backfill statuses during which a backfill may still launch or wait on runs."""
+
+
+def new_slot_keys(count: int, now_ms: int) -> list[str]:
+    """``count`` new micro-batch slot keys, e.g. ``b20261121T075700123Z-000`` … ``-003``.
+
+    A key is ``b`` + the UTC time ``now_ms`` (ms since epoch) as ``YYYYMMDDTHHMMSSmmmZ`` +
+    ``-`` + a 3-digit sequence number, so keys sort by creation time and read as a time in
+    the UI. Keys are names only: what a slot ingests is decided when its run plans.
+
+    Raises:
+        ValueError: ``count`` < 1 or > 1000.
+    """
+    if not 1 <= count <= 1000:
+        raise ValueError(f"slot count must be between 1 and 1000, not {count}")
+    stamp = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return [f"b{stamp}{now_ms % 1000:03d}Z-{i:03d}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class CatchUpPlan:
+    """How many micro-batches a table needs to catch up.
+
+    Attributes:
+        total_lag: offset lag summed over partitions (records by offset).
+        max_partition_lag: the largest per-partition offset lag (records by offset).
+        partition: the partition with that lag (``None`` without lag).
+        bound: the table's ``max_records_per_partition`` (offsets per partition per micro-batch).
+        batches: micro-batches to request: ``ceil(max_partition_lag / bound)``, at least 1, at
+            most the cap; 1 for a table that has never committed and does not start at
+            ``earliest`` (its first run resolves the starting position; lag is known after).
+        capped: whether the cap cut ``batches`` (lag is left after they all run).
+    """
+
+    total_lag: int
+    max_partition_lag: int
+    partition: int | None
+    bound: int
+    batches: int
+    capped: bool
+
+    @property
+    def needs_backfill(self) -> bool:
+        """More than one micro-batch: launch a backfill rather than a single run."""
+        return self.batches > 1
+
+
+def plan_catch_up(
+    spec: TableSpec, lag_by_partition: Mapping[int, int], has_state: bool, cap: int = MAX_BACKFILL_BATCHES
+) -> CatchUpPlan:
+    """Plan the micro-batches that bring ``spec``'s table to zero lag.
+
+    Args:
+        spec: the table declaration (its ``max_records_per_partition`` is the bound).
+        lag_by_partition: ``{partition: offset lag}``, e.g. from
+            :func:`kafka_iceberg.planning.offset_lag` (records by offset, >= 0).
+        has_state: whether the table has committed offsets (a snapshot with ``kafka.offsets``).
+        cap: most micro-batches to plan (>= 1).
+
+    Raises:
+        ValueError: ``cap`` < 1.
+    """
+    if cap < 1:
+        raise ValueError("cap must be at least 1")
+    bound = spec.max_records_per_partition
+    total = sum(lag_by_partition.values())
+    partition, worst = max(lag_by_partition.items(), key=lambda kv: (kv[1], -kv[0]), default=(None, 0))
+    if worst <= 0:
+        partition = None
+    needed = max(1, math.ceil(worst / bound))
+    if not has_state and spec.starting_position.kind != "earliest":
+        needed = 1
+    return CatchUpPlan(total, worst, partition, bound, min(needed, cap), needed > cap)
+
+
+def backfill_subset(spec: TableSpec, slot_keys: Sequence[str]) -> AssetGraphSubset:
+    """The asset graph subset ``{table asset: slot_keys}`` a backfill of ``spec`` targets.
+
+    The keys need not exist yet (they are added in the same sensor result or just before
+    the backfill is submitted)."""
+    return AssetGraphSubset(
+        partitions_subsets_by_asset_key={table_key(spec): MICRO_BATCHES.subset_with_partition_keys(list(slot_keys))}
+    )
+
+
+def backfill_run_request(spec: TableSpec, slot_keys: Sequence[str], tags: Mapping[str, str]) -> RunRequest:
+    """A sensor ``RunRequest`` that the sensor daemon submits as one asset backfill over
+    ``slot_keys`` of ``spec``'s table (one run per slot); ``tags`` go on the backfill and its runs."""
+    return RunRequest.for_asset_graph_subset(backfill_subset(spec, slot_keys), tags=dict(tags))
+
+
+def table_in_progress(instance: DagsterInstance, spec: TableSpec) -> str | None:
+    """What is already materializing ``spec``'s table, or ``None``.
+
+    Returns ``"run <id>"`` for a queued or running run tagged ``lake/table`` with the table, or
+    the latest run that planned a materialization of the table asset while it is still queued
+    or running (this covers runs launched from the UI and ``ingest_all``); ``"backfill <id>"``
+    for a backfill that is requested, canceling or failing and whose asset selection holds
+    the table asset (sensor, command line or UI). Reads the instance only; never raises for
+    an empty instance.
+    """
+    key = table_key(spec)
+    tagged = instance.get_runs(filters=RunsFilter(tags={TABLE_TAG: spec.identifier}, statuses=IN_PROGRESS), limit=1)
+    if tagged:
+        return f"run {tagged[0].run_id}"
+    for record in instance.get_asset_records([key]):
+        run_id = record.asset_entry.last_planned_materialization_run_id
+        run = instance.get_run_by_id(run_id) if run_id else None
+        if run is not None and run.status in IN_PROGRESS:
+            return f"run {run_id}"
+    for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=ACTIVE_BACKFILL_STATUSES)):
+        if key in (backfill.asset_selection or ()):
+            return f"backfill {backfill.backfill_id}"
+    return None
+
+
+def submit_backfill(
+    instance: DagsterInstance,
+    spec: TableSpec,
+    slot_keys: Sequence[str],
+    tags: Mapping[str, str],
+    title: str | None = None,
+    description: str | None = None,
+) -> str:
+    """Add ``slot_keys`` to :data:`MICRO_BATCHES` and submit an asset backfill over them for
+    ``spec``'s table, as the sensor daemon does for :func:`backfill_run_request`.
+
+    Returns the backfill id. The backfill daemon launches its runs (one per slot). Raises
+    whatever the instance's storage raises (e.g. an unwritable ``$DAGSTER_HOME``).
+    """
+    from dagster._core.utils import make_new_backfill_id
+
+    instance.add_dynamic_partitions(MICRO_BATCHES.name, list(slot_keys))
+    backfill_id = make_new_backfill_id()
+    instance.add_backfill(
+        PartitionBackfill.from_asset_graph_subset(
+            backfill_id=backfill_id,
+            backfill_timestamp=time.time(),
+            tags=dict(tags),
+            dynamic_partitions_store=instance,
+            asset_graph_subset=backfill_subset(spec, slot_keys),
+            title=title,
+            description=description,
+            run_config=None,
+        )
+    )
+    return backfill_id
+
+
+def backfill_url(ui_url: str, backfill_id: str) -> str:
+    """Link to a backfill's page in the Dagster UI: ``<ui_url>/runs/b/<backfill_id>``."""
+    return f"{ui_url.rstrip('/')}/runs/b/{backfill_id}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lake_assets.backfill --table NAME [--batches N] [--force] [--wait SECONDS]``.
+
+    Submits a backfill of micro-batches for one declared table to the Dagster instance at
+    ``$DAGSTER_HOME``: ``--batches`` slots, or by default as many as its current lag needs
+    (:func:`plan_catch_up`, up to :data:`MAX_BACKFILL_BATCHES`). Refuses (exit 2) when the
+    table is unknown, has no lag and no ``--batches`` was given, or is already being
+    materialized (unless ``--force``). With ``--wait`` it polls until the backfill ends (the
+    backfill daemon must run) and exits 0 only if it completed successfully. Prints the
+    backfill id and its UI link (``DAGSTER_UI_URL``).
+    """
+    import os
+
+    from kafka_iceberg.catalog import load_catalog, read_state
+    from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
+    from kafka_iceberg.planning import offset_lag
+    from kafka_iceberg.settings import load_settings
+    from kafka_iceberg.spec import load_table_specs
+
+    parser = argparse.ArgumentParser(prog="python -m lake_assets.backfill", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--table", required=True, help="declared table name or identifier (flights or nyc.flights)")
+    parser.add_argument("--batches", type=int, help="micro-batches (runs) to backfill; default: what the lag needs")
+    parser.add_argument("--force", action="store_true", help="submit even if a run or backfill of the table is in progress")
+    parser.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the backfill to end")
+    args = parser.parse_args(argv)
+
+    settings = load_settings()
+    specs = load_table_specs(settings.tables_file)
+    matches = [s for s in specs if args.table in (s.name, s.identifier)]
+    if not matches:
+        print(f"unknown table {args.table!r}; declared: {[s.name for s in specs]}", file=sys.stderr)
+        return 2
+    spec = matches[0]
+    kafka = KafkaMetadata(KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s))
+    state = read_state(load_catalog(settings.catalog), spec.identifier)
+    lag = offset_lag(kafka.watermarks(spec.topic), state.offsets)
+    plan = plan_catch_up(spec, lag, has_state=bool(state.offsets))
+    if args.batches is None and plan.max_partition_lag == 0:
+        print(f"{spec.identifier}: no lag; nothing to backfill (pass --batches N to add slots anyway)")
+        return 2
+    batches = args.batches if args.batches is not None else plan.batches
+    if not 1 <= batches <= 1000:
+        print("--batches must be between 1 and 1000", file=sys.stderr)
+        return 2
+    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))  # as make demo and make dev
+    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    instance = DagsterInstance.get()
+    busy = table_in_progress(instance, spec)
+    if busy and not args.force:
+        print(f"{spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
+        return 2
+    keys = new_slot_keys(batches, int(time.time() * 1000))
+    reason = (f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
+              f"bound {plan.bound} per partition")
+    backfill_id = submit_backfill(
+        instance, spec, keys,
+        tags={TABLE_TAG: spec.identifier, "lake/trigger": reason, "lake/launched-by": "cli"},
+        title=f"catch up {spec.identifier}: {batches} micro-batches",
+        description=reason,
+    )
+    ui = os.environ.get("DAGSTER_UI_URL") or "http://127.0.0.1:3000"
+    print(f"backfill {backfill_id}: {spec.identifier}, {batches} micro-batch runs, slots {keys[0]} .. {keys[-1]}")
+    print(f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}")
+    if args.wait is None:
+        return 0
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        backfill = instance.get_backfill(backfill_id)
+        if backfill is not None and backfill.status not in ACTIVE_BACKFILL_STATUSES:
+            print(f"backfill {backfill_id}: {backfill.status.value}")
+            return 0 if backfill.status == BulkActionStatus.COMPLETED_SUCCESS else 1
+        time.sleep(2)
+    print(f"backfill {backfill_id} still running after {args.wait:.0f} s (is the daemon running? make dev)", file=sys.stderr)
+    return 1
+
+
+__all__ = [
+    "ACTIVE_BACKFILL_STATUSES", "CatchUpPlan", "MAX_BACKFILL_BATCHES", "TABLE_TAG", "backfill_run_request",
+    "backfill_subset", "backfill_url", "main", "new_slot_keys", "plan_catch_up", "submit_backfill", "table_in_progress",
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""A one-table Dagster code location for the backfill tests, loaded by Dagster's own workspace
+machinery (so the sensor daemon and the backfill daemon can run against it in-process).
+
+The table declaration comes from ``LAKE_TEST_TABLE_JSON`` (a tables.yaml entry as JSON, see
+:func:`tests.helpers.spec_dict`); the resources from the environment (the test sets the
+variables of the ``lake_env`` fixture). Holds the topic asset, the table asset, its two checks
+and its lag sensor.
+"""
+
+import json
+import os
+
+from dagster import Definitions, in_process_executor
+
+from kafka_iceberg.spec import parse_table_spec
+from lake_assets.tables import table_asset, table_checks, topic_asset
+from resources import default_resources
+from sensors.lag import lag_sensor
+
+spec = parse_table_spec(json.loads(os.environ["LAKE_TEST_TABLE_JSON"]))
+
+defs = Definitions(
+    assets=[topic_asset(spec), table_asset(spec)],
+    asset_checks=table_checks(spec),
+    sensors=[lag_sensor(spec)],
+    resources=default_resources(),
+    executor=in_process_executor,
+)

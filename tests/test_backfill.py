@@ -1,0 +1,212 @@
+"""Backfills of micro-batches: a large backlog becomes one Dagster asset backfill of bounded runs.
+
+The end-to-end test runs Dagster's own sensor daemon and backfill daemon iterations in-process
+against a one-table code location (tests/backfill_location.py), with runs launched
+synchronously in this process (``SyncInMemoryRunLauncher``), on the real broker, real Spark
+and the real catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+from pathlib import Path
+
+import pytest
+from dagster import DagsterEventType, EventRecordsFilter, RunsFilter, build_sensor_context, instance_for_test
+from dagster._core.execution.backfill import BulkActionStatus
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.storage.tags import BACKFILL_ID_TAG
+from dagster._core.test_utils import create_test_daemon_workspace_context
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster._daemon.backfill import execute_backfill_iteration
+from dagster._daemon.sensor import execute_sensor_iteration
+
+from kafka_iceberg.catalog import read_state
+from kafka_iceberg.demo_data import produce
+from kafka_iceberg.planning import offset_lag
+from kafka_iceberg.pipeline import run_micro_batch
+from lake_assets.backfill import MAX_BACKFILL_BATCHES, TABLE_TAG, new_slot_keys, plan_catch_up
+from lake_assets.tables import MICRO_BATCHES, table_key
+from resources import default_resources
+from sensors.lag import lag_sensor
+from tests.helpers import event_records, make_spec, spec_dict, table_rows
+
+LOCATION = Path(__file__).with_name("backfill_location.py")
+SYNC_INSTANCE = {
+    # runs start when submitted, and execute in this process before submit_run returns
+    "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+    "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+}
+
+
+def test_slot_keys_are_fresh_ordered_names():
+    keys = new_slot_keys(3, 1_763_711_820_123)
+    assert keys == ["b20251121T075700123Z-000", "b20251121T075700123Z-001", "b20251121T075700123Z-002"]
+    assert sorted(keys) == keys
+    with pytest.raises(ValueError):
+        new_slot_keys(0, 0)
+
+
+def test_catch_up_plan_counts_micro_batches_by_the_largest_partition_lag():
+    spec = make_spec("plan", "events.plan", max_records_per_partition=100)
+    within = plan_catch_up(spec, {0: 100, 1: 40}, has_state=True)
+    assert (within.batches, within.needs_backfill, within.max_partition_lag, within.total_lag) == (1, False, 100, 140)
+    large = plan_catch_up(spec, {0: 120, 1: 301, 2: 301}, has_state=True)
+    assert (large.batches, large.partition, large.needs_backfill, large.capped) == (4, 1, True, False)
+    capped = plan_catch_up(spec, {0: 100 * (MAX_BACKFILL_BATCHES + 5)}, has_state=True)
+    assert (capped.batches, capped.capped) == (MAX_BACKFILL_BATCHES, True)
+    assert plan_catch_up(spec, {0: 0}, has_state=True).partition is None
+    # a table that starts at "latest" and never committed: one run resolves its starting offsets first
+    latest = make_spec("plan", "events.plan", max_records_per_partition=100, starting_position="latest")
+    assert plan_catch_up(latest, {0: 1000}, has_state=False).batches == 1
+    assert plan_catch_up(spec, {0: 1000}, has_state=False).batches == 10
+
+
+def _slot_of(record) -> str:
+    return record.event_log_entry.dagster_event.partition
+
+
+def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_exactly_once(
+    spark, settings, lake_env, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+):
+    for k, v in lake_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
+    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
+    topic = topic_factory(unique, partitions=2)
+    raw = spec_dict(unique, topic, max_records_per_partition=100, lag={"max_offset_lag": 300, "max_interval": "1h"})
+    monkeypatch.setenv("LAKE_TEST_TABLE_JSON", json.dumps(raw))
+    spec = make_spec(unique, topic, max_records_per_partition=100, lag={"max_offset_lag": 300, "max_interval": "1h"})
+    key = table_key(spec)
+
+    produce(kafka_config, topic, event_records(range(60)))
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    before = read_state(catalog, spec.identifier)
+    produce(kafka_config, topic, event_records(range(60, 760)))  # the backlog: 700 records over 2 partitions
+    lag = offset_lag(kafka.watermarks(topic), read_state(catalog, spec.identifier).offsets)
+    expected_batches = math.ceil(max(lag.values()) / 100)
+    assert sum(lag.values()) == 700 and expected_batches >= 4
+
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(python_file=str(LOCATION), attribute="defs", working_directory=str(LOCATION.parent.parent)),
+        location_name="backfill_test",
+    )
+    logger = logging.getLogger("test_backfill")
+    with instance_for_test(overrides=SYNC_INSTANCE) as instance, \
+            create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget([origin]), instance) as workspace:
+        # 1. one sensor tick through the sensor daemon: one backfill, no single run
+        list(execute_sensor_iteration(workspace, logger, None, None))
+        (backfill,) = instance.get_backfills()
+        assert backfill.status == BulkActionStatus.REQUESTED
+        assert backfill.tags[TABLE_TAG] == spec.identifier and "offset lag 700" in backfill.tags["lake/trigger"]
+        assert list(backfill.asset_selection) == [key]
+        slots = sorted(ap.partition_key for ap in backfill.asset_backfill_data.target_subset.iterate_asset_partitions())
+        assert len(slots) == expected_batches
+        assert sorted(instance.get_dynamic_partitions(MICRO_BATCHES.name)) == slots
+        assert instance.get_runs() == []
+
+        (message,) = slack.messages
+        text = message["text"]
+        assert spec.identifier in text and "backlog_records" in text
+        assert f"backlog_records = {max(lag.values())} records in partition " in text
+        assert f"{expected_batches} micro-batches of 100 per partition" in text
+        assert f"launched a backfill of {expected_batches} runs" in text
+        assert f"/assets/lake/test/{unique}" in text
+
+        # 2. while the backfill is in progress, another tick requests nothing (and posts nothing)
+        resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
+        busy_tick = lag_sensor(spec)(build_sensor_context(instance=instance, resources=resources))
+        assert busy_tick.run_requests == [] and not busy_tick.dynamic_partitions_requests
+        assert len(slack.messages) == 1
+
+        # 3. the backfill daemon launches one run per slot; each run is one bounded micro-batch
+        for _ in range(10):
+            list(execute_backfill_iteration(workspace, logger))
+            backfill = instance.get_backfill(backfill.backfill_id)
+            if backfill.status != BulkActionStatus.REQUESTED:
+                break
+        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill.status
+
+        runs = instance.get_runs(filters=RunsFilter(tags={BACKFILL_ID_TAG: backfill.backfill_id}))
+        assert len(runs) == expected_batches and all(r.is_success for r in runs)
+        assert all(r.tags[TABLE_TAG] == spec.identifier for r in runs)
+        run_slots = sorted(r.tags["dagster/asset_partition_range_start"] for r in runs)
+        assert run_slots == slots and all(
+            r.tags["dagster/asset_partition_range_start"] == r.tags["dagster/asset_partition_range_end"] for r in runs)
+        materializations = instance.fetch_materializations(key, limit=100, ascending=True).records
+        assert sorted(_slot_of(m) for m in materializations) == slots, "one materialization per slot"
+        assert len({m.run_id for m in materializations}) == expected_batches, "one run per slot"
+
+        # in commit order, each micro-batch starts where the previous one ended, and none reads
+        # more than the bound from a partition
+        ends = {p: o for p, o in before.offsets.items()}  # where the micro-batch before the backfill ended
+        for m in materializations:
+            md = m.asset_materialization.metadata
+            for p, r in md["offset_ranges"].value.items():
+                assert r["end"] - r["start"] <= 100
+                assert r["start"] == ends[int(p)], f"partition {p}: starts at {r['start']}, previous ended at {ends[int(p)]}"
+                ends[int(p)] = r["end"]
+        assert md["lag_after_commit"].value == 0
+        assert sum(m.asset_materialization.metadata["records"].value for m in materializations) == 700
+
+        # caught up, every produced record exactly once
+        after = read_state(catalog, spec.identifier)
+        assert after.offsets == ends
+        assert sum(offset_lag(kafka.watermarks(topic), after.offsets).values()) == 0
+        rows = table_rows(spark, settings, spec)
+        coords = [(r["_kafka_partition"], r["_kafka_offset"]) for r in rows]
+        assert len(rows) == 760 and len(set(coords)) == 760 and sorted(r["id"] for r in rows) == list(range(760))
+
+        checks = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_CHECK_EVALUATION))
+        evaluations = [r.event_log_entry.dagster_event.event_specific_data for r in checks]
+        dup = [e for e in evaluations if e.check_name == "duplicate_free"]
+        assert len(dup) == expected_batches and all(e.passed for e in dup)
+
+        # 4. caught up: the next tick requests nothing
+        done = lag_sensor(spec)(build_sensor_context(instance=instance, resources=resources, cursor=busy_tick.cursor))
+        assert done.run_requests == [] and done.asset_events[0].metadata["offset_lag"].value == 0
+        assert len(slack.messages) == 1
+
+
+def test_command_line_submits_one_backfill_per_backlog_and_refuses_a_second(
+    settings, lake_env, kafka, kafka_config, unique, topic_factory, tmp_path, monkeypatch, capsys
+):
+    import yaml
+    from dagster import DagsterInstance
+
+    from lake_assets.backfill import main
+
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(500)))
+    tables = tmp_path / "tables.yaml"
+    tables.write_text(yaml.safe_dump({"tables": [spec_dict(unique, topic, max_records_per_partition=100)]}))
+    for k, v in lake_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("LAKE_TABLES_FILE", str(tables))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("DAGSTER_UI_URL", "http://ui.example:3000")
+
+    assert main(["--table", "no_such_table"]) == 2
+    assert main(["--table", unique]) == 0
+    out = capsys.readouterr().out
+    instance = DagsterInstance.get()
+    (backfill,) = instance.get_backfills()
+    slots = sorted(ap.partition_key for ap in backfill.asset_backfill_data.target_subset.iterate_asset_partitions())
+    # never committed, starts at earliest: the whole topic is the backlog
+    expected = math.ceil(max(w.high - w.low for w in kafka.watermarks(topic).values()) / 100)
+    assert backfill.tags[TABLE_TAG] == f"test.{unique}" and backfill.tags["lake/launched-by"] == "cli"
+    assert list(backfill.asset_selection) == [table_key(make_spec(unique, topic))]
+    assert sorted(instance.get_dynamic_partitions(MICRO_BATCHES.name)) == slots
+    assert len(slots) == expected >= 3
+    assert f"backfill {backfill.backfill_id}: test.{unique}, {len(slots)} micro-batch runs" in out
+    assert f"http://ui.example:3000/runs/b/{backfill.backfill_id}" in out
+
+    # the backfill has not run (no daemon here): a second submission is refused, --force submits
+    assert main(["--table", unique, "--batches", "2"]) == 2
+    assert "backfill " + backfill.backfill_id in capsys.readouterr().err
+    assert main(["--table", unique, "--batches", "2", "--force"]) == 0
+    assert len(instance.get_backfills()) == 2
