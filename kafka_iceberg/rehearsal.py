@@ -620,6 +620,7 @@ class Rehearsal:
             }
             if not all(checks.values()):
                 self.log(short.stderr[-1500:] + "\n" + long_.stderr[-1500:])
+            pg.catalog = load_catalog(pg_lake.settings.catalog)  # this process's pooled connections died too
             pg._final_catch_up(decl, checks)
             checks["no attempt branches left"] = pg._no_leftovers(spec)
             checks["no overlapping snapshot ranges"] = pg._no_overlaps(spec)

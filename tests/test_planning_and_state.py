@@ -133,11 +133,26 @@ def test_the_shipped_table_declarations_load():
         ({"schema": [{"name": "_kafka_offset", "type": "long"}]}, "collide with Kafka metadata"),
         ({"freshness": {"max_age": "1h"}}, "freshness has unknown keys"),
         ({"max_records_per_partition": "lots"}, "whole number"),
+        ({"bad_records": {"policy": "skip"}}, "bad_records.policy must be one of"),
+        ({"bad_records": {"max_quarantine_rate": 2}}, "max_quarantine_rate <= 1"),
+        ({"bad_records": {"dead_letter_table": "flat"}}, "dead_letter_table"),
+        ({"bad_records": {"dlq": "x.y"}}, "bad_records has unknown keys"),
     ],
 )
 def test_invalid_declarations_name_the_problem(override, message):
     with pytest.raises(ConfigError, match=message):
         make_spec("bad", "topic", **override)
+
+
+def test_bad_record_policy_defaults_and_overrides():
+    spec = make_spec("t", "topic")
+    assert (spec.unknown_fields, spec.bad_records.policy) == ("reject", "quarantine")
+    assert spec.bad_records.dead_letter_identifier == "test.t_dead_letter"
+    assert spec.bad_records.max_record_bytes == 1024 * 1024 and spec.bad_records.max_quarantine_rate == 0.01
+    other = make_spec("t", "topic", unknown_fields="evolve",
+                      bad_records={"policy": "fail", "dead_letter_table": "quarantine.t", "max_record_bytes": 10})
+    assert (other.unknown_fields, other.bad_records.policy, other.bad_records.dead_letter_identifier,
+            other.bad_records.max_record_bytes) == ("evolve", "fail", "quarantine.t", 10)
 
 
 def test_partition_and_offset_columns_are_always_kept():
