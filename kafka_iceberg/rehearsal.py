@@ -531,7 +531,7 @@ class Rehearsal:
         outcome = "succeeded after the outage" if rc == 0 else f"failed cleanly ({err_text.strip().splitlines()[-1][:120] if err_text.strip() else rc})"
         return ScenarioResult("broker outage mid-run", 1, tally, checks, f"the run {outcome}", time.monotonic() - t0)
 
-    def catalog_lock(self, rate: float = 150.0) -> ScenarioResult:
+    def catalog_lock(self, short_s: float = 10.0, long_s: float = 40.0, rate: float = 150.0) -> ScenarioResult:
         """SQLite catalog locked by another process mid-run: held shorter than the retry budget, the run
         waits and commits; held longer, it fails with CatalogUnavailableError and commits nothing;
         the next run catches up. (Only on a SQLite catalog.)"""
@@ -560,7 +560,7 @@ class Rehearsal:
             conn.close()
 
         results = {}
-        for label, hold_s, budget in (("short lock", 10.0, "60"), ("long lock", 40.0, "5")):
+        for label, hold_s, budget in (("short lock", short_s, "60"), ("long lock", long_s, "4")):
             locker = threading.Thread(target=hold, args=(hold_s,), daemon=True)
             locker.start()
             done = self.lake.catch_up(decl, LAKE_CATALOG_RETRY_S=budget)
@@ -580,7 +580,7 @@ class Rehearsal:
         tally = reconcile(self.catalog, spec, traffic.expected())
         return ScenarioResult("catalog locked (SQLite)", 2, tally, checks, "", time.monotonic() - t0)
 
-    def postgres_outage(self, down_s: float = 8.0, rate: float = 150.0) -> ScenarioResult:
+    def postgres_outage(self, down_s: float = 8.0, long_s: float = 30.0, rate: float = 150.0) -> ScenarioResult:
         """The same lake on a PostgreSQL catalog (a private server from :mod:`kafka_iceberg.devpostgres`),
         stopped mid-run: down shorter than the retry budget, the run reconnects and commits; down
         longer, it fails with CatalogUnavailableError and publishes nothing; the next run catches up."""
@@ -606,7 +606,7 @@ class Rehearsal:
                 server.start()
 
             results = {}
-            for label, down, budget in (("short outage", down_s, "90"), ("long outage", 30.0, "5")):
+            for label, down, budget in (("short outage", down_s, "90"), ("long outage", long_s, "4")):
                 downer = threading.Thread(target=outage, args=(7.0, down), daemon=True)
                 downer.start()
                 results[label] = pg_lake.catch_up(decl, LAKE_CATALOG_RETRY_S=budget)

@@ -437,6 +437,10 @@ def load_table_specs(path: Path | str) -> list[TableSpec]:
         dupes = {v for v in values if values.count(v) > 1}
         if dupes:
             raise ConfigError(f"{path}: {attr} must be unique across tables, repeated: {sorted(dupes)}")
+    tables = [s.identifier for s in specs] + [s.bad_records.dead_letter_identifier for s in specs]
+    clashes = {t for t in tables if tables.count(t) > 1}
+    if clashes:
+        raise ConfigError(f"{path}: every table and dead-letter table needs its own identifier, repeated: {sorted(clashes)}")
     return specs
 
 

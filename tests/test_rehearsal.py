@@ -55,7 +55,7 @@ def test_broker_outage_mid_run(rehearsal):
 
 
 def test_catalog_locked_by_another_process(rehearsal):
-    _assert_passed(rehearsal.catalog_lock())
+    _assert_passed(rehearsal.catalog_lock(short_s=6, long_s=20))
 
 
 def test_transaction_markers_and_aborted_transactions(rehearsal):
