@@ -51,7 +51,8 @@ class ReplayConfig(Config):
     branch: Optional[str] = Field(
         default=None, description="rebuild on branch replay_<branch> of the table itself, from from_snapshot")
     validate_against_original: bool = Field(
-        default=True, description="compare the replay with the original over the same offsets; a mismatch fails the run")
+        default=True, description="compare the replay with the original over the same offsets (the end may then not "
+                                   "exceed the original's committed offsets); a mismatch fails the run")
     max_records_per_partition: Optional[int] = Field(
         default=None, description="offsets per partition per micro-batch (default: the table's)")
 
