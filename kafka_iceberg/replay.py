@@ -46,8 +46,8 @@ from typing import Callable, Collection, Mapping, Sequence
 from pyspark.sql import functions as F
 
 from kafka_iceberg import faults
-from kafka_iceberg.catalog import load_table, metadata_view
-from kafka_iceberg.errors import CommitConflictError, DataLossError, LakeError, from_task_exception
+from kafka_iceberg.catalog import load_table, metadata_view, with_catalog_retry
+from kafka_iceberg.errors import CommitConflictError, DataLossError, LakeError, MalformedRecordError, from_task_exception
 from kafka_iceberg.kafka_client import KafkaMetadata
 from kafka_iceberg.pipeline import TableWriter
 from kafka_iceberg.planning import BatchPlan, Watermarks, split_ranges
@@ -56,7 +56,7 @@ from kafka_iceberg.recovery import Attempt, attempt_branch
 from kafka_iceberg.settings import Settings
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import SnapshotInfo, ancestors, ingest_summary, state_at
-from kafka_iceberg.transform import bad_record_from_exception, parse_records
+from kafka_iceberg.transform import PROBLEM, classify, table_rows, value_columns
 
 log = logging.getLogger(__name__)
 
@@ -447,12 +447,15 @@ def _next_plan(table: str, rng: ReplayRange, committed: Mapping[int, int], base_
 
 # -- targets --------------------------------------------------------------------------------
 def replay_table_spec(spec: TableSpec, identifier: str) -> TableSpec:
-    """The declaration of a new replay table: ``spec`` with another identifier and name, and a
-    consumer group ``lake-replay.<identifier>`` that the replay never commits. Same topic,
-    schema, Kafka columns and partitioning."""
+    """The declaration of a new replay table: ``spec`` with another identifier and name, a
+    consumer group ``lake-replay.<identifier>`` that the replay never commits, and its own
+    dead-letter table ``<identifier>_dead_letter``. Same topic, schema, Kafka columns,
+    partitioning and bad-record policy."""
     return dataclasses.replace(spec, name=identifier.rsplit(".", 1)[-1], identifier=identifier,
                                consumer_group=f"lake-replay.{identifier}",
-                               description=f"Replay of {spec.identifier} from Kafka topic {spec.topic}.")
+                               description=f"Replay of {spec.identifier} from Kafka topic {spec.topic}.",
+                               bad_records=dataclasses.replace(spec.bad_records,
+                                                               dead_letter_identifier=f"{identifier}_dead_letter"))
 
 
 class _NoGroupCommits:
@@ -484,34 +487,56 @@ def _read_raw(spark, settings: Settings, spec: TableSpec, kafka: KafkaMetadata, 
 
 
 def _commit_on_branch(spark, settings: Settings, spec: TableSpec, kafka: KafkaMetadata, catalog, *, ref: str,
-                      plan: BatchPlan, commit_id: str, extra_summary: Mapping[str, str]) -> tuple[int, int]:
+                      plan: BatchPlan, commit_id: str, extra_summary: Mapping[str, str]) -> tuple[int, int, int]:
     """Write one replay micro-batch of the original table to branch ``ref``, exactly once.
 
     The write path's attempt protocol, aimed at ``ref`` instead of ``main``: create an attempt
-    branch ``ingest_<ms>_<commit id>`` at the planned ``ref`` head, write the records and a
+    branch ``ingest_<ms>_<commit id>`` at the planned ``ref`` head, write the good records and a
     snapshot whose summary carries the branch's full ingest state, then ``fast_forward`` ``ref``
     to it (Iceberg refuses unless ``ref`` is still an ancestor) and drop the attempt. A crashed
-    attempt is a dead ``ingest_`` branch, recovered by the table's next micro-batch.
+    attempt is a dead ``ingest_`` branch, recovered by the table's next micro-batch. Catalog
+    calls are retried on transient errors like the write path's (``LAKE_CATALOG_RETRY_S``).
+
+    Records are classified against the table's current columns (:func:`transform.classify`).
+    Bad records fail the batch under ``bad_records.policy: fail``; under ``quarantine`` they are
+    left out of the branch and counted in its summary (``kafka.read``, ``kafka.quarantined``),
+    but not written to the dead-letter table, which already holds what the original ingestion
+    quarantined over the same offsets (validation shows any record the two treat differently).
 
     Returns:
-        (records written, the new head snapshot id of ``ref``).
+        (rows written, records left out as bad, the new head snapshot id of ``ref``).
 
     Raises:
         CommitConflictError: ``ref`` moved since the plan (another run replays into it).
-        MalformedRecordError, DataLossError, ReadTimeoutError: as the write path.
+        MalformedRecordError: a bad record under ``bad_records.policy: fail``.
+        DataLossError, ReadTimeoutError, CatalogUnavailableError: as the write path.
+        LakeError: the written snapshot does not hold exactly the good records read.
     """
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     table = writer.qualified
     attempt = attempt_branch(commit_id, int(time.time() * 1000))
-    raw = None
+
+    def retry(what, fn, before_retry=None):
+        return with_catalog_retry(f"replay of {spec.identifier}: {what}", fn, settings.catalog_retry_s,
+                                  before_retry=before_retry)
+
+    def head_of(branch):
+        return writer.view().refs.get(branch)
+
+    raw = classified = None
     try:
-        spark.sql(f"ALTER TABLE {table} CREATE BRANCH `{attempt}` AS OF VERSION {plan.base_snapshot_id}")
+        retry(f"create branch {attempt}", lambda: spark.sql(
+            f"ALTER TABLE {table} CREATE BRANCH `{attempt}` AS OF VERSION {plan.base_snapshot_id}"),
+            before_retry=lambda: head_of(attempt))
         faults.crash_point("after_branch")
         raw = _read_raw(spark, settings, spec, kafka, plan).persist()
-        stats = raw.groupBy("partition").agg(
-            F.count(F.lit(1)).alias("records"), F.max("offset").alias("max_offset"),
-            F.max("timestamp_ms").alias("max_timestamp_ms"),
+        columns = value_columns(retry("read the table schema", lambda: spark.table(table).schema))
+        classified = classify(raw, spec, columns).persist()
+        stats = classified.groupBy("partition").agg(
+            F.count(F.lit(1)).alias("records"), F.count(F.col(PROBLEM)).alias("quarantined"),
+            F.max("offset").alias("max_offset"), F.max("timestamp_ms").alias("max_timestamp_ms"),
         ).collect()
+        raw.unpersist()
         faults.crash_point("after_read")
         planned = {r.partition: r for r in plan.ranges}
         for row in stats:
@@ -519,7 +544,20 @@ def _commit_on_branch(spark, settings: Settings, spec: TableSpec, kafka: KafkaMe
             if r is None or row["max_offset"] >= r.end or row["records"] > r.size:
                 raise LakeError(f"replay of {spec.identifier}: read {row['records']} records up to offset "
                                 f"{row['max_offset']} of partition {row['partition']}, outside the planned range {r}")
-        records = sum(row["records"] for row in stats)
+        read = {row["partition"]: int(row["records"]) for row in stats}
+        bad = {row["partition"]: int(row["quarantined"]) for row in stats if row["quarantined"]}
+        n_bad = sum(bad.values())
+        kinds: dict[str, int] = {}
+        if n_bad:
+            kinds = {r["kind"]: int(r["n"]) for r in classified.where(F.col(PROBLEM).isNotNull())
+                     .groupBy(F.col(f"{PROBLEM}.kind").alias("kind")).agg(F.count(F.lit(1)).alias("n")).collect()}
+            if spec.bad_records.policy == "fail":
+                first = (classified.where(F.col(PROBLEM).isNotNull()).orderBy("partition", "offset")
+                         .select("topic", "partition", "offset", F.col(f"{PROBLEM}.kind").alias("kind"),
+                                 F.col(f"{PROBLEM}.reason").alias("reason")).first())
+                raise MalformedRecordError(spec.identifier, first["topic"], first["partition"], first["offset"],
+                                           f"{first['kind']}: {first['reason']}")
+        rows = sum(read.values()) - n_bad
         base_state = state_at(writer.view().snapshots, plan.base_snapshot_id)
         max_ts = dict(base_state.max_timestamps)
         for row in stats:
@@ -532,33 +570,59 @@ def _commit_on_branch(spark, settings: Settings, spec: TableSpec, kafka: KafkaMe
             batch={r.partition: (r.start, r.end) for r in plan.ranges},
             max_timestamps=max_ts,
             commit_id=commit_id,
-            records=records,
+            records=rows,
             accepted_gaps=base_state.accepted_gaps,
+            read={p: read.get(p, 0) for p in sorted(planned)},
+            quarantined=bad,
+            quarantine_kinds=kinds,
         )
         summary = {**extra_summary, **summary}
-        out = parse_records(raw, spec).writeTo(f"{table}.branch_{attempt}")
-        for key, value in summary.items():
-            out = out.option(f"snapshot-property.{key}", value)
-        try:
+
+        def append():
+            out = table_rows(classified, spec, columns).writeTo(f"{table}.branch_{attempt}")
+            for key, value in summary.items():
+                out = out.option(f"snapshot-property.{key}", value)
             out.append()
-        except Exception as exc:
-            bad = bad_record_from_exception(exc, spec.identifier)
-            if bad is not None:
-                raise bad from None
-            raise
+
+        def landed():  # an append that failed on a transient error may have committed after all
+            head = head_of(attempt)
+            if head is None:
+                raise LakeError(f"replay of {spec.identifier}: attempt branch {attempt} disappeared during the write")
+            return head if head != plan.base_snapshot_id else None
+
+        retry(f"append to branch {attempt}", append, before_retry=landed)
+        snapshot_id = landed()
+        added = int(writer.view().snapshots[snapshot_id].summary.get("added-records", "0")) if snapshot_id else -1
+        if added != rows:
+            raise LakeError(f"replay of {spec.identifier}: snapshot {snapshot_id} added {added} rows but {rows} good "
+                            "records were read; nothing was published")
         faults.crash_point("after_write")
-        if writer.view().refs.get(ref) != plan.base_snapshot_id:
-            raise CommitConflictError(f"replay branch {ref} of {spec.identifier} moved after this micro-batch was "
-                                      "planned; another replay writes it. Nothing was published.")
-        try:
-            spark.sql(f"CALL {settings.catalog.name}.system.fast_forward('{spec.identifier}', '{ref}', '{attempt}')")
-        except Exception as exc:
-            if "not an ancestor" in str(exc) or "CommitFailedException" in str(exc):
-                raise CommitConflictError(f"replay branch {ref} of {spec.identifier} moved after this micro-batch "
-                                          f"was planned: {str(exc).splitlines()[0][:300]}") from None
-            raise
+
+        def published():
+            head = head_of(ref)
+            if head == snapshot_id:
+                return snapshot_id
+            if head != plan.base_snapshot_id:
+                raise CommitConflictError(f"replay branch {ref} of {spec.identifier} moved from snapshot "
+                                          f"{plan.base_snapshot_id} to {head} after this micro-batch was planned; "
+                                          "another replay writes it. Nothing was published.")
+            return None
+
+        def fast_forward():
+            try:
+                spark.sql(f"CALL {settings.catalog.name}.system.fast_forward('{spec.identifier}', '{ref}', '{attempt}')")
+            except Exception as exc:
+                if "not an ancestor" in str(exc) or "CommitFailedException" in str(exc):
+                    raise CommitConflictError(f"replay branch {ref} of {spec.identifier} moved after this micro-batch "
+                                              f"was planned: {str(exc).splitlines()[0][:300]}") from None
+                raise
+
+        published()
+        retry(f"fast-forward {ref}", fast_forward, before_retry=published)
+        if head_of(ref) != snapshot_id:
+            raise CommitConflictError(f"replay branch {ref} of {spec.identifier} is not at snapshot {snapshot_id} "
+                                      "after the fast-forward")
         faults.crash_point("after_publish")
-        head = writer.view().refs[ref]
     except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             try:
@@ -570,10 +634,14 @@ def _commit_on_branch(spark, settings: Settings, spec: TableSpec, kafka: KafkaMe
             raise remote from None
         raise
     finally:
-        if raw is not None:
-            raw.unpersist()
-    spark.sql(f"ALTER TABLE {table} DROP BRANCH IF EXISTS `{attempt}`")
-    return records, head
+        for frame in (raw, classified):
+            if frame is not None:
+                frame.unpersist()
+    try:
+        retry(f"drop branch {attempt}", lambda: spark.sql(f"ALTER TABLE {table} DROP BRANCH IF EXISTS `{attempt}`"))
+    except Exception as exc:  # published already; the table's next micro-batch drops it
+        log.warning("replay attempt branch %s of %s not dropped (%s)", attempt, spec.identifier, exc)
+    return rows, n_bad, snapshot_id
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -616,6 +684,9 @@ class ValidationReport:
     """The comparison of an original and a replay over the same ``(partition, offset)`` range.
 
     ``columns``: the columns compared (value columns and kept Kafka columns both tables have).
+    ``columns_only_in_original`` / ``columns_only_in_replay``: columns one side lacks (schema
+    evolution saw a field on one side only); ``rows_with_uncompared_values``: rows in the range
+    with a non-null value in such a column, which the other side therefore lacks.
     ``mismatched_rows``: rows of either side without an identical row on the other
     (``EXCEPT ALL`` both ways). ``outside_range``: rows of the replay target outside the
     replayed range (checked for a new table only; it must hold nothing else).
@@ -629,6 +700,9 @@ class ValidationReport:
     partitions: list[PartitionComparison]
     mismatched_rows: int = 0
     outside_range: int = 0
+    columns_only_in_original: list[str] = field(default_factory=list)
+    columns_only_in_replay: list[str] = field(default_factory=list)
+    rows_with_uncompared_values: int = 0
     excluded: list[dict] = field(default_factory=list)
     examples: list[dict] = field(default_factory=list)
 
@@ -661,7 +735,8 @@ class ValidationReport:
     def valid(self) -> bool:
         """True when both sides hold the same multiset of rows over the range and the target holds
         nothing outside it."""
-        return self.mismatched_rows == 0 and self.outside_range == 0 and self.missing == self.extra == self.differing == 0
+        return (self.mismatched_rows == 0 and self.outside_range == 0 and self.rows_with_uncompared_values == 0
+                and self.missing == self.extra == self.differing == 0)
 
     def summary(self) -> str:
         """One line for logs and run failures."""
@@ -670,6 +745,9 @@ class ValidationReport:
                 f"{self.replay_records} replayed; missing {self.missing}, extra {self.extra}, differing {self.differing}")
         if self.outside_range:
             text += f", {self.outside_range} replay rows outside the range"
+        if self.rows_with_uncompared_values:
+            text += (f", {self.rows_with_uncompared_values} rows with values in columns only one side has "
+                     f"({self.columns_only_in_original + self.columns_only_in_replay})")
         return text
 
     def to_dict(self) -> dict:
@@ -686,6 +764,9 @@ class ValidationReport:
             "mismatched_rows": self.mismatched_rows,
             "outside_range": self.outside_range,
             "columns": self.columns,
+            "columns_only_in_original": self.columns_only_in_original,
+            "columns_only_in_replay": self.columns_only_in_replay,
+            "rows_with_uncompared_values": self.rows_with_uncompared_values,
             "excluded": self.excluded,
             "partitions": [dataclasses.asdict(p) for p in self.partitions],
             "examples": self.examples,
@@ -728,7 +809,8 @@ def validate_replay(
     ``original EXCEPT ALL replay`` and ``replay EXCEPT ALL original``; every unmatched row is
     classified by its ``(partition, offset)`` as missing, extra or differing. With
     ``check_outside_range``, rows of ``replay`` outside the range count as mismatches (a new
-    replay table must hold nothing else).
+    replay table must hold nothing else). A column only one side has (schema evolution) must be
+    null on every row of the range, or those rows count against the verdict.
 
     Records neither side holds (transaction markers, compacted offsets, records a dead-letter
     table quarantined on both sides) are simply absent from both and compare equal.
@@ -750,6 +832,12 @@ def validate_replay(
     rep_all = _read_version(spark, cat, replay)
     rep_cols = set(rep_all.columns)
     columns = [c for c in orig_all.columns if c in rep_cols]
+    only_o = [c for c in orig_all.columns if c not in rep_cols]
+    only_r = [c for c in rep_all.columns if c not in set(orig_all.columns)]
+    uncompared = sum(
+        df.where(scope).where(" OR ".join(f"`{c}` IS NOT NULL" for c in cols)).count()
+        for df, cols in ((orig_all, only_o), (rep_all, only_r)) if cols
+    )
     o = orig_all.where(scope).select(*columns)
     r = rep_all.where(scope).select(*columns)
 
@@ -796,6 +884,9 @@ def validate_replay(
         partitions=list(comps.values()),
         mismatched_rows=int(mismatched),
         outside_range=int(outside),
+        columns_only_in_original=only_o,
+        columns_only_in_replay=only_r,
+        rows_with_uncompared_values=int(uncompared),
         excluded=excluded,
         examples=sorted(examples, key=lambda e: (e["partition"], e["offset"]))[:sample],
     )
@@ -811,8 +902,10 @@ class ReplayResult:
 
     ``target``: the table written (the original itself for a branch rebuild); ``branch``: the
     replay branch, or None for a new table. ``offsets``: the target's committed offsets after
-    the run (per partition of the replay). ``batches``, ``records``: micro-batches committed and
-    records written by this run (a resumed replay counts only its own). ``resumed``: the
+    the run (per partition of the replay). ``batches``, ``records``, ``quarantined``:
+    micro-batches committed, rows written and bad records left out by this run (a resumed replay
+    counts only its own; a new table's bad records go to its own dead-letter table, a branch's
+    are only counted). ``resumed``: the
     target already held part of this replay. ``complete``: every partition reached its end.
     ``snapshot_id``: head of the target ref. ``validation``: the report, when validation ran
     (it runs only on a complete replay). ``seconds``: wall time of the run.
@@ -826,6 +919,7 @@ class ReplayResult:
     offsets: dict[int, int]
     batches: int = 0
     records: int = 0
+    quarantined: int = 0
     resumed: bool = False
     complete: bool = False
     snapshot_id: int | None = None
@@ -863,6 +957,7 @@ class ReplayResult:
             "remaining": {str(p): n for p, n in self.remaining.items()},
             "batches": self.batches,
             "records": self.records,
+            "quarantined": self.quarantined,
             "resumed": self.resumed,
             "complete": self.complete,
             "snapshot_id": self.snapshot_id,
@@ -991,6 +1086,7 @@ def _replay_to_table(spark, settings, spec, request, kafka, catalog, commit_id, 
         batch = writer.execute(plan, commit_id, extra_summary=extra)
         result.batches += 1
         result.records += batch.records
+        result.quarantined += batch.quarantined
         say(f"replay {spec.identifier} -> {target}: batch {result.batches}, {batch.records} records, "
             f"ranges {batch.ranges}, snapshot {batch.snapshot_id}")
     result.complete = result.offsets == rng.end
@@ -1037,10 +1133,11 @@ def _replay_to_branch(spark, settings, spec, request, kafka, catalog, commit_id,
         result.snapshot_id = head
         if plan.is_empty or (request.max_batches is not None and result.batches >= request.max_batches):
             break
-        records, new_head = _commit_on_branch(spark, settings, spec, kafka, catalog, ref=ref, plan=plan,
-                                              commit_id=commit_id, extra_summary=extra)
+        records, bad, new_head = _commit_on_branch(spark, settings, spec, kafka, catalog, ref=ref, plan=plan,
+                                                   commit_id=commit_id, extra_summary=extra)
         result.batches += 1
         result.records += records
+        result.quarantined += bad
         say(f"replay {spec.identifier} -> branch {ref}: batch {result.batches}, {records} records, "
             f"ranges { {r.partition: (r.start, r.end) for r in plan.ranges} }, snapshot {new_head}")
     result.complete = result.offsets == rng.end

@@ -80,6 +80,7 @@ def in_range(rows: dict, ranges: dict) -> dict:
 def test_replay_an_offset_range_into_a_new_table(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
     topic = topic_factory(unique, partitions=3)
     produce(kafka_config, topic, event_records(range(300)))
+    produce(kafka_config, topic, [(b"bad", b'{"id": 300, "name": ', BASE_TS_MS + 300)])  # quarantined by both
     spec = make_spec(unique, topic, max_records_per_partition=70)
     ingest_everything(spark, settings, spec, kafka, catalog)
     main_before = current_view(catalog, spec).main
@@ -87,16 +88,21 @@ def test_replay_an_offset_range_into_a_new_table(spark, settings, kafka, kafka_c
     target = f"test.{unique}_rebuild"
 
     result = replay(spark, settings, spec, kafka, catalog, start_offsets={0: 10, 1: 0, 2: 5}, into=target,
-                    validate=True, max_records_per_partition=40)
+                    validate=True, max_records_per_partition=50)
 
     expected = {0: (10, high[0]), 1: (0, high[1]), 2: (5, high[2])}
     assert result.range.ranges == expected, "the end defaults to the original's committed offsets"
-    assert result.complete and result.batches >= 3 and not result.resumed
-    assert result.records == sum(e - s for s, e in expected.values())
+    assert result.complete and result.batches >= 2 and not result.resumed
+    assert result.quarantined == 1
+    assert result.records + result.quarantined == sum(e - s for s, e in expected.values())
     report = result.validation
     assert report.valid, report.summary()
     assert report.records_compared == report.replay_records == result.records
-    assert [(p.partition, p.original_records) for p in report.partitions] == [(p, e - s) for p, (s, e) in expected.items()]
+    (bad,) = [(r["partition"], r["offset"]) for r in spark.table(f"lake.{spec.bad_records.dead_letter_identifier}").collect()]
+    assert [(p.partition, p.original_records) for p in report.partitions] == [
+        (p, e - s - (bad[0] == p)) for p, (s, e) in expected.items()]
+    replay_dead_letters = spark.table(f"lake.{target}_dead_letter").collect()
+    assert [(r["partition"], r["offset"]) for r in replay_dead_letters] == [bad], "the replay has its own dead-letter table"
 
     # independently of validate_replay: the same rows under the same (partition, offset), nothing else
     original_rows = in_range(rows_by_offset(spark, spec.identifier), expected)
@@ -203,12 +209,15 @@ def test_a_replay_that_fails_midway_resumes_without_duplicates(
 def test_rebuild_on_a_branch_from_a_snapshot(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(300)))
+    produce(kafka_config, topic, [(b"bad", b"not json", BASE_TS_MS + 300)])  # quarantined by the original
     spec = make_spec(unique, topic, max_records_per_partition=50)
     snapshots = ingest_everything(spark, settings, spec, kafka, catalog)
     assert len(snapshots) >= 3
     s = snapshots[0]
     before = current_view(catalog, spec)
     main_rows = rows_by_offset(spark, spec.identifier)
+    dead_letters = spark.table(f"lake.{spec.bad_records.dead_letter_identifier}").count()
+    assert dead_letters == 1
 
     result = replay(spark, settings, spec, kafka, catalog, from_snapshot=s, branch="fix", validate=True,
                     max_records_per_partition=40)
@@ -216,7 +225,8 @@ def test_rebuild_on_a_branch_from_a_snapshot(spark, settings, kafka, kafka_confi
     assert result.branch == "replay_fix" and result.target == spec.identifier
     assert result.range.start == state_at(before.snapshots, s).offsets == {0: 50, 1: 50}
     assert result.range.end == state_at(before.snapshots, before.main).offsets
-    assert result.complete and result.records == 300 - 100
+    assert result.complete and result.records == 300 - 100 and result.quarantined == 1
+    assert spark.table(f"lake.{spec.bad_records.dead_letter_identifier}").count() == 1, "no second dead letter"
     assert result.validation.valid and result.validation.records_compared == 200, result.validation.summary()
     after = current_view(catalog, spec)
     assert after.main == before.main and [x.snapshot_id for x in ancestors(after.snapshots, after.main)] == [
@@ -276,6 +286,13 @@ def test_validation_detects_a_mismatch(spark, settings, kafka, kafka_config, cat
     with pytest.raises(ReplayMismatchError, match="MISMATCH"):
         validate_replay(spark, settings, spec, original=original, replay=tampered, ranges=result.range.ranges,
                         raise_on_mismatch=True)
+
+    # a value in a column only one side has is a difference too
+    spark.sql(f"ALTER TABLE {qualified_target} ADD COLUMN note STRING")
+    spark.sql(f"UPDATE {qualified_target} SET note = 'x' WHERE _kafka_partition = 0 AND _kafka_offset = 9")
+    tampered = TableVersion(target, current_view(catalog, replay_table_spec(spec, target)).main)
+    report = validate_replay(spark, settings, spec, original=original, replay=tampered, ranges=result.range.ranges)
+    assert report.columns_only_in_replay == ["note"] and report.rows_with_uncompared_values == 1
 
     # a replay over a wider range than the original holds: the offsets past it are extra
     high = {p: w.high for p, w in kafka.watermarks(topic).items()}
