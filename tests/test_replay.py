@@ -327,7 +327,7 @@ def test_a_start_below_the_log_start_offset_is_a_clear_error(
 
 
 def test_cli_replay_prints_the_report_and_exits_by_verdict(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch, tmp_path, capsys
+    spark, settings, lake_env, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch, tmp_path, capsys
 ):
     from kafka_iceberg import cli
 
@@ -338,9 +338,8 @@ def test_cli_replay_prints_the_report_and_exits_by_verdict(
     ingest_everything(spark, settings, spec, kafka, catalog)
     tables = tmp_path / "tables.yaml"
     tables.write_text(yaml.safe_dump({"tables": [raw]}))
-    monkeypatch.setenv("LAKE_HOME", str(settings.lake_home))
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", settings.kafka_bootstrap_servers)
-    monkeypatch.setenv("LAKE_TABLES_FILE", str(tables))
+    for key, value in {**lake_env, "LAKE_TABLES_FILE": str(tables)}.items():
+        monkeypatch.setenv(key, value)
     target = f"test.{unique}_cli"
     argv = ["replay", "--table", unique, "--from", "0:0,1:0", "--into", target, "--validate"]
 
@@ -362,7 +361,7 @@ def test_cli_replay_prints_the_report_and_exits_by_verdict(
 
 
 def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch, tmp_path
+    spark, settings, lake_env, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch, tmp_path
 ):
     from dagster import AssetKey, DagsterInstance
 
@@ -375,7 +374,8 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
     ingest_everything(spark, settings, make_spec(unique, topic), kafka, catalog)
     tables = tmp_path / "tables.yaml"
     tables.write_text(yaml.safe_dump({"tables": [raw]}))
-    monkeypatch.setenv("LAKE_TABLES_FILE", str(tables))
+    for key, value in {**lake_env, "LAKE_TABLES_FILE": str(tables)}.items():
+        monkeypatch.setenv(key, value)
     target = f"test.{unique}_dagster"
     run_config = {"ops": {"replay": {"config": {"table": unique, "from_offsets": "earliest", "into": target}}}}
     job = replay_job(sqlite_catalog=True)
