@@ -12,7 +12,7 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse backfill
+.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse backfill replay
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -56,6 +56,12 @@ status: install
 # (default BATCHES: what the table's lag needs). The daemon of make dev (or dagster-daemon) runs it.
 backfill: install dagster-home
 	$(PY) -m lake_assets.backfill --table "$(TABLE)" $(if $(BATCHES),--batches $(BATCHES)) $(BACKFILL_ARGS)
+
+# replay or rebuild (docs/operations.md#replay-and-rebuild), e.g.
+#   make replay ARGS="--table flights --from earliest --into nyc.flights_rebuild --validate"
+#   make replay ARGS="--table flights --from-snapshot 1234 --branch fix --validate"
+replay: install
+	$(PY) -m kafka_iceberg.cli replay $(ARGS)
 
 clean:
 	-$(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka

@@ -249,7 +249,8 @@ class TableWriter:
         )
         return ranges_df.mapInArrow(reader, RAW_SCHEMA_DDL)
 
-    def execute(self, plan: BatchPlan, commit_id: str, new_gaps: list[dict] | None = None) -> BatchResult:
+    def execute(self, plan: BatchPlan, commit_id: str, new_gaps: list[dict] | None = None,
+                extra_summary: dict[str, str] | None = None) -> BatchResult:
         """Read the planned ranges, write them to an attempt branch and publish it to ``main``.
 
         Bad records (see :mod:`kafka_iceberg.transform`) go to the dead-letter table under
@@ -261,6 +262,8 @@ class TableWriter:
         both snapshots' ``added-records``.
 
         Returns a :class:`BatchResult`; ``committed`` is False when the plan had nothing to do.
+        ``extra_summary``: more snapshot summary properties (string values), such as a replay's
+        ``kafka.replay-of``; the ingest state keys (``kafka.offsets`` ...) win over them.
 
         Raises:
             MalformedRecordError: a bad record under ``bad_records.policy: fail`` (nothing committed).
@@ -328,6 +331,7 @@ class TableWriter:
                 quarantine_kinds=kinds,
                 schema_changes=schema_changes,
             )
+            summary = {**(extra_summary or {}), **summary}
             with _Timer(phases, "write_s"):
                 if n_bad:
                     self._ensure_dead_letter()

@@ -12,6 +12,7 @@ from kafka_iceberg.settings import load_settings
 from kafka_iceberg.spec import load_table_specs
 from lake_assets.analytics import hourly_departure_delay
 from lake_assets.quality import quarantine_check
+from lake_assets.replay import replay_job
 from lake_assets.tables import table_asset, table_checks, topic_asset
 from resources import default_resources
 
@@ -45,7 +46,7 @@ defs = Definitions(
         hourly_departure_delay,
     ],
     asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
-    jobs=[ingest_all],
+    jobs=[ingest_all, replay_job(sqlite_catalog=settings.catalog.is_sqlite)],
     sensors=sensors.all_sensors(specs),
     schedules=schedules.all_schedules(specs, sqlite_catalog=settings.catalog.is_sqlite),
     resources=default_resources(settings),
