@@ -105,11 +105,19 @@ class TableWriter:
         spec: the table declaration.
         kafka: cluster metadata client (watermarks, timestamp lookups, group commits).
         catalog: pyiceberg catalog on the same JDBC database as Spark's.
+        ref: the branch :meth:`execute` publishes to: ``main`` (the table readers see), or
+            another branch such as a replay's rebuild; only ``main`` is mirrored to the
+            consumer group.
+        dead_letters: write quarantined records to the dead-letter table. ``False`` leaves them
+            out and only counts them in the summary (a replay onto a branch, whose records the
+            original ingest already quarantined).
     """
 
-    def __init__(self, spark, settings: Settings, spec: TableSpec, kafka: KafkaMetadata, catalog):
+    def __init__(self, spark, settings: Settings, spec: TableSpec, kafka: KafkaMetadata, catalog,
+                 ref: str = "main", dead_letters: bool = True):
         self.spark, self.settings, self.spec, self.kafka, self.catalog = spark, settings, spec, kafka, catalog
         self.qualified = qualified(settings, spec)
+        self.ref, self.dead_letters = ref, dead_letters
 
     # -- metadata ------------------------------------------------------------------------
     def view(self) -> TableMetadataView:
@@ -320,7 +328,7 @@ class TableWriter:
             max_ts = self._max_timestamps(base_state.max_timestamps, stats)
             summary = ingest_summary(
                 topic=spec.topic,
-                offsets=plan.end_offsets,
+                offsets={**base_state.offsets, **plan.end_offsets},
                 batch={r.partition: (r.start, r.end) for r in plan.ranges},
                 max_timestamps=max_ts,
                 commit_id=commit_id,
@@ -333,7 +341,7 @@ class TableWriter:
             )
             summary = {**(extra_summary or {}), **summary}
             with _Timer(phases, "write_s"):
-                if n_bad:
+                if n_bad and self.dead_letters:
                     self._ensure_dead_letter()
                     dlq_base = self._create_branch(dlq, branch, self._view(dlq).main)
                     dlq_snapshot_id = self._append(dlq, branch, dlq_base, dead_letter_rows(classified, commit_id),
@@ -366,8 +374,9 @@ class TableWriter:
             for ident in (spec.identifier, dlq) if dlq_snapshot_id is not None else (spec.identifier,):
                 self._drop_branch(ident, branch)
 
-        with _Timer(phases, "group_commit_s"):
-            self._sync_group(plan.end_offsets, result)
+        if self.ref == "main":
+            with _Timer(phases, "group_commit_s"):
+                self._sync_group(plan.end_offsets, result)
 
         snap = self.view().snapshots[snapshot_id]
         high = self.kafka.watermarks(spec.topic, sorted(plan.end_offsets))
@@ -569,20 +578,21 @@ class TableWriter:
         return out
 
     def _publish(self, plan: BatchPlan, branch: str, snapshot_id: int) -> None:
-        """Fast-forward ``main`` to the attempt branch (at ``snapshot_id``) if ``main`` is still the
-        planned base. The commit point of the micro-batch.
+        """Fast-forward the target ref (``main``) to the attempt branch (at ``snapshot_id``) if it is
+        still the planned base. The commit point of the micro-batch.
 
-        A transient catalog error is retried only after re-reading ``main``: already at
+        A transient catalog error is retried only after re-reading the ref: already at
         ``snapshot_id`` means the fast-forward landed; still at the base means retry; anything
         else is a conflict."""
+        ref = self.ref
 
         def check() -> int | None:
-            main = self._view(self.spec.identifier).main
-            if main == snapshot_id:
+            head = self._view(self.spec.identifier).refs.get(ref)
+            if head == snapshot_id:
                 return snapshot_id
-            if main != plan.base_snapshot_id:
+            if head != plan.base_snapshot_id:
                 raise CommitConflictError(
-                    f"table {plan.table}: main moved from snapshot {plan.base_snapshot_id} to {main} after this "
+                    f"table {plan.table}: {ref} moved from snapshot {plan.base_snapshot_id} to {head} after this "
                     "micro-batch was planned; another run committed first. Nothing was published; rerun to re-plan."
                 )
             return None
@@ -590,20 +600,20 @@ class TableWriter:
         def fast_forward():
             try:
                 self.spark.sql(
-                    f"CALL {self.settings.catalog.name}.system.fast_forward('{self.spec.identifier}', 'main', '{branch}')")
+                    f"CALL {self.settings.catalog.name}.system.fast_forward('{self.spec.identifier}', '{ref}', '{branch}')")
             except Exception as exc:
                 text = str(exc)
                 if "not an ancestor" in text or "CommitFailedException" in text or "refresh is required" in text:
                     raise CommitConflictError(
-                        f"table {plan.table}: main moved after this micro-batch was planned (Iceberg refused the "
+                        f"table {plan.table}: {ref} moved after this micro-batch was planned (Iceberg refused the "
                         f"fast-forward: {text.splitlines()[0][:300]}). Nothing was published; rerun to re-plan."
                     ) from None
                 raise
 
         check()
-        self._retry(f"publish branch {branch}", fast_forward, before_retry=check)
-        if self._view(self.spec.identifier).main != snapshot_id:
-            raise CommitConflictError(f"table {plan.table}: main is not at snapshot {snapshot_id} after the fast-forward")
+        self._retry(f"publish branch {branch} to {ref}", fast_forward, before_retry=check)
+        if self._view(self.spec.identifier).refs.get(ref) != snapshot_id:
+            raise CommitConflictError(f"table {plan.table}: {ref} is not at snapshot {snapshot_id} after the fast-forward")
 
     def _publish_dead_letter(self, branch: str, snapshot_id: int) -> None:
         """Fast-forward the dead-letter table's ``main`` to ``snapshot_id`` on ``branch`` (after

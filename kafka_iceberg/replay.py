@@ -45,18 +45,15 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from pyspark.sql import functions as F
 
-from kafka_iceberg import faults
-from kafka_iceberg.catalog import load_table, metadata_view, with_catalog_retry
-from kafka_iceberg.errors import CommitConflictError, DataLossError, LakeError, MalformedRecordError, from_task_exception
+from kafka_iceberg.catalog import load_table, metadata_view
+from kafka_iceberg.errors import DataLossError, LakeError
 from kafka_iceberg.kafka_client import KafkaMetadata
 from kafka_iceberg.pipeline import TableWriter
-from kafka_iceberg.planning import BatchPlan, Watermarks, split_ranges
-from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
-from kafka_iceberg.recovery import Attempt, attempt_branch
+from kafka_iceberg.planning import BatchPlan, Watermarks
+from kafka_iceberg.recovery import Attempt
 from kafka_iceberg.settings import Settings
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.state import SnapshotInfo, ancestors, ingest_summary, state_at
-from kafka_iceberg.transform import PROBLEM, classify, table_rows, value_columns
+from kafka_iceberg.state import SnapshotInfo, ancestors, state_at
 
 log = logging.getLogger(__name__)
 
@@ -475,173 +472,30 @@ class _NoGroupCommits:
         return None
 
 
-def _read_raw(spark, settings: Settings, spec: TableSpec, kafka: KafkaMetadata, plan: BatchPlan):
-    """The plan's records as raw rows (:data:`RAW_SCHEMA_DDL`), one Spark task per range piece."""
-    pieces = split_ranges(plan.ranges, settings.max_records_per_task)
-    rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
-    ranges_df = spark.createDataFrame(rows, "topic STRING, partition INT, start BIGINT, end BIGINT")
-    if rows:
-        ranges_df = ranges_df.repartition(len(rows))
-    reader = make_task_reader(kafka.config.client_conf(), spec.identifier, settings.read_timeout_s)
-    return ranges_df.mapInArrow(reader, RAW_SCHEMA_DDL)
-
-
 def _commit_on_branch(spark, settings: Settings, spec: TableSpec, kafka: KafkaMetadata, catalog, *, ref: str,
                       plan: BatchPlan, commit_id: str, extra_summary: Mapping[str, str]) -> tuple[int, int, int]:
     """Write one replay micro-batch of the original table to branch ``ref``, exactly once.
 
-    The write path's attempt protocol, aimed at ``ref`` instead of ``main``: create an attempt
-    branch ``ingest_<ms>_<commit id>`` at the planned ``ref`` head, write the good records and a
-    snapshot whose summary carries the branch's full ingest state, then ``fast_forward`` ``ref``
-    to it (Iceberg refuses unless ``ref`` is still an ancestor) and drop the attempt. A crashed
-    attempt is a dead ``ingest_`` branch, recovered by the table's next micro-batch. Catalog
-    calls are retried on transient errors like the write path's (``LAKE_CATALOG_RETRY_S``).
-
-    Records are classified against the table's current columns (:func:`transform.classify`).
-    Bad records fail the batch under ``bad_records.policy: fail``; under ``quarantine`` they are
-    left out of the branch and counted in its summary (``kafka.read``, ``kafka.quarantined``),
-    but not written to the dead-letter table, which already holds what the original ingestion
-    quarantined over the same offsets (validation shows any record the two treat differently).
+    The write path itself (:meth:`TableWriter.execute`) aimed at ``ref`` instead of ``main``: an
+    attempt branch ``ingest_<ms>_<commit id>`` at the planned ``ref`` head, the good records and a
+    snapshot carrying the branch's full ingest state, then ``fast_forward`` of ``ref`` (refused
+    unless ``ref`` is still an ancestor). A crashed attempt is a dead ``ingest_`` branch that the
+    table's next micro-batch recovers. Bad records fail the batch under ``bad_records.policy:
+    fail``; under ``quarantine`` they are left out and counted in the summary (``kafka.read``,
+    ``kafka.quarantined``), but not written to the dead-letter table, which already holds what the
+    original ingestion quarantined over the same offsets.
 
     Returns:
         (rows written, records left out as bad, the new head snapshot id of ``ref``).
 
     Raises:
         CommitConflictError: ``ref`` moved since the plan (another run replays into it).
-        MalformedRecordError: a bad record under ``bad_records.policy: fail``.
-        DataLossError, ReadTimeoutError, CatalogUnavailableError: as the write path.
-        LakeError: the written snapshot does not hold exactly the good records read.
+        MalformedRecordError, DataLossError, ReadTimeoutError, CatalogUnavailableError, LakeError:
+        as :meth:`TableWriter.execute`.
     """
-    writer = TableWriter(spark, settings, spec, kafka, catalog)
-    table = writer.qualified
-    attempt = attempt_branch(commit_id, int(time.time() * 1000))
-
-    def retry(what, fn, before_retry=None):
-        return with_catalog_retry(f"replay of {spec.identifier}: {what}", fn, settings.catalog_retry_s,
-                                  before_retry=before_retry)
-
-    def head_of(branch):
-        return writer.view().refs.get(branch)
-
-    raw = classified = None
-    try:
-        retry(f"create branch {attempt}", lambda: spark.sql(
-            f"ALTER TABLE {table} CREATE BRANCH `{attempt}` AS OF VERSION {plan.base_snapshot_id}"),
-            before_retry=lambda: head_of(attempt))
-        faults.crash_point("after_branch")
-        raw = _read_raw(spark, settings, spec, kafka, plan).persist()
-        columns = value_columns(retry("read the table schema", lambda: spark.table(table).schema))
-        classified = classify(raw, spec, columns).persist()
-        stats = classified.groupBy("partition").agg(
-            F.count(F.lit(1)).alias("records"), F.count(F.col(PROBLEM)).alias("quarantined"),
-            F.max("offset").alias("max_offset"), F.max("timestamp_ms").alias("max_timestamp_ms"),
-        ).collect()
-        raw.unpersist()
-        faults.crash_point("after_read")
-        planned = {r.partition: r for r in plan.ranges}
-        for row in stats:
-            r = planned.get(row["partition"])
-            if r is None or row["max_offset"] >= r.end or row["records"] > r.size:
-                raise LakeError(f"replay of {spec.identifier}: read {row['records']} records up to offset "
-                                f"{row['max_offset']} of partition {row['partition']}, outside the planned range {r}")
-        read = {row["partition"]: int(row["records"]) for row in stats}
-        bad = {row["partition"]: int(row["quarantined"]) for row in stats if row["quarantined"]}
-        n_bad = sum(bad.values())
-        kinds: dict[str, int] = {}
-        if n_bad:
-            kinds = {r["kind"]: int(r["n"]) for r in classified.where(F.col(PROBLEM).isNotNull())
-                     .groupBy(F.col(f"{PROBLEM}.kind").alias("kind")).agg(F.count(F.lit(1)).alias("n")).collect()}
-            if spec.bad_records.policy == "fail":
-                first = (classified.where(F.col(PROBLEM).isNotNull()).orderBy("partition", "offset")
-                         .select("topic", "partition", "offset", F.col(f"{PROBLEM}.kind").alias("kind"),
-                                 F.col(f"{PROBLEM}.reason").alias("reason")).first())
-                raise MalformedRecordError(spec.identifier, first["topic"], first["partition"], first["offset"],
-                                           f"{first['kind']}: {first['reason']}")
-        rows = sum(read.values()) - n_bad
-        base_state = state_at(writer.view().snapshots, plan.base_snapshot_id)
-        max_ts = dict(base_state.max_timestamps)
-        for row in stats:
-            ts = row["max_timestamp_ms"]
-            if ts is not None and ts >= 0:
-                max_ts[row["partition"]] = max(max_ts.get(row["partition"], ts), ts)
-        summary = ingest_summary(
-            topic=spec.topic,
-            offsets={**base_state.offsets, **plan.end_offsets},
-            batch={r.partition: (r.start, r.end) for r in plan.ranges},
-            max_timestamps=max_ts,
-            commit_id=commit_id,
-            records=rows,
-            accepted_gaps=base_state.accepted_gaps,
-            read={p: read.get(p, 0) for p in sorted(planned)},
-            quarantined=bad,
-            quarantine_kinds=kinds,
-        )
-        summary = {**extra_summary, **summary}
-
-        def append():
-            out = table_rows(classified, spec, columns).writeTo(f"{table}.branch_{attempt}")
-            for key, value in summary.items():
-                out = out.option(f"snapshot-property.{key}", value)
-            out.append()
-
-        def landed():  # an append that failed on a transient error may have committed after all
-            head = head_of(attempt)
-            if head is None:
-                raise LakeError(f"replay of {spec.identifier}: attempt branch {attempt} disappeared during the write")
-            return head if head != plan.base_snapshot_id else None
-
-        retry(f"append to branch {attempt}", append, before_retry=landed)
-        snapshot_id = landed()
-        added = int(writer.view().snapshots[snapshot_id].summary.get("added-records", "0")) if snapshot_id else -1
-        if added != rows:
-            raise LakeError(f"replay of {spec.identifier}: snapshot {snapshot_id} added {added} rows but {rows} good "
-                            "records were read; nothing was published")
-        faults.crash_point("after_write")
-
-        def published():
-            head = head_of(ref)
-            if head == snapshot_id:
-                return snapshot_id
-            if head != plan.base_snapshot_id:
-                raise CommitConflictError(f"replay branch {ref} of {spec.identifier} moved from snapshot "
-                                          f"{plan.base_snapshot_id} to {head} after this micro-batch was planned; "
-                                          "another replay writes it. Nothing was published.")
-            return None
-
-        def fast_forward():
-            try:
-                spark.sql(f"CALL {settings.catalog.name}.system.fast_forward('{spec.identifier}', '{ref}', '{attempt}')")
-            except Exception as exc:
-                if "not an ancestor" in str(exc) or "CommitFailedException" in str(exc):
-                    raise CommitConflictError(f"replay branch {ref} of {spec.identifier} moved after this micro-batch "
-                                              f"was planned: {str(exc).splitlines()[0][:300]}") from None
-                raise
-
-        published()
-        retry(f"fast-forward {ref}", fast_forward, before_retry=published)
-        if head_of(ref) != snapshot_id:
-            raise CommitConflictError(f"replay branch {ref} of {spec.identifier} is not at snapshot {snapshot_id} "
-                                      "after the fast-forward")
-        faults.crash_point("after_publish")
-    except BaseException as exc:
-        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            try:
-                writer.recover(only={attempt})
-            except Exception as cleanup_exc:  # the next micro-batch of the table recovers it
-                log.warning("replay attempt %s on %s not cleaned up: %s", attempt, spec.identifier, cleanup_exc)
-        remote = from_task_exception(exc) if not isinstance(exc, LakeError) else None
-        if remote is not None:
-            raise remote from None
-        raise
-    finally:
-        for frame in (raw, classified):
-            if frame is not None:
-                frame.unpersist()
-    try:
-        retry(f"drop branch {attempt}", lambda: spark.sql(f"ALTER TABLE {table} DROP BRANCH IF EXISTS `{attempt}`"))
-    except Exception as exc:  # published already; the table's next micro-batch drops it
-        log.warning("replay attempt branch %s of %s not dropped (%s)", attempt, spec.identifier, exc)
-    return rows, n_bad, snapshot_id
+    writer = TableWriter(spark, settings, spec, kafka, catalog, ref=ref, dead_letters=False)
+    result = writer.execute(plan, commit_id, extra_summary=dict(extra_summary))
+    return result.records, result.quarantined, result.snapshot_id
 
 
 # -- validation -----------------------------------------------------------------------------
