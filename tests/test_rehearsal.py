@@ -66,3 +66,9 @@ def test_transaction_markers_and_aborted_transactions(rehearsal):
 
 def test_retention_loss_is_reported_and_the_gap_accepted(rehearsal):
     _assert_passed(rehearsal.retention_loss())
+
+
+def test_backfill_from_a_known_offset_into_a_new_table(rehearsal):
+    result = rehearsal.backfill_from_offset()
+    _assert_passed(result)
+    assert result.tally.quarantined > 0 and "valid" in result.notes
