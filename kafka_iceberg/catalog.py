@@ -243,6 +243,17 @@ def table_ddl(settings: Settings, spec: TableSpec) -> str:
     )
 
 
+def _create_table(spark, settings: Settings, identifier: str, ddl: str) -> None:
+    """Run a ``CREATE TABLE IF NOT EXISTS`` after creating the namespace; a concurrent creator winning
+    the race is fine."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{identifier.rsplit('.', 1)[0]}")
+    try:
+        spark.sql(ddl)
+    except Exception as exc:
+        if "already exists" not in str(exc).lower():
+            raise
+
+
 def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
     """Create the namespace and table if missing; check an existing table against its declaration.
 
@@ -250,12 +261,7 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
         ConfigError: the existing table lacks a declared column or has another type for it
             (the Iceberg table schema is the contract; it is never changed silently).
     """
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{spec.namespace}")
-    try:
-        spark.sql(table_ddl(settings, spec))
-    except Exception as exc:  # a concurrent creator won the race
-        if "already exists" not in str(exc).lower():
-            raise
+    _create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
     fields = spark.table(qualified(settings, spec)).schema.fields
     existing = {f.name: f.dataType.simpleString().upper() for f in fields}
     nullable = {f.name: f.nullable for f in fields}
@@ -294,12 +300,7 @@ def ensure_dead_letter_table(spark, settings: Settings, spec: TableSpec) -> None
         ConfigError: a table of that name exists but is not this table's dead-letter table.
     """
     ident = spec.bad_records.dead_letter_identifier
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{ident.rsplit('.', 1)[0]}")
-    try:
-        spark.sql(dead_letter_ddl(settings, spec))
-    except Exception as exc:  # a concurrent creator won the race
-        if "already exists" not in str(exc).lower():
-            raise
+    _create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
     owner = spark.sql(f"SHOW TBLPROPERTIES {settings.catalog.name}.{ident} ('lake.dead-letter-of')").collect()
     value = owner[0]["value"] if owner else None
     if value != spec.identifier:

@@ -263,7 +263,12 @@ class Lake:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``'s whole process group (driver, Spark JVM, Python workers) and wait for it."""
+    """SIGKILL ``proc``'s whole process group (driver, Spark JVM, Python workers) and wait until no
+    member is left.
+
+    Raises:
+        RuntimeError: a member of the group was still alive 30 s later.
+    """
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -276,6 +281,7 @@ def kill_group(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.1)
+    raise RuntimeError(f"process group {proc.pid} did not exit after SIGKILL")
 
 
 # -- reconciliation -------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def replay_job(sqlite_catalog: bool = True):
     """
 
     @op(
-        name="replay",
+        name="replay_and_validate",
         pool=SQLITE_POOL if sqlite_catalog else None,
         out={},
         description="Replay a table's Kafka offset range into a new table or a replay_ branch, then validate it.",

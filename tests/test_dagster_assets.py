@@ -78,3 +78,19 @@ def test_freshness_check_fails_when_the_table_lags_past_its_threshold(settings, 
     assert not evaluation.passed
     assert "10 records of lag" in evaluation.description
     assert evaluation.metadata["lag_records"].value == 10
+
+
+def test_the_code_location_passes_dagster_validation(tmp_path):
+    """What `dagster dev` loads: the whole workspace, validated by Dagster itself (every job,
+    asset, check, sensor and schedule name resolves without conflicts)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parents[1]
+    out = subprocess.run([str(Path(sys.executable).with_name("dagster")), "definitions", "validate", "-w", "workspace.yaml"],
+                         cwd=checkout, env={**os.environ, "DAGSTER_HOME": str(tmp_path)}, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "Validation successful for code location lake_assets.definitions" in out.stdout + out.stderr

@@ -377,7 +377,7 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
     for key, value in {**lake_env, "LAKE_TABLES_FILE": str(tables)}.items():
         monkeypatch.setenv(key, value)
     target = f"test.{unique}_dagster"
-    run_config = {"ops": {"replay": {"config": {"table": unique, "from_offsets": "earliest", "into": target}}}}
+    run_config = {"ops": {"replay_and_validate": {"config": {"table": unique, "from_offsets": "earliest", "into": target}}}}
     job = replay_job(sqlite_catalog=True)
     instance = DagsterInstance.ephemeral()
 

@@ -20,6 +20,7 @@ from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import CommitConflictError, DataLossError, MalformedRecordError, TopicNotFoundError
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.recovery import BRANCH_PREFIX
+from kafka_iceberg.rehearsal import kill_group
 from kafka_iceberg.spec import parse_table_spec
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (
@@ -137,23 +138,6 @@ def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _kill_tree(proc) -> None:
-    """SIGKILL the process group of ``proc`` and wait until no member is left."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"process group {proc.pid} did not exit")
-
-
 @pytest.mark.parametrize("crash_at", ["after_write", "after_publish"])
 def test_killed_attempt_is_recovered_and_commits_exactly_once(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory, crash_at
@@ -165,7 +149,7 @@ def test_killed_attempt_is_recovered_and_commits_exactly_once(
     proc = _run_in_subprocess(settings, raw, crash_at, commit_id=f"crashed-{unique}")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
-    _kill_tree(proc)  # the driver killed itself; make sure its JVM is gone too
+    kill_group(proc)  # the driver killed itself; make sure its JVM is gone too
 
     view = current_view(catalog, spec)
     leftover = [b for b in view.refs if b.startswith(BRANCH_PREFIX)]
@@ -203,7 +187,7 @@ def test_kill_while_writing_leaves_no_orphans(spark, settings, kafka, kafka_conf
         assert proc.poll() is None, "the run finished before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    _kill_tree(proc)
+    kill_group(proc)
 
     result = run(spark, settings, spec, kafka, catalog, is_alive=lambda attempt: False)
     assert result.recovery.dead_attempts, "the killed attempt left its branch"
