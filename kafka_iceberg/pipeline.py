@@ -259,7 +259,8 @@ class TableWriter:
 
     def execute(self, plan: BatchPlan, commit_id: str, new_gaps: list[dict] | None = None,
                 extra_summary: dict[str, str] | None = None) -> BatchResult:
-        """Read the planned ranges, write them to an attempt branch and publish it to ``main``.
+        """Read the planned ranges, write them to an attempt branch and publish it to the target ref
+        (``main`` unless the writer was made for another branch).
 
         Bad records (see :mod:`kafka_iceberg.transform`) go to the dead-letter table under
         ``bad_records.policy: quarantine``: they are written to the same-named branch of the
@@ -285,8 +286,9 @@ class TableWriter:
         result = BatchResult(spec.identifier, commit_id, committed=False, offsets=dict(plan.start_offsets))
         if not plan.needs_commit:
             result.lag_after = plan.lag_after
-            with _Timer(phases, "group_commit_s"):
-                self._sync_group(plan.start_offsets, result, only_if_different=True)
+            if self.ref == "main":
+                with _Timer(phases, "group_commit_s"):
+                    self._sync_group(plan.start_offsets, result, only_if_different=True)
             result.phase_seconds = phases
             return result
         started_ms = int(time.time() * 1000)
