@@ -540,8 +540,9 @@ def part_b(spark, settings: Settings, kafka: KafkaMetadata, catalog, n: int) -> 
     phases = dict(result.phase_seconds)
     other = exec_s - sum(phases.values())
     say(f"execute() phases (s): {fmt_phases(phases)}  other={other:.2f}")
-    say("  (read_s: Kafka -> Spark, persisted and counted; write_s: JSON parse + validate + Parquet + "
-        "branch commit; publish_s: fast-forward main; other: metadata loads and watermarks)")
+    say("  (read_s: Kafka -> Spark, JSON parse and classification against the table schema, persisted and "
+        "counted; write_s: Parquet + branch commit (+ dead-letter rows, if any); publish_s: fast-forward main; "
+        "other: metadata loads and watermarks)")
     snap_summary = catalog.load_table(spec.identifier).current_snapshot().summary
     total_records = int(snap_summary.additional_properties.get("total-records", -1)) if snap_summary else -1
     say(f"check: table total-records {total_records:,} (expected {n:,}): "
