@@ -27,6 +27,13 @@ def _noida() -> str:
     return found
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
     """True when something accepts TCP connections on ``host:port``."""
     try:

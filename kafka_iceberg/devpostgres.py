@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kafka_iceberg.devbroker import free_port
 from kafka_iceberg.errors import CatalogUnavailableError
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -69,7 +63,7 @@ def create(root: Path | None = None) -> PostgresServer:
         raise CatalogUnavailableError("PostgreSQL 15 is not installed: run scripts/install-system-deps.sh (make test does)")
     root = Path(root or tempfile.mkdtemp(prefix="lake-pg-"))
     root.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     server = PostgresServer(root, port, f"postgresql://lake:lakepw@127.0.0.1:{port}/iceberg")
     pwfile = root / "pw"
     pwfile.write_text("lakepw\n")

@@ -781,7 +781,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
     import shutil
-    import socket
 
     base = load_settings()
     home = base.lake_home / "rehearsal"
@@ -789,10 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         devbroker.stop(home / "kafka")
         shutil.rmtree(home)
     home.mkdir(parents=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bootstrap = devbroker.start(home / "kafka", port)
+    bootstrap = devbroker.start(home / "kafka", devbroker.free_port())
     lake = Lake(home, home / "kafka", bootstrap)
     rehearsal = Rehearsal(lake, seed=args.seed)
     results = []

@@ -52,7 +52,7 @@ from kafka_iceberg.pipeline import TableWriter
 from kafka_iceberg.planning import BatchPlan, Watermarks
 from kafka_iceberg.recovery import Attempt
 from kafka_iceberg.settings import Settings
-from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.spec import IDENTIFIER, TableSpec
 from kafka_iceberg.state import SnapshotInfo, ancestors, state_at
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,6 @@ KEY_REPLAY_OF = "kafka.replay-of"
 REPLAY_BRANCH_PREFIX = "replay_"
 """Prefix of replay branches. Recovery only ever drops ``ingest_<ms>_<token>`` attempt branches."""
 
-_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 _BRANCH_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 _PAIR = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -215,7 +214,7 @@ class ReplayRequest:
                 raise ReplayError("a branch rebuild starts at a snapshot of main: give --from-snapshot ID")
         if self.into is not None:
             parts = self.into.split(".")
-            if len(parts) < 2 or not all(_IDENT.match(p) for p in parts):
+            if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
                 raise ReplayError(f"target table {self.into!r} must be namespace.table in lower_snake_case")
         for name in ("max_records_per_partition", "max_batches"):
             value = getattr(self, name)

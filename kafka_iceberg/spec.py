@@ -34,7 +34,8 @@ _SIMPLE_TYPES = {
 }
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _TRANSFORM = re.compile(r"^(identity|years|months|days|hours)\((\w+)\)$|^bucket\((\d+),\s*(\w+)\)$|^truncate\((\d+),\s*(\w+)\)$|^(\w+)$")
-_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+"""A lower_snake_case name: a table name, a column, or one part of ``namespace.table``."""
 
 KAFKA_COLUMNS = {
     # declared name -> (column name in the table, Spark SQL type)
@@ -285,7 +286,7 @@ def _parse_bad_records(raw: dict[str, Any], where: str, identifier: str) -> BadR
         raise ConfigError(f"{where}: bad_records needs 0 <= max_quarantine_rate <= 1 and max_record_bytes > 0")
     dlq = str(raw.get("dead_letter_table") or f"{identifier}_dead_letter")
     parts = dlq.split(".")
-    if len(parts) < 2 or not all(_IDENT.match(p) for p in parts) or dlq == identifier:
+    if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts) or dlq == identifier:
         raise ConfigError(f"{where}: bad_records.dead_letter_table {dlq!r} must be another namespace.table in lower_snake_case")
     return BadRecordPolicy(policy, rate, size, dlq)
 
@@ -293,8 +294,8 @@ def _parse_bad_records(raw: dict[str, Any], where: str, identifier: str) -> BadR
 def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     merged = {**defaults, **raw}
     name = merged.get("name")
-    if not name or not _IDENT.match(str(name)):
-        raise ConfigError(f"table name {name!r} must match {_IDENT.pattern}")
+    if not name or not IDENTIFIER.match(str(name)):
+        raise ConfigError(f"table name {name!r} must match {IDENTIFIER.pattern}")
     where = f"table {name}"
     known = {
         "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
@@ -309,7 +310,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
             raise ConfigError(f"{where}: '{key}' is required")
     identifier = str(merged["identifier"])
     parts = identifier.split(".")
-    if len(parts) < 2 or not all(_IDENT.match(p) for p in parts):
+    if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
         raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
 
     fmt = merged.get("format") or {"type": "json"}
@@ -327,8 +328,8 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         ctype = str(col["type"]).strip().lower()
         if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype):
             raise ConfigError(f"{where}: column {col['name']!r} has unsupported type {ctype!r}; supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
-        if not _IDENT.match(str(col["name"])):
-            raise ConfigError(f"{where}: column name {col['name']!r} must match {_IDENT.pattern}")
+        if not IDENTIFIER.match(str(col["name"])):
+            raise ConfigError(f"{where}: column name {col['name']!r} must match {IDENTIFIER.pattern}")
         columns.append(ColumnSpec(str(col["name"]), ctype, bool(col.get("required", False)), col.get("doc")))
     names = [c.name for c in columns]
     if len(set(names)) != len(names):

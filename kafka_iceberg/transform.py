@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from kafka_iceberg.spec import KAFKA_COLUMNS, TableSpec
+from kafka_iceberg.spec import IDENTIFIER, KAFKA_COLUMNS, TableSpec
 
 _CORRUPT = "_corrupt_record"
 PROBLEM = "_problem"
@@ -199,8 +199,6 @@ def new_fields(spark, raw: DataFrame, columns: list[ValueColumn]) -> list[NewFie
     inference over the values that carry them. Values that are not JSON objects are skipped
     here (they are quarantined as malformed). Returns the fields sorted by name.
     """
-    import re
-
     declared = F.array(*[F.lit(c.name) for c in columns]) if columns else F.array().cast("array<string>")
     keys = raw.select(F.explode(F.array_except(F.json_object_keys(F.col("value").cast("string")), declared)).alias("k"))
     names = sorted(r["k"] for r in keys.distinct().collect())
@@ -212,7 +210,7 @@ def new_fields(spark, raw: DataFrame, columns: list[ValueColumn]) -> list[NewFie
     out = []
     for name in names:
         dtype = types.get(name, T.StringType())
-        if not re.match(r"^[a-z_][a-z0-9_]*$", name):
+        if not IDENTIFIER.match(name):
             out.append(NewField(name, None, "the name is not a lower_snake_case identifier"))
         elif type(dtype) not in _INFERRED:
             out.append(NewField(name, None, f"its values are {dtype.simpleString()}; only primitive fields evolve automatically"))

@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -137,12 +136,6 @@ def print_machine(settings: Settings | None) -> None:
 
 
 # -- Kafka helpers -----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def flights_records(df, start: int, count: int, byte_counter: list[int] | None = None):
     """Rows ``start .. start+count-1`` of the flights frame repeated cyclically, through
     ``demo_data.to_records``; each row's ``rownames`` is its position + 1, so every copy is distinct."""
@@ -690,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         f"work dir {tmp}")
     summary: dict = {}
     try:
-        bootstrap = devbroker.start(broker_dir, free_port())
+        bootstrap = devbroker.start(broker_dir, devbroker.free_port())
         summary["settings"] = bench_settings(tmp / "lake", bootstrap)
         run(args, tmp, summary)
     except Exception as exc:

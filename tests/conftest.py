@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import itertools
 import json
-import socket
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,12 +29,6 @@ from kafka_iceberg.spec import TableSpec
 _names = itertools.count()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def lake_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("lake")
@@ -44,7 +37,7 @@ def lake_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def broker(lake_home):
     data_dir = lake_home / "kafka"
-    bootstrap = devbroker.start(data_dir, _free_port())
+    bootstrap = devbroker.start(data_dir, devbroker.free_port())
     yield bootstrap
     devbroker.stop(data_dir)
 

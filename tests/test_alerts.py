@@ -137,11 +137,9 @@ def test_timeout_returns_false(slack, caplog):
 
 
 def test_unreachable_server_returns_false(caplog):
-    import socket
+    from kafka_iceberg.devbroker import free_port
 
-    with socket.socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port with nothing listening
     sink = AlertSink.from_env({"SLACK_BOT_TOKEN": TOKEN, "SLACK_API_BASE_URL": f"http://127.0.0.1:{port}/api/"})
     with caplog.at_level(logging.ERROR, logger="kafka_iceberg.alerts"):
         assert sink.send(_alert()) is False

@@ -15,7 +15,6 @@ import pytest
 
 from kafka_iceberg import devbroker
 from kafka_iceberg.rehearsal import Lake, Rehearsal, format_table
-from tests.conftest import _free_port
 
 pytestmark = pytest.mark.rehearsal
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.rehearsal
 @pytest.fixture(scope="module")
 def rehearsal():
     home = Path(tempfile.mkdtemp(prefix="lake-rehearsal-"))
-    bootstrap = devbroker.start(home / "kafka", _free_port())
+    bootstrap = devbroker.start(home / "kafka", devbroker.free_port())
     yield Rehearsal(Lake(home, home / "kafka", bootstrap), seed=7)
     devbroker.stop(home / "kafka")
     shutil.rmtree(home, ignore_errors=True)

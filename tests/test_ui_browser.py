@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kafka_iceberg import devbroker
 from kafka_iceberg.demo_data import FLIGHTS, WEATHER, create_topic, load_frame, produce, to_records
 from kafka_iceberg.settings import CHECKOUT
-from tests.conftest import _free_port
 
 CHROMIUM = "/usr/bin/chromium"
 WEATHER_BOUND = 150
@@ -63,7 +63,7 @@ def dagster_ui(tmp_path, broker, kafka_config):
             table["max_records_per_partition"] = WEATHER_BOUND
     tables_file = tmp_path / "tables.yaml"
     tables_file.write_text(yaml.safe_dump(declared, sort_keys=False))
-    port = _free_port()
+    port = devbroker.free_port()
     env = {**os.environ, "LAKE_HOME": str(lake_home), "DAGSTER_HOME": str(dagster_home), "LAKE_TABLES_FILE": str(tables_file),
            "KAFKA_BOOTSTRAP_SERVERS": broker, "SPARK_MASTER": "local[1]", "LAKE_SPARK_DRIVER_MEMORY": "1g",
            "DAGSTER_UI_URL": f"http://127.0.0.1:{port}"}

@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from kafka_iceberg import duck
+from kafka_iceberg.devbroker import free_port
 from kafka_iceberg.catalog import load_table
 from kafka_iceberg.checks import duplicate_free
 from kafka_iceberg.demo_data import produce
@@ -321,9 +322,8 @@ def test_records_deleted_between_plan_and_read_fail_the_run(
 def test_unreachable_broker_is_a_clear_error(unique):
     from kafka_iceberg.errors import BrokerUnavailableError
     from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-    from tests.conftest import _free_port
 
-    dead = KafkaMetadata(KafkaConfig(f"127.0.0.1:{_free_port()}", {}, timeout_s=3))
+    dead = KafkaMetadata(KafkaConfig(f"127.0.0.1:{free_port()}", {}, timeout_s=3))
     t0 = time.monotonic()
     with pytest.raises(BrokerUnavailableError, match="127.0.0.1"):
         dead.watermarks(f"events.{unique}")
