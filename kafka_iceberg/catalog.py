@@ -319,7 +319,13 @@ _TRANSIENT = re.compile(
 
 def is_transient_catalog_error(exc: BaseException) -> bool:
     """True when ``exc`` (from Spark's JdbcCatalog through Py4J, or from pyiceberg/SQLAlchemy)
-    says the catalog database was locked or unreachable, so the operation may succeed later."""
+    says the catalog database was locked or unreachable, so the operation may succeed later.
+
+    False for the error :func:`with_catalog_retry` raises when its budget ran out: a call
+    retried inside another retried call (a metadata load inside a publish check) has already
+    waited, so the outer retry gives up too instead of waiting a second budget."""
+    if getattr(exc, "retries_exhausted", False):
+        return False
     return bool(_TRANSIENT.search(f"{type(exc).__name__}: {exc}"))
 
 
@@ -342,10 +348,12 @@ def with_catalog_retry(what: str, fn, budget_s: float, *, before_retry=None):
     def give_up(exc: BaseException):
         text = str(exc).strip()
         first = text.splitlines()[0][:300] if text else type(exc).__name__
-        return CatalogUnavailableError(
+        err = CatalogUnavailableError(
             f"{what}: the Iceberg catalog stayed unavailable for {budget_s:.0f} s over {attempt} attempt(s); "
             f"last error: {first}"
         )
+        err.retries_exhausted = True
+        return err
 
     def wait(exc: BaseException) -> None:
         nonlocal delay, attempt

@@ -243,3 +243,19 @@ def test_a_locked_sqlite_catalog_is_retried_with_backoff_then_fails_clearly(
     assert sorted(r["id"] for r in table_rows(spark, settings, spec)) == list(range(80))
     view = current_view(catalog, spec)
     assert [r for r in view.refs if r != "main"] == []
+
+
+def test_a_retry_inside_a_retry_does_not_wait_a_second_budget():
+    from kafka_iceberg.catalog import with_catalog_retry
+
+    calls = []
+
+    def locked():
+        calls.append(time.monotonic())
+        raise RuntimeError("[SQLITE_BUSY] The database file is locked (database is locked)")
+
+    t0 = time.monotonic()
+    with pytest.raises(CatalogUnavailableError, match="inner: the Iceberg catalog stayed unavailable for 2 s"):
+        with_catalog_retry("outer", lambda: with_catalog_retry("inner", locked, 2.0), 2.0)
+    assert time.monotonic() - t0 < 3.0, "the outer retry gave up with the inner one"
+    assert len(calls) == 3  # 0 s, +0.5 s, +1.0 s: the next wait would pass the inner budget
