@@ -347,16 +347,16 @@ class TableWriter:
                     self._ensure_dead_letter()
                     dlq_base = self._create_branch(dlq, branch, self._view(dlq).main)
                     dlq_snapshot_id = self._append(dlq, branch, dlq_base, dead_letter_rows(classified, commit_id),
-                                                   {"kafka.commit-id": commit_id, "kafka.dead-letter-of": spec.identifier})
-                    self._reconcile(dlq, dlq_snapshot_id, n_bad, "quarantined")
+                                                   {"kafka.commit-id": commit_id, "kafka.dead-letter-of": spec.identifier},
+                                                   n_bad, "quarantined")
                     summary[KEY_DEAD_LETTER] = json.dumps(
                         {"table": dlq, "snapshot-id": dlq_snapshot_id, "branch": branch}, separators=(",", ":"))
-                snapshot_id = self._append(spec.identifier, branch, branch_base, table_rows(classified, spec, columns), summary)
-                self._reconcile(spec.identifier, snapshot_id, records_read - n_bad, "added")
+                snapshot_id = self._append(spec.identifier, branch, branch_base, table_rows(classified, spec, columns),
+                                           summary, records_read - n_bad, "added")
             faults.crash_point("after_write")
 
             with _Timer(phases, "publish_s"):
-                self._publish(plan, branch, snapshot_id)
+                published = self._publish(plan, branch, snapshot_id)
             faults.crash_point("after_publish")
             if dlq_snapshot_id is not None:
                 with _Timer(phases, "publish_s"):
@@ -380,7 +380,7 @@ class TableWriter:
             with _Timer(phases, "group_commit_s"):
                 self._sync_group(plan.end_offsets, result)
 
-        snap = self.view().snapshots[snapshot_id]
+        snap = published.snapshots[snapshot_id]
         high = self.kafka.watermarks(spec.topic, sorted(plan.end_offsets))
         result.committed = True
         result.records = records_read - n_bad
@@ -429,11 +429,18 @@ class TableWriter:
             raise LakeError(f"table {identifier}: branch {branch} was not created")
         return head
 
-    def _append(self, identifier: str, branch: str, branch_base: int, rows, summary: dict[str, str]) -> int:
+    def _append(self, identifier: str, branch: str, branch_base: int, rows, summary: dict[str, str],
+                expected: int, what: str) -> int:
         """Append ``rows`` to ``branch`` as one snapshot carrying ``summary``; returns its id.
 
         A retry happens only while the branch still points at ``branch_base`` (the append did
-        not land), so the rows are never appended twice."""
+        not land), so the rows are never appended twice. The new snapshot must have added
+        exactly ``expected`` rows (its ``added-records``; ``what`` names them in the error).
+
+        Raises:
+            LakeError: the branch vanished, no snapshot was made, or the batch does not reconcile
+                (nothing is published).
+        """
 
         def append():
             writer = rows.writeTo(f"{self.settings.catalog.name}.{identifier}.branch_{branch}")
@@ -441,27 +448,24 @@ class TableWriter:
                 writer = writer.option(f"snapshot-property.{key}", value)
             writer.append()
 
-        def landed():
-            head = self._view(identifier).refs.get(branch)
+        def landed(view: TableMetadataView | None = None):
+            head = (view or self._view(identifier)).refs.get(branch)
             if head is None:
                 raise LakeError(f"table {identifier}: attempt branch {branch} disappeared during the write")
             return head if head != branch_base else None
 
         self._retry(f"append to {identifier} branch {branch}", append, before_retry=landed)
-        head = landed()
+        view = self._view(identifier)
+        head = landed(view)
         if head is None:
             raise LakeError(f"table {identifier}: the append to branch {branch} made no snapshot")
-        return head
-
-    def _reconcile(self, identifier: str, snapshot_id: int, expected: int, what: str) -> None:
-        """The snapshot added exactly ``expected`` rows (its ``added-records``), or raise LakeError."""
-        snap = self._view(identifier).snapshots[snapshot_id]
-        added = int(snap.summary.get("added-records", "0"))
+        added = int(view.snapshots[head].summary.get("added-records", "0"))
         if added != expected:
             raise LakeError(
-                f"table {self.spec.identifier}: micro-batch does not reconcile: snapshot {snapshot_id} of {identifier} "
+                f"table {self.spec.identifier}: micro-batch does not reconcile: snapshot {head} of {identifier} "
                 f"added {added} rows but {expected} records were {what}; nothing was published"
             )
+        return head
 
     def _first_bad_record(self, classified) -> MalformedRecordError:
         row = (classified.where(F.col(PROBLEM).isNotNull()).orderBy("partition", "offset")
@@ -579,9 +583,10 @@ class TableWriter:
                 out[p] = max(out.get(p, ts), ts)
         return out
 
-    def _publish(self, plan: BatchPlan, branch: str, snapshot_id: int) -> None:
+    def _publish(self, plan: BatchPlan, branch: str, snapshot_id: int) -> TableMetadataView:
         """Fast-forward the target ref (``main``) to the attempt branch (at ``snapshot_id``) if it is
-        still the planned base. The commit point of the micro-batch.
+        still the planned base. The commit point of the micro-batch. Returns the table's metadata
+        as read to confirm the ref is at ``snapshot_id``.
 
         A transient catalog error is retried only after re-reading the ref: already at
         ``snapshot_id`` means the fast-forward landed; still at the base means retry; anything
@@ -614,8 +619,10 @@ class TableWriter:
 
         check()
         self._retry(f"publish branch {branch} to {ref}", fast_forward, before_retry=check)
-        if self._view(self.spec.identifier).refs.get(ref) != snapshot_id:
+        view = self._view(self.spec.identifier)
+        if view.refs.get(ref) != snapshot_id:
             raise CommitConflictError(f"table {plan.table}: {ref} is not at snapshot {snapshot_id} after the fast-forward")
+        return view
 
     def _publish_dead_letter(self, branch: str, snapshot_id: int) -> None:
         """Fast-forward the dead-letter table's ``main`` to ``snapshot_id`` on ``branch`` (after
