@@ -177,3 +177,12 @@ def slack(monkeypatch):
     server.shutdown()
     server.server_close()
     thread.join(5)
+
+
+@pytest.fixture
+def slack_alerts(slack, monkeypatch):
+    """The alert path pointed at the recording server with a token set (``SLACK_BOT_TOKEN``,
+    ``SLACK_API_BASE_URL``), so alerts are posted there; returns the recorder."""
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
+    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
+    return slack

@@ -71,12 +71,10 @@ def _slot_of(record) -> str:
 
 
 def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_exactly_once(
-    spark, settings, lake_env, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+    spark, settings, lake_env, kafka, kafka_config, catalog, unique, topic_factory, slack, slack_alerts, monkeypatch
 ):
     for k, v in lake_env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     topic = topic_factory(unique, partitions=2)
     raw = spec_dict(unique, topic, max_records_per_partition=100, lag={"max_offset_lag": 300, "max_interval": "1h"})
     monkeypatch.setenv("LAKE_TEST_TABLE_JSON", json.dumps(raw))

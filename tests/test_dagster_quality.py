@@ -21,9 +21,7 @@ def _slot(instance, name: str) -> str:
 
 
 def test_quarantine_check_and_schema_alerts_reach_slack(settings, kafka_config, spark, unique, topic_factory,
-                                                        slack, monkeypatch):
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
+                                                        slack, slack_alerts, monkeypatch):
     monkeypatch.setenv("DAGSTER_UI_URL", "http://ui.test")
     topic = topic_factory(unique, partitions=1)
     produce(kafka_config, topic, event_records(range(20)))

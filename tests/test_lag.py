@@ -64,10 +64,8 @@ def _tick(sensor_def, instance, resources, cursor):
 
 
 def test_lag_spike_triggers_exactly_one_run_per_table(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, slack_alerts
 ):
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(100)))
     # two tables on one topic; a micro-batch holds 1000 records per partition, so a spike of 500 fits in one
@@ -126,10 +124,8 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
 
 
 def test_lag_status_change_to_error_posts_one_slack_alert(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, slack_alerts
 ):
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     topic = topic_factory(unique, partitions=1)
     produce(kafka_config, topic, event_records(range(50)))
     spec = make_spec(unique, topic, lag={"max_offset_lag": 10_000, "max_interval": "1h"})

@@ -49,10 +49,8 @@ def _set_retention(kafka_config, topic: str, ms: int) -> None:
 
 
 def test_shrinking_retention_and_data_loss_raise_alerts(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, monkeypatch
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, slack_alerts
 ):
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
-    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     topic = topic_factory(unique, partitions=1)
     two_hours_ago = int(time.time() * 1000) - 2 * HOUR_MS
     produce(kafka_config, topic, event_records(range(100), ts0=two_hours_ago))
