@@ -215,15 +215,20 @@ def _parse_starting_position(value: Any, where: str) -> StartingPosition:
     return StartingPosition("timestamp", int(ts.timestamp() * 1000))
 
 
+def _check_keys(raw: dict[str, Any], known: set[str], what: str) -> None:
+    """Raise ConfigError ``<what> has unknown keys [...]`` for keys of ``raw`` outside ``known``."""
+    extra = set(raw) - known
+    if extra:
+        raise ConfigError(f"{what} has unknown keys {sorted(extra)}")
+
+
 _CRON = re.compile(r"^\S+(\s+\S+){4}$")
 
 
 def _parse_maintenance(raw: dict[str, Any], where: str) -> MaintenancePolicy:
     keys = {"compact", "expire", "remove_orphans", "retain_last", "max_snapshot_age", "orphan_older_than",
             "target_file_size_bytes"}
-    extra = set(raw) - keys
-    if extra:
-        raise ConfigError(f"{where}: maintenance has unknown keys {sorted(extra)}")
+    _check_keys(raw, keys, f"{where}: maintenance")
     d = MaintenancePolicy()
     crons = {k: str(raw.get(k, default)) for k, default in
              (("compact", d.compact_cron), ("expire", d.expire_cron), ("remove_orphans", d.remove_orphans_cron))}
@@ -252,9 +257,7 @@ def _parse_maintenance(raw: dict[str, Any], where: str) -> MaintenancePolicy:
 
 
 def _parse_retention(raw: dict[str, Any], where: str) -> RetentionPolicy:
-    extra = set(raw) - {"warn_headroom", "error_headroom", "warn_ratio", "error_ratio"}
-    if extra:
-        raise ConfigError(f"{where}: retention has unknown keys {sorted(extra)}")
+    _check_keys(raw, {"warn_headroom", "error_headroom", "warn_ratio", "error_ratio"}, f"{where}: retention")
     d = RetentionPolicy()
     try:
         policy = RetentionPolicy(
@@ -271,9 +274,7 @@ def _parse_retention(raw: dict[str, Any], where: str) -> RetentionPolicy:
 
 
 def _parse_bad_records(raw: dict[str, Any], where: str, identifier: str) -> BadRecordPolicy:
-    extra = set(raw) - {"policy", "max_quarantine_rate", "max_record_bytes", "dead_letter_table"}
-    if extra:
-        raise ConfigError(f"{where}: bad_records has unknown keys {sorted(extra)}")
+    _check_keys(raw, {"policy", "max_quarantine_rate", "max_record_bytes", "dead_letter_table"}, f"{where}: bad_records")
     policy = raw.get("policy", "quarantine")
     if policy not in BAD_RECORD_POLICIES:
         raise ConfigError(f"{where}: bad_records.policy must be one of {BAD_RECORD_POLICIES}, got {policy!r}")
@@ -322,9 +323,7 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     for i, col in enumerate(merged["schema"]):
         if not isinstance(col, dict) or "name" not in col or "type" not in col:
             raise ConfigError(f"{where}: schema entry {i} needs 'name' and 'type'")
-        extra = set(col) - {"name", "type", "required", "doc"}
-        if extra:
-            raise ConfigError(f"{where}: schema entry {col['name']!r} has unknown keys {sorted(extra)}")
+        _check_keys(col, {"name", "type", "required", "doc"}, f"{where}: schema entry {col['name']!r}")
         ctype = str(col["type"]).strip().lower()
         if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype):
             raise ConfigError(f"{where}: column {col['name']!r} has unsupported type {ctype!r}; supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
@@ -364,18 +363,14 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
     if bound <= 0:
         raise ConfigError(f"{where}: max_records_per_partition must be positive")
     fresh = merged.get("freshness") or {}
-    extra = set(fresh) - {"max_snapshot_age", "max_valid_through_age"}
-    if extra:
-        raise ConfigError(f"{where}: freshness has unknown keys {sorted(extra)}")
+    _check_keys(fresh, {"max_snapshot_age", "max_valid_through_age"}, f"{where}: freshness")
     vt = fresh.get("max_valid_through_age", fresh.get("max_snapshot_age", "1d"))
     freshness = FreshnessPolicy(
         parse_duration_s(fresh.get("max_snapshot_age", "1d"), f"{where} freshness.max_snapshot_age"),
         None if vt in (None, False, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
     )
     lag_raw = merged.get("lag") or {}
-    extra = set(lag_raw) - {"max_offset_lag", "max_interval", "window", "interval"}
-    if extra:
-        raise ConfigError(f"{where}: lag has unknown keys {sorted(extra)}")
+    _check_keys(lag_raw, {"max_offset_lag", "max_interval", "window", "interval"}, f"{where}: lag")
     try:
         lag = LagPolicy(
             max_offset_lag=int(lag_raw.get("max_offset_lag", LagPolicy.max_offset_lag)),
