@@ -47,7 +47,7 @@ from kafka_iceberg.demo_data import create_topic
 from kafka_iceberg.faults import CRASH_POINTS
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import offset_lag
-from kafka_iceberg.settings import Settings, load_settings
+from kafka_iceberg.settings import CHECKOUT, Settings, load_settings
 from kafka_iceberg.spec import TableSpec, parse_table_spec
 from kafka_iceberg.state import ancestors, overlapping_batches
 
@@ -251,7 +251,7 @@ class Lake:
             [sys.executable, "-m", "kafka_iceberg.rehearsal", "sink", json.dumps(declaration), mode,
              f"rehearsal-{uuid.uuid4().hex[:8]}"],
             env=self.env(**more), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            cwd=str(Path(__file__).resolve().parents[1]),
+            cwd=str(CHECKOUT),
         )
 
     def catch_up(self, declaration: dict, timeout_s: float = 600, **env: str) -> subprocess.CompletedProcess:
@@ -692,12 +692,7 @@ class Rehearsal:
             fut.result(timeout=30)
         gap = {(0, o) for o in range(state.offsets[0], cut)}
         failed = self.lake.catch_up(decl)
-        accept = subprocess.run(
-            [sys.executable, "-m", "kafka_iceberg.cli", "accept-gap", "--table", spec.identifier,
-             "--reason", "rehearsal: retention expired"],
-            env=self.lake.env(LAKE_TABLES_FILE=str(self._tables_file(decl))), capture_output=True, text=True,
-            cwd=str(Path(__file__).resolve().parents[1]),
-        )
+        accept = self._cli(decl, "accept-gap", "--table", spec.identifier, "--reason", "rehearsal: retention expired")
         time.sleep(2)
         traffic.stop()
         checks = {
@@ -730,13 +725,10 @@ class Rehearsal:
         committed = read_state(self.catalog, spec.identifier).offsets
         start = {p: o // 3 for p, o in committed.items()}
         target = f"rehearsal.{decl['name']}_backfill"
-        replay = subprocess.run(
-            [sys.executable, "-m", "kafka_iceberg.cli", "replay", "--table", spec.identifier,
-             "--from", ",".join(f"{p}:{o}" for p, o in sorted(start.items())),
-             "--to", ",".join(f"{p}:{o}" for p, o in sorted(committed.items())), "--into", target, "--validate"],
-            env=self.lake.env(LAKE_TABLES_FILE=str(self._tables_file(decl))), capture_output=True, text=True,
-            cwd=str(Path(__file__).resolve().parents[1]),
-        )
+        replay = self._cli(decl, "replay", "--table", spec.identifier,
+                           "--from", ",".join(f"{p}:{o}" for p, o in sorted(start.items())),
+                           "--to", ",".join(f"{p}:{o}" for p, o in sorted(committed.items())),
+                           "--into", target, "--validate")
         traffic.stop()
         report = json.loads(replay.stdout.strip().splitlines()[-1]) if replay.stdout.strip() else {}
         if replay.returncode != 0:
@@ -754,6 +746,13 @@ class Rehearsal:
                               f"replayed {sorted(start.items())} .. {sorted(committed.items())} into {target}; "
                               f"validation: {_validation_words(report)}",
                               time.monotonic() - t0)
+
+    def _cli(self, decl: dict, *args: str) -> subprocess.CompletedProcess:
+        """Run an operator command (``python -m kafka_iceberg.cli ...``) on this lake, with ``decl`` as
+        the only declared table; returns the finished process (text output)."""
+        return subprocess.run([sys.executable, "-m", "kafka_iceberg.cli", *args],
+                              env=self.lake.env(LAKE_TABLES_FILE=str(self._tables_file(decl))),
+                              capture_output=True, text=True, cwd=str(CHECKOUT))
 
     def _tables_file(self, decl: dict) -> Path:
         import yaml
