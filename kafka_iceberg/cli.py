@@ -36,7 +36,7 @@ from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.pipeline import TableWriter
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.settings import load_settings
-from kafka_iceberg.spec import load_table_specs
+from kafka_iceberg.spec import find_table, load_table_specs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,13 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"table": spec.identifier, "committed": state.offsets, "lag": lag,
                               "accepted_gaps": list(state.accepted_gaps)}))
         return 0
-    matches = [s for s in specs if args.table in (s.name, s.identifier)]
-    if not matches:
-        print(f"unknown table {args.table!r}; declared: {[s.name for s in specs]}", file=sys.stderr)
+    try:
+        spec = find_table(specs, args.table)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
     if args.command == "replay":
-        return _replay(args, settings, matches[0], [s.identifier for s in specs], kafka, catalog)
-    writer = TableWriter(get_spark(settings), settings, matches[0], kafka, catalog)
+        return _replay(args, settings, spec, [s.identifier for s in specs], kafka, catalog)
+    writer = TableWriter(get_spark(settings), settings, spec, kafka, catalog)
     try:
         result = writer.accept_gap(commit_id=f"accept-gap-{uuid.uuid4()}", reason=args.reason)
     except LakeError as exc:

@@ -440,6 +440,18 @@ def load_table_specs(path: Path | str) -> list[TableSpec]:
     return specs
 
 
+def find_table(specs: list[TableSpec], name: str) -> TableSpec:
+    """The declared table whose ``name`` or ``identifier`` is ``name`` (``flights`` or ``nyc.flights``).
+
+    Raises:
+        ConfigError: no declared table has that name or identifier (the message lists them).
+    """
+    for spec in specs:
+        if name in (spec.name, spec.identifier):
+            return spec
+    raise ConfigError(f"unknown table {name!r}; declared: {[s.name for s in specs]}")
+
+
 def parse_table_spec(raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> TableSpec:
     """Validate one table declaration (a ``tables:`` entry, as a dict) merged over ``defaults``.
 

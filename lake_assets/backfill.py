@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
     from kafka_iceberg.planning import offset_lag
     from kafka_iceberg.settings import load_settings
-    from kafka_iceberg.spec import load_table_specs
+    from kafka_iceberg.errors import ConfigError
+    from kafka_iceberg.spec import find_table, load_table_specs
 
     parser = argparse.ArgumentParser(prog="python -m lake_assets.backfill", description=main.__doc__.splitlines()[0])
     parser.add_argument("--table", required=True, help="declared table name or identifier (flights or nyc.flights)")
@@ -241,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load_settings()
     specs = load_table_specs(settings.tables_file)
-    matches = [s for s in specs if args.table in (s.name, s.identifier)]
-    if not matches:
-        print(f"unknown table {args.table!r}; declared: {[s.name for s in specs]}", file=sys.stderr)
+    try:
+        spec = find_table(specs, args.table)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
-    spec = matches[0]
     kafka = KafkaMetadata(KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s))
     state = read_state(load_catalog(settings.catalog), spec.identifier)
     lag = offset_lag(kafka.watermarks(spec.topic), state.offsets)

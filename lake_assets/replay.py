@@ -22,9 +22,10 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from kafka_iceberg.catalog import load_table
+from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.replay import ReplayRequest, ReplayResult, run_replay
-from kafka_iceberg.spec import load_table_specs
+from kafka_iceberg.spec import find_table, load_table_specs
 from lake_assets.tables import IN_PROGRESS, SQLITE_POOL
 from resources import IcebergCatalogResource, KafkaResource, settings_for
 
@@ -116,9 +117,10 @@ def replay_job(sqlite_catalog: bool = True):
         # a generator, so the target's event is recorded even when the run then fails on a mismatch
         settings = settings_for(kafka, catalog)
         specs = load_table_specs(settings.tables_file)
-        matches = [s for s in specs if config.table in (s.name, s.identifier)]
-        if not matches:
-            raise Failure(f"unknown table {config.table!r}; declared: {[s.name for s in specs]}")
+        try:
+            spec = find_table(specs, config.table)
+        except ConfigError as exc:
+            raise Failure(str(exc)) from None
         request = ReplayRequest.from_strings(
             from_offsets=config.from_offsets, from_time=config.from_time, from_snapshot=config.from_snapshot,
             to_offsets=config.to_offsets, to_time=config.to_time, into=config.into, branch=config.branch,
@@ -126,7 +128,7 @@ def replay_job(sqlite_catalog: bool = True):
         )
         pycatalog = catalog.load()
         result = run_replay(
-            pyspark.spark_session, settings, matches[0], request,
+            pyspark.spark_session, settings, spec, request,
             kafka=kafka.metadata(), catalog=pycatalog, commit_id=context.run_id, is_alive=_liveness(context),
             declared=[s.identifier for s in specs], progress=context.log.info,
         )
