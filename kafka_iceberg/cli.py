@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load_settings()
     specs = load_table_specs(settings.tables_file)
-    kafka = KafkaMetadata(KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s))
+    kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
     catalog = load_catalog(settings.catalog)
     if args.command == "status":
         for spec in specs:

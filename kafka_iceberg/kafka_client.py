@@ -36,6 +36,12 @@ class KafkaConfig:
     client_config: Mapping[str, str]
     timeout_s: float = 30.0
 
+    @classmethod
+    def from_settings(cls, settings) -> "KafkaConfig":
+        """The cluster of :class:`kafka_iceberg.settings.Settings` (``KAFKA_BOOTSTRAP_SERVERS``,
+        ``KAFKA_CLIENT_CONFIG``, ``LAKE_KAFKA_TIMEOUT_S``)."""
+        return cls(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s)
+
     def client_conf(self, **extra: object) -> dict[str, object]:
         """A librdkafka configuration dict for a client of this cluster."""
         return {"bootstrap.servers": self.bootstrap_servers, **self.client_config, **extra}

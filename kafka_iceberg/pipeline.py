@@ -670,9 +670,7 @@ def run_micro_batch(
     """
     from kafka_iceberg.catalog import load_catalog
 
-    kafka = kafka or KafkaMetadata(
-        KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s)
-    )
+    kafka = kafka or KafkaMetadata(KafkaConfig.from_settings(settings))
     catalog = catalog or load_catalog(settings.catalog, settings.catalog_retry_s)
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     phases: dict[str, float] = {}

@@ -184,8 +184,7 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
     spark = get_spark(settings)
     n = 0
     try:
-        kafka = KafkaMetadata(KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config,
-                                          settings.kafka_timeout_s))
+        kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
         target = {p: w.high for p, w in kafka.watermarks(spec.topic).items()}
         while True:
             n += 1

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    kafka = KafkaMetadata(KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s))
+    kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
     state = read_state(load_catalog(settings.catalog), spec.identifier)
     lag = offset_lag(kafka.watermarks(spec.topic), state.offsets)
     plan = plan_catch_up(spec, lag, has_state=bool(state.offsets))

@@ -611,7 +611,7 @@ def run(args, tmp: Path, summary: dict) -> None:
     print_machine(settings)
     say(f"dev broker            noida-db on {settings.kafka_bootstrap_servers}, data in {tmp / 'kafka'}")
     say(f"LAKE_HOME             {settings.lake_home} (fresh SQLite catalog {settings.catalog.jdbc_uri})")
-    config = KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s)
+    config = KafkaConfig.from_settings(settings)
     kafka = KafkaMetadata(config)
     df = demo_data.load_frame("flights")
 

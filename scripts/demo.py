@@ -80,7 +80,7 @@ def main() -> int:
         print(f"dev broker (noida-db) on {bootstrap}, data in {settings.broker_data_dir}")
     else:
         print(f"Kafka: {settings.kafka_bootstrap_servers}")
-    config = KafkaConfig(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s)
+    config = KafkaConfig.from_settings(settings)
     for topic in (demo_data.FLIGHTS, demo_data.WEATHER):
         t0 = time.perf_counter()
         produced = demo_data.seed(config, topic)
