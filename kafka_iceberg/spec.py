@@ -97,14 +97,17 @@ class LagPolicy:
 
     ``max_offset_lag`` (records by offset, summed over partitions): trigger at or above it.
     ``max_interval_s``: trigger when any lag is left and the last commit is older than this
-    (the micro-batch cadence). ``window``: samples kept for the Burrow evaluation.
-    ``interval_s``: seconds between sensor evaluations.
+    (the micro-batch cadence). ``grace_s``: how much longer than ``max_interval_s`` a table
+    with lag may go without a commit before it is STOP. ``window``: the commits across which
+    growing lag makes it WARN. ``interval_s``: seconds between sensor evaluations.
+    See :mod:`kafka_iceberg.lag`.
     """
 
     max_offset_lag: int = 10_000
     max_interval_s: float = 900.0
-    window: int = 10
+    window: int = 5
     interval_s: float = 30.0
+    grace_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -370,13 +373,14 @@ def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
         None if vt in (None, False, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
     )
     lag_raw = merged.get("lag") or {}
-    _check_keys(lag_raw, {"max_offset_lag", "max_interval", "window", "interval"}, f"{where}: lag")
+    _check_keys(lag_raw, {"max_offset_lag", "max_interval", "window", "interval", "grace"}, f"{where}: lag")
     try:
         lag = LagPolicy(
             max_offset_lag=int(lag_raw.get("max_offset_lag", LagPolicy.max_offset_lag)),
             max_interval_s=parse_duration_s(lag_raw.get("max_interval", "15m"), f"{where} lag.max_interval"),
             window=int(lag_raw.get("window", LagPolicy.window)),
             interval_s=parse_duration_s(lag_raw.get("interval", "30s"), f"{where} lag.interval"),
+            grace_s=parse_duration_s(lag_raw.get("grace", "5m"), f"{where} lag.grace"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: lag.max_offset_lag and lag.window must be whole numbers") from exc
