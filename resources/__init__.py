@@ -16,6 +16,7 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg.catalog import load_catalog, prepare_spark_environment, spark_conf
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.settings import CatalogSettings, Settings, catalog_from_uri, load_settings
+from resources.slack import LakeSlackResource
 
 
 class KafkaResource(ConfigurableResource):
@@ -79,7 +80,8 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
 
     Keys: ``kafka`` (:class:`KafkaResource`), ``catalog`` (:class:`IcebergCatalogResource`),
     ``pyspark`` (dagster-pyspark's ``PySparkResource`` with the Iceberg runtime jar, the JDBC
-    catalog and ``SPARK_MASTER``, default ``local[*]``).
+    catalog and ``SPARK_MASTER``, default ``local[*]``), ``slack`` (:class:`LakeSlackResource`,
+    token ``EnvVar("SLACK_BOT_TOKEN")``).
     """
     settings = settings or load_settings()
     prepare_spark_environment(settings)
@@ -93,7 +95,8 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
         ),
         "catalog": IcebergCatalogResource(name=catalog.name, uri=uri, warehouse=catalog.warehouse),
         "pyspark": PySparkResource(spark_config=spark_conf(settings)),
+        "slack": LakeSlackResource.from_env(),
     }
 
 
-__all__ = ["IcebergCatalogResource", "KafkaResource", "PySparkResource", "default_resources", "settings_for"]
+__all__ = ["IcebergCatalogResource", "KafkaResource", "LakeSlackResource", "PySparkResource", "default_resources", "settings_for"]

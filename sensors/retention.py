@@ -20,7 +20,7 @@ from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.retention import PartitionRetention, evaluate
 from kafka_iceberg.spec import TableSpec
 from lake_assets.tables import table_key
-from resources import IcebergCatalogResource, KafkaResource
+from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
 
 def retention_metadata(status: str, parts: list[PartitionRetention], retention_ms: int) -> dict:
@@ -70,7 +70,8 @@ def retention_sensor(spec: TableSpec):
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Retention headroom of {spec.identifier} on {spec.topic}: time and share of the log left before unread records are deleted.",
     )
-    def _retention(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
+    def _retention(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource,
+                   slack: LakeSlackResource):
         now_ms = int(time.time() * 1000)
         meta = kafka.metadata()
         committed = read_state(catalog.load(), spec.identifier).offsets
@@ -82,7 +83,7 @@ def retention_sensor(spec: TableSpec):
         status, parts = evaluate(watermarks, committed, retention_ms, oldest, now_ms, spec.retention)
         previous = json.loads(context.cursor)["status"] if context.cursor else "OK"
         if status != previous and status != "OK":
-            alert_retention(spec, status, previous, parts)
+            alert_retention(spec, status, previous, parts, slack.sink())
         context.log.info(f"{spec.identifier}: retention status {status}")
         return SensorResult(
             asset_events=[AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms))],

@@ -330,3 +330,38 @@ def test_sensor_definition():
 @asset(key=["lake", "t", "loadable"])
 def _loadable_asset():
     return 1
+
+
+def test_slack_resource_is_dagster_slack_with_base_url_timeout_and_token_from_env(slack, monkeypatch):
+    from dagster_slack import SlackResource
+
+    from resources import default_resources
+    from resources.slack import LakeSlackResource
+
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
+    monkeypatch.setenv("SLACK_TIMEOUT_S", "0.3")
+    resource = LakeSlackResource.from_env()
+    assert isinstance(resource, SlackResource)
+    # what the UI's Resources page shows: the variable's name, not the token
+    shown = json.loads(resource.get_resource_definition().config_schema.default_value_as_json_str)
+    assert shown["token"] == {"env": "SLACK_BOT_TOKEN"} and TOKEN not in json.dumps(shown)
+    assert shown["base_url"] == slack.base_url and shown["timeout_s"] == 0.3
+    resolved = resource.process_config_and_initialize()
+    assert resolved.get_client().base_url == slack.base_url and resolved.get_client().timeout == 0.3
+    assert resolved.sink().send(_alert()) is True
+    assert slack.requests[0]["path"] == "/api/chat.postMessage" and "nyc.flights" in slack.messages[0]["text"]
+    assert slack.requests[0]["authorization"] == f"Bearer {TOKEN}"
+    slack.delay_s = 5.0
+    assert resolved.sink().send(_alert()) is False, "the timeout bounds a slow Slack"
+    assert isinstance(default_resources()["slack"], LakeSlackResource)
+
+
+def test_slack_resource_without_token_only_logs(slack, monkeypatch, caplog):
+    from resources.slack import LakeSlackResource
+
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    resolved = LakeSlackResource.from_env({"SLACK_API_BASE_URL": slack.base_url}).process_config_and_initialize()
+    with caplog.at_level(logging.WARNING):
+        assert resolved.sink().send(_alert()) is False
+    assert slack.requests == [] and "SLACK_BOT_TOKEN is not set" in caplog.text

@@ -57,7 +57,7 @@ def test_shrinking_retention_and_data_loss_raise_alerts(
     spec = make_spec(unique, topic, max_records_per_partition=20,
                      retention={"warn_headroom": "3h", "error_headroom": "1h", "warn_ratio": 0.99, "error_ratio": 1.0})
     run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)  # [0, 20)
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
+    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog", "slack")}
     instance = DagsterInstance.ephemeral()
     sensor_def = retention_sensor(spec)
 
