@@ -3,8 +3,9 @@
 One micro-batch reads at most ``max_records_per_partition`` (the *bound*) offsets from every
 partition. A table whose largest per-partition offset lag (high watermark minus committed
 offset) is ``L`` records therefore needs ``ceil(L / bound)`` micro-batches to catch up
-(:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many new
-micro-batch slots of the table asset (:data:`lake_assets.tables.MICRO_BATCHES`); the asset's
+(:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many
+micro-batch slots of the table asset (:data:`lake_assets.tables.MICRO_BATCHES`; a ring of
+:data:`RING_SLOTS` keys every table reuses, least recently used first, :func:`next_slots`); the asset's
 ``BackfillPolicy.multi_run(1)`` makes it one run per slot, i.e. one run per micro-batch. It
 shows under *Runs -> Backfills* in the UI like any other backfill.
 
@@ -39,11 +40,10 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dagster import DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
@@ -53,28 +53,67 @@ from lake_assets.tables import IN_PROGRESS, MICRO_BATCHES, table_key
 TABLE_TAG = "lake/table"
 """Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
 
-MAX_BACKFILL_BATCHES = 100
-"""Most micro-batches (runs) one backfill holds. A larger backlog is caught up by a backfill of
-this many, then (the lag sensor sees lag left) by the next one."""
+RING_SLOTS = 50
+"""Micro-batch slots (partition keys of :data:`lake_assets.tables.MICRO_BATCHES`) every table
+reuses, so partitions stay bounded whatever the uptime and the number of tables."""
+
+MAX_BACKFILL_BATCHES = RING_SLOTS
+"""Most micro-batches (runs) one backfill holds: one per ring slot. A larger backlog is caught
+up by a backfill of this many, then (the lag sensor sees lag left) by the next one."""
 
 ACTIVE_BACKFILL_STATUSES = [BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING, BulkActionStatus.FAILING]
 """Backfill statuses during which a backfill may still launch or wait on runs."""
 
 
-def new_slot_keys(count: int, now_ms: int) -> list[str]:
-    """``count`` new micro-batch slot keys, e.g. ``b20261121T075700123Z-000`` … ``-003``.
+def ring_slot_keys() -> list[str]:
+    """The :data:`RING_SLOTS` micro-batch slot keys every table reuses: ``slot-00`` … ``slot-49``."""
+    return [f"slot-{i:02d}" for i in range(RING_SLOTS)]
 
-    A key is ``b`` + the UTC time ``now_ms`` (ms since epoch) as ``YYYYMMDDTHHMMSSmmmZ`` +
-    ``-`` + a 3-digit sequence number, so keys sort by creation time and read as a time in
-    the UI. Keys are names only: what a slot ingests is decided when its run plans.
+
+def choose_slots(materialized: Mapping[str, int], failed: Mapping[str, int], count: int) -> list[str]:
+    """The ``count`` ring slots a table's next micro-batches use, least recently used first.
+
+    ``materialized`` / ``failed``: slot -> an increasing id (event storage id) of the table's
+    latest materialization / failed materialization in that slot. Order: slots whose latest
+    attempt failed (so the next micro-batch supersedes the failure and the asset is not left
+    degraded), then slots never materialized, then the least recently materialized. Pure.
 
     Raises:
-        ValueError: ``count`` < 1 or > 1000.
+        ValueError: ``count`` < 1 or > :data:`RING_SLOTS`.
     """
-    if not 1 <= count <= 1000:
-        raise ValueError(f"slot count must be between 1 and 1000, not {count}")
-    stamp = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return [f"b{stamp}{now_ms % 1000:03d}Z-{i:03d}" for i in range(count)]
+    if not 1 <= count <= RING_SLOTS:
+        raise ValueError(f"slot count must be between 1 and {RING_SLOTS}, not {count}")
+
+    def rank(item: tuple[int, str]) -> tuple[int, int, int]:
+        i, slot = item
+        done, bad = materialized.get(slot), failed.get(slot)
+        if bad is not None and (done is None or bad > done):
+            return (0, bad, i)
+        return (1, -1, i) if done is None else (2, done, i)
+
+    return [slot for _, slot in sorted(enumerate(ring_slot_keys()), key=rank)[:count]]
+
+
+def next_slots(instance: DagsterInstance, spec: TableSpec, count: int) -> list[str]:
+    """:func:`choose_slots` for ``spec``'s table from the instance's event log (its latest
+    materialization and failed materialization per partition)."""
+    key = table_key(spec)
+    done = instance.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_MATERIALIZATION)
+    bad = instance.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_FAILED_TO_MATERIALIZE)
+    return choose_slots(done, bad, count)
+
+
+def new_slot_keys(count: int, now_ms: int) -> list[str]:
+    """``count`` consecutive ring slots starting at second ``now_ms // 1000`` of the ring (for
+    callers without an instance, e.g. the demo); the sensor and the CLI use :func:`next_slots`.
+
+    Raises:
+        ValueError: ``count`` < 1 or > :data:`RING_SLOTS`.
+    """
+    if not 1 <= count <= RING_SLOTS:
+        raise ValueError(f"slot count must be between 1 and {RING_SLOTS}, not {count}")
+    ring, start = ring_slot_keys(), (now_ms // 1000) % RING_SLOTS
+    return [ring[(start + i) % RING_SLOTS] for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -239,8 +278,8 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
         print(f"{spec.identifier}: no lag; nothing to backfill (pass --batches N to add slots anyway)")
         return 0
     batches = plan.batches if batches is None else batches
-    if not 1 <= batches <= 1000:
-        print("lake: bad input: --batches must be between 1 and 1000", file=sys.stderr)
+    if not 1 <= batches <= RING_SLOTS:
+        print(f"lake: bad input: --batches must be between 1 and {RING_SLOTS}", file=sys.stderr)
         return 2
     os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))  # as make demo and make dev
     Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -249,7 +288,7 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
     if busy and not force:
         print(f"lake: bad input: {spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
         return 2
-    keys = new_slot_keys(batches, int(time.time() * 1000))
+    keys = next_slots(instance, spec, batches)
     reason = (f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
               f"bound {plan.bound} per partition")
     backfill_id = submit_backfill(instance, spec, keys, tags={TABLE_TAG: spec.identifier, "lake/trigger": reason,
@@ -294,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "ACTIVE_BACKFILL_STATUSES", "CatchUpPlan", "backfill_command", "wait_for_backfill", "MAX_BACKFILL_BATCHES", "TABLE_TAG", "backfill_run_request",
-    "backfill_subset", "backfill_url", "main", "new_slot_keys", "plan_catch_up", "submit_backfill", "table_in_progress",
+    "RING_SLOTS", "backfill_subset", "backfill_url", "choose_slots", "main", "new_slot_keys", "next_slots",
+    "ring_slot_keys", "plan_catch_up", "submit_backfill", "table_in_progress",
 ]
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ the normal work of the sensor and posts nothing. What it requests depends on the
 largest per-partition lag (:func:`lake_assets.backfill.plan_catch_up`):
 
 - within one micro-batch (backlog <= ``max_records_per_partition``): one run of a micro-batch
-  slot of the table asset;
+  slot of the table asset (the table's least recently used slot of the ring,
+  :func:`lake_assets.backfill.next_slots`; a slot whose last run failed comes first);
 - larger: one asset backfill over ``ceil(backlog / bound)`` slots (at most
   :data:`lake_assets.backfill.MAX_BACKFILL_BATCHES`), one run per micro-batch, shown under
   *Runs -> Backfills*; a backfill posts one WARN naming the backlog.
@@ -47,12 +48,12 @@ from lake_assets.backfill import (
     TABLE_TAG,
     CatchUpPlan,
     backfill_run_request,
-    new_slot_keys,
+    next_slots,
     plan_catch_up,
     table_in_progress,
 )
 from lake_assets.tables import MICRO_BATCHES, table_key
-from resources import IcebergCatalogResource, KafkaResource
+from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
 
 def observation_metadata(evaluation: LagEvaluation, last_commit_ms) -> dict:
@@ -131,22 +132,24 @@ def alert_backfill(
     )
 
 
-def _requests(context, spec: TableSpec, evaluation: LagEvaluation, has_state: bool, reason: str, now_ms: int):
+def _requests(context, spec: TableSpec, evaluation: LagEvaluation, has_state: bool, reason: str, now_ms: int,
+              sink: AlertSink | None = None):
     """The run or backfill request for a trigger, with its new slots; ``([], [], why not)`` when busy."""
     busy = table_in_progress(context.instance, spec)
     if busy:
         return [], [], f"{busy} is still in progress"
     plan = plan_catch_up(spec, evaluation.offset_lag, has_state=has_state)
-    keys = new_slot_keys(plan.batches, now_ms)
+    keys = next_slots(context.instance, spec, plan.batches)
+    new = [k for k in keys if not context.instance.has_dynamic_partition(MICRO_BATCHES.name, k)]
     tags = {TABLE_TAG: spec.identifier, "lake/trigger": reason}
     if plan.needs_backfill:
-        alert_backfill(spec, evaluation, plan, keys)
+        alert_backfill(spec, evaluation, plan, keys, sink)
         run = backfill_run_request(spec, keys, tags)
     else:
         run = RunRequest(run_key=f"{spec.identifier}:{now_ms}", asset_selection=[table_key(spec)],
                          partition_key=keys[0], tags=tags)
     what = f"{reason}: {'backfill of ' if plan.needs_backfill else 'run of '}{len(keys)} micro-batch(es)"
-    return [run], [MICRO_BATCHES.build_add_request(keys)], what
+    return [run], [MICRO_BATCHES.build_add_request(new)] if new else [], what
 
 
 def lag_sensor(spec: TableSpec):
@@ -161,7 +164,8 @@ def lag_sensor(spec: TableSpec):
         description=f"Consumer lag of {spec.identifier} on {spec.topic}: observe, judge over its commits and cadence, "
         "trigger a micro-batch, or a backfill of micro-batches when the backlog exceeds one.",
     )
-    def _lag(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
+    def _lag(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource,
+             slack: LakeSlackResource):
         now_ms = int(time.time() * 1000)
         state = read_state(catalog.load(), spec.identifier)
         last_commit_ms = state.snapshot_timestamp_ms
@@ -172,11 +176,12 @@ def lag_sensor(spec: TableSpec):
             now_ms, committed, {p: w.high for p, w in watermarks.items()}, last_commit_ms,
             failed_attempts(context.instance, spec, last_commit_ms)), rules)
         if evaluation.level_changed:
-            alert_lag_status(spec, evaluation)
+            alert_lag_status(spec, evaluation, slack.sink())
         run_requests, partition_requests, what = [], [], "no"
         reason = should_trigger(spec, evaluation, last_commit_ms, now_ms)
         if reason:
-            run_requests, partition_requests, what = _requests(context, spec, evaluation, bool(state.offsets), reason, now_ms)
+            run_requests, partition_requests, what = _requests(context, spec, evaluation, bool(state.offsets), reason,
+                                                               now_ms, slack.sink())
         context.log.info(
             f"{spec.identifier}: status {evaluation.status} ({evaluation.reason}), offset lag "
             f"{evaluation.total_offset_lag}, time lag {evaluation.max_time_lag_s:.0f} s, trigger: {what}"

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import uuid
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, EventRecordsFilter, RunsFilter, build_sensor_context, instance_for_test
+from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter, RunsFilter, build_sensor_context, instance_for_test
 from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.remote_origin import InProcessCodeLocationOrigin
 from dagster._core.storage.tags import BACKFILL_ID_TAG
@@ -29,7 +30,15 @@ from kafka_iceberg.catalog import read_state
 from kafka_iceberg.demo_data import produce
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.pipeline import run_micro_batch
-from lake_assets.backfill import MAX_BACKFILL_BATCHES, TABLE_TAG, new_slot_keys, plan_catch_up
+from lake_assets.backfill import (
+    MAX_BACKFILL_BATCHES,
+    RING_SLOTS,
+    TABLE_TAG,
+    choose_slots,
+    new_slot_keys,
+    plan_catch_up,
+    ring_slot_keys,
+)
 from lake_assets.tables import MICRO_BATCHES, table_key
 from resources import default_resources
 from sensors.lag import lag_sensor
@@ -43,12 +52,78 @@ SYNC_INSTANCE = {
 }
 
 
-def test_slot_keys_are_fresh_ordered_names():
-    keys = new_slot_keys(3, 1_763_711_820_123)
-    assert keys == ["b20251121T075700123Z-000", "b20251121T075700123Z-001", "b20251121T075700123Z-002"]
-    assert sorted(keys) == keys
+def test_slots_are_a_ring_reused_least_recently_used_first():
+    ring = ring_slot_keys()
+    assert len(ring) == RING_SLOTS == MAX_BACKFILL_BATCHES and ring[0] == "slot-00"
+    assert new_slot_keys(3, (RING_SLOTS - 1) * 1000) == [ring[-1], ring[0], ring[1]], "wraps around"
+    assert choose_slots({}, {}, 2) == ["slot-00", "slot-01"], "never used first, in ring order"
+    used = {slot: i for i, slot in enumerate(ring)}  # every slot materialized, slot-00 longest ago
+    assert choose_slots(used, {}, 1) == ["slot-00"]
+    assert choose_slots(used, {"slot-07": RING_SLOTS + 1}, 2) == ["slot-07", "slot-00"], "a failed slot comes first"
+    assert choose_slots({**used, "slot-07": RING_SLOTS + 2}, {"slot-07": RING_SLOTS + 1}, 1) == ["slot-00"]
     with pytest.raises(ValueError):
-        new_slot_keys(0, 0)
+        choose_slots({}, {}, RING_SLOTS + 1)
+
+
+def test_partitions_stay_bounded_over_500_micro_batches_of_100_tables():
+    """500 micro-batches for each of 100 tables (sensor ticks on a simulated clock, 1 in 20 runs
+    failing): the slots every tick requests, as the sensor chooses them, stay within one ring."""
+    rng = random.Random(14)
+    materialized = {t: {} for t in range(100)}
+    failed = {t: {} for t in range(100)}
+    partitions: set[str] = set()  # what the ticks' AddDynamicPartitionsRequests add
+    seq = 0
+    for _tick in range(500):
+        for t in range(100):
+            (slot,) = choose_slots(materialized[t], failed[t], 1)
+            partitions.add(slot)
+            seq += 1
+            if rng.random() < 0.05:
+                failed[t][slot] = seq
+                continue
+            materialized[t][slot] = seq
+            outstanding = [s for s, f in failed[t].items() if f > materialized[t].get(s, -1)]
+            assert outstanding == [], "a failed micro-batch is superseded by the next successful one"
+    assert len(partitions) == RING_SLOTS == len(set(ring_slot_keys()) | partitions)
+    assert all(len(m) == RING_SLOTS for m in materialized.values()), "each table's own ring, all materialized"
+
+
+def test_next_micro_batch_supersedes_a_failed_one_in_dagster(unique):
+    """Real runs on an ephemeral instance: a failed micro-batch's slot is the next one used, and
+    Dagster's own partition status (what the UI shows) then has no failed partition."""
+    from dagster import asset, materialize
+    from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+
+    from lake_assets.backfill import next_slots
+
+    spec = make_spec(unique, "t.ring")
+    fail = {"now": False}
+
+    @asset(key=table_key(spec), partitions_def=MICRO_BATCHES)
+    def _table():
+        if fail["now"]:
+            raise RuntimeError("simulated broker outage")
+
+    instance = DagsterInstance.ephemeral()
+
+    def run(expect_ok: bool) -> str:
+        (slot,) = next_slots(instance, spec, 1)
+        instance.add_dynamic_partitions(MICRO_BATCHES.name, [slot])
+        result = materialize([_table], instance=instance, partition_key=slot, raise_on_error=False)
+        assert result.success is expect_ok
+        return slot
+
+    first, second = run(True), run(True)
+    fail["now"] = True
+    broken = run(False)
+    assert (first, second, broken) == ("slot-00", "slot-01", "slot-02")
+    status = get_and_update_asset_status_cache_value(instance, table_key(spec), MICRO_BATCHES)
+    assert set(status.deserialize_failed_partition_subsets(MICRO_BATCHES).get_partition_keys()) == {"slot-02"}
+    fail["now"] = False
+    assert run(True) == "slot-02", "the next micro-batch reuses the failed slot"
+    status = get_and_update_asset_status_cache_value(instance, table_key(spec), MICRO_BATCHES)
+    assert list(status.deserialize_failed_partition_subsets(MICRO_BATCHES).get_partition_keys()) == []
+    assert run(True) == "slot-03" and len(instance.get_dynamic_partitions(MICRO_BATCHES.name)) == 4
 
 
 def test_catch_up_plan_counts_micro_batches_by_the_largest_partition_lag():
@@ -116,7 +191,7 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
         assert f"/assets/lake/test/{unique}" in text
 
         # 2. while the backfill is in progress, another tick requests nothing (and posts nothing)
-        resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
+        resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog", "slack")}
         busy_tick = lag_sensor(spec)(build_sensor_context(instance=instance, resources=resources))
         assert busy_tick.run_requests == [] and not busy_tick.dynamic_partitions_requests
         assert len(slack.messages) == 1
