@@ -4,7 +4,9 @@ Thin by design: the asset calls :func:`kafka_iceberg.pipeline.run_micro_batch` a
 its result into materialization metadata; the checks call :mod:`kafka_iceberg.checks`.
 
 Every table asset is partitioned by :data:`MICRO_BATCHES`, a dynamic partitions definition
-shared by all tables. A partition key is a micro-batch *slot*, not an offset range: a run of
+shared by all tables whose keys are a fixed ring of slots (``slot-00`` … ``slot-49``,
+:func:`lake_assets.backfill.ring_slot_keys`) that every table reuses, least recently used
+first, so partitions stay bounded. A partition key is a micro-batch *slot*, not an offset range: a run of
 any slot ingests the table's next bounded micro-batch from its committed offsets (the Kafka
 offsets in the Iceberg snapshot summary decide what is read), so slots run in any order
 commit consecutive offset ranges, re-running an old slot never re-ingests, and a slot that
@@ -16,6 +18,7 @@ run (``BackfillPolicy.multi_run(1)``); see :mod:`lake_assets.backfill`.
 
 import warnings
 from datetime import datetime, timezone
+from pathlib import Path
 
 from dagster import (
     AssetCheckResult,
@@ -27,6 +30,7 @@ from dagster import (
     AssetSpec,
     BetaWarning,
     DagsterRunStatus,
+    Failure,
     MaterializeResult,
     MetadataValue,
     RunsFilter,
@@ -43,7 +47,8 @@ from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
-from resources import IcebergCatalogResource, KafkaResource, settings_for
+from lake_assets.asset_metadata import NOT_RETRYABLE, RETRY_POLICY, column_schema, definition_metadata, freshness_policy
+from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
 
 def _key_part(name: str) -> str:
@@ -112,10 +117,11 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
 
 
 MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
-"""The partitions of every table asset: micro-batch slots (keys from
-:func:`lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
-demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
-can hold every table plus the unpartitioned downstream asset."""
+"""The partitions of every table asset: micro-batch slots, a ring of
+:data:`lake_assets.backfill.RING_SLOTS` keys (added when first used by the lag sensor, the
+backfill command or the demo; a key added by hand in the UI works too). Shared by all tables so
+that one partitioned job (``ingest_all``) can hold every table plus the unpartitioned
+downstream asset; each table reuses the ring, so no table adds keys of its own."""
 
 SQLITE_POOL = "lake_sqlite_catalog"
 """The one concurrency pool of every committing step on a SQLite catalog."""
@@ -127,13 +133,12 @@ def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
     return SQLITE_POOL if sqlite_catalog else f"lake_table_{_key_part(spec.identifier)}"
 
 
-def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
-    """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot).
+def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: Path | None, catalog_name: str):
+    """The ``@asset`` decorator of :func:`table_asset`, with its policies and metadata."""
+    if tables_file is None:
+        from kafka_iceberg.settings import load_settings
 
-    The partition key only names the slot; what is read is decided by the table's committed
-    offsets when the run plans. A run must target exactly one slot (a backfill makes one run
-    per slot); ``sqlite_catalog`` picks the concurrency pool (:func:`table_pool`).
-    """
+        tables_file = load_settings().tables_file
 
     with warnings.catch_warnings():
         # backfill_policy is marked beta in Dagster 1.13; without this filter every process that
@@ -151,28 +156,52 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
                 "consumer_group": spec.consumer_group,
                 "max_records_per_partition": spec.max_records_per_partition,
                 "partition_by": ", ".join(spec.partition_by) or "unpartitioned",
+                **definition_metadata(spec, tables_file, catalog_name),
             },
+            owners=list(spec.owners),
+            tags=dict(spec.tags),
+            freshness_policy=freshness_policy(spec),
+            # micro-batches are safe to retry (the snapshot summary decides what is read)
+            retry_policy=RETRY_POLICY,
             # one materialization of a table at a time (see dagster.yaml: concurrency.pools)
             pool=table_pool(spec, sqlite_catalog),
             partitions_def=MICRO_BATCHES,
             # a backfill over N slots is N runs, one bounded micro-batch each
             backfill_policy=BackfillPolicy.multi_run(1),
         )
+    return decorator
+
+
+def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path | None = None, catalog_name: str = "lake"):
+    """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot).
+
+    The partition key only names the slot; what is read is decided by the table's committed
+    offsets when the run plans. A run must target exactly one slot (a backfill makes one run
+    per slot); ``sqlite_catalog`` picks the concurrency pool (:func:`table_pool`). Owners, tags,
+    a ``FreshnessPolicy``, a ``RetryPolicy``, the column schema, the table name and code
+    references come from the declaration (:mod:`lake_assets.asset_metadata`); ``tables_file``
+    (default: the declarations file of the settings) is what the code references point at.
+    """
+    decorator = _table_asset_decorator(spec, sqlite_catalog, tables_file, catalog_name)
 
     @decorator
     def _materialize(
-        context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource
+        context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
     ) -> MaterializeResult:
         settings = settings_for(kafka, catalog)
-        result = run_micro_batch(
-            pyspark.spark_session,
-            settings,
-            spec,
-            commit_id=context.run_id,
-            kafka=kafka.metadata(),
-            catalog=catalog.load(),
-            is_alive=_dagster_liveness(context),
-        )
+        try:
+            result = run_micro_batch(
+                pyspark.spark_session,
+                settings,
+                spec,
+                commit_id=context.run_id,
+                kafka=kafka.metadata(),
+                catalog=catalog.load(),
+                is_alive=_dagster_liveness(context),
+            )
+        except NOT_RETRYABLE as exc:  # a retry cannot fix these; broker and catalog errors are retried
+            raise Failure(description=str(exc), allow_retries=False) from exc
         if result.recovery.did_anything:
             context.log.warning(f"recovered after dead attempts on {spec.identifier}: {result.recovery}")
         context.log.info(
@@ -180,20 +209,23 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
             f"snapshot {result.snapshot_id}, lag left {result.total_lag}"
         )
         if result.schema_changes:
-            alert_schema_change(spec, result.schema_changes)
+            alert_schema_change(spec, result.schema_changes, slack.sink())
         md = materialization_metadata(result)
         table = load_table(catalog.load(), spec.identifier)
         if table is not None and table.current_snapshot() is not None:
             md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
+        if table is not None:  # the live schema, with columns added by evolution
+            md["dagster/column_schema"] = column_schema(spec, table.schema().fields)
+        md["dagster/table_name"] = MetadataValue.text(qualified(settings, spec))
         return MaterializeResult(metadata=md)
 
     _materialize.__name__ = f"ingest_{spec.name}"
     return _materialize
 
 
-def alert_schema_change(spec: TableSpec, changes: list[dict]) -> bool:
+def alert_schema_change(spec: TableSpec, changes: list[dict], sink: AlertSink | None = None) -> bool:
     """Post a WARN alert that schema evolution added columns (never a silent schema change)."""
-    return AlertSink.from_env().send(Alert(
+    return (sink or AlertSink.from_env()).send(Alert(
         table=spec.identifier,
         asset_key_path=list(table_key(spec).path),
         measure="schema_changes",
@@ -226,19 +258,20 @@ def table_checks(spec: TableSpec) -> list:
 
     @asset_check(asset=table_key(spec), name="duplicate_free", blocking=False,
                  description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.")
-    def _duplicate_free(pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
+    def _duplicate_free(pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
+                        slack: LakeSlackResource) -> AssetCheckResult:
         settings = settings_for(kafka, catalog)
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
         outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table))
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "duplicate_free",
-                       *pick_measure("duplicate_free", outcome.figures), outcome.summary, severity="ERROR")
+                       *pick_measure("duplicate_free", outcome.figures), outcome.summary, sink=slack.sink(), severity="ERROR")
         return check_result(outcome, AssetCheckSeverity.ERROR)
 
     @asset_check(asset=table_key(spec), name="freshness", blocking=False,
                  description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.")
-    def _freshness(kafka: KafkaResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
+    def _freshness(kafka: KafkaResource, catalog: IcebergCatalogResource, slack: LakeSlackResource) -> AssetCheckResult:
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
@@ -250,7 +283,7 @@ def table_checks(spec: TableSpec) -> list:
                 outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc).isoformat()
         outcome.figures["lag_by_partition"] = {str(p): v for p, v in lag.items()}
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "freshness",
-                       *pick_measure("freshness", outcome.figures), outcome.summary, severity="WARN")
+                       *pick_measure("freshness", outcome.figures), outcome.summary, sink=slack.sink(), severity="WARN")
         return check_result(outcome, AssetCheckSeverity.WARN)
 
     _duplicate_free.__name__ = f"{spec.name}_duplicate_free"

@@ -3,7 +3,9 @@
 Each evaluation reads per partition the log start offset, the table's committed offset, the
 high watermark, the topic's ``retention.ms`` and the timestamp of the oldest unread record
 (one fetch per lagging partition), computes headroom and ratio
-(:mod:`kafka_iceberg.retention`), records them as an ``AssetObservation`` on the table, and
+(:mod:`kafka_iceberg.retention`), records them as an ``AssetObservation`` on the table (and the
+topic's watermarks and ``retention.ms`` as one on the topic asset, so the lineage graph shows
+the source's state), and
 posts a Slack alert when the status changes into WARN, ERROR or DATA_LOSS. Data loss also
 makes the table's next micro-batch fail with ``DataLossError``; docs/operations.md says how
 to accept a gap deliberately.
@@ -19,7 +21,8 @@ from kafka_iceberg.catalog import read_state
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.retention import PartitionRetention, evaluate
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import table_key
+from lake_assets.asset_metadata import topic_observation
+from lake_assets.tables import table_key, topic_key
 from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
 
@@ -86,7 +89,8 @@ def retention_sensor(spec: TableSpec):
             alert_retention(spec, status, previous, parts, slack.sink())
         context.log.info(f"{spec.identifier}: retention status {status}")
         return SensorResult(
-            asset_events=[AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms))],
+            asset_events=[AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms)),
+                          topic_observation(topic_key(spec), spec, watermarks, retention_ms)],
             cursor=json.dumps({"status": status}),
         )
 
