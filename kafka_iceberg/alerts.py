@@ -18,12 +18,10 @@ variable               default                       meaning
 ``SLACK_TIMEOUT_S``    ``10``                        seconds one HTTP request may take
 =====================  ============================  =========================================
 
-Why ``slack_sdk`` directly and not ``dagster_slack.SlackResource``: dagster-slack 0.29's
-``SlackResource`` has a single field, ``token``, and its ``get_client()`` returns
-``WebClient(self.token)``, so the API base URL cannot be overridden through it. dagster-slack
-builds on the same ``slack_sdk.WebClient``; this module constructs that client itself with
-``base_url`` and ``timeout``. (dagster-slack must still be installed: it is what brings
-``slack_sdk``.)
+In Dagster, the ``slack`` resource (:class:`resources.slack.LakeSlackResource`, a
+``dagster_slack.SlackResource`` with a base URL and a timeout, token as an ``EnvVar``) builds
+the sink (:meth:`LakeSlackResource.sink`); plain-Python callers use :meth:`AlertSink.from_env`.
+Both post with ``slack_sdk.WebClient`` (what dagster-slack builds on).
 
 Delivery never raises: a Slack error (``SlackApiError``, HTTP 5xx, ``{"ok": false}``),
 a network error (``URLError``) or a timeout is logged and :meth:`AlertSink.send` returns

@@ -25,6 +25,7 @@ from dagster import (
 )
 
 from kafka_iceberg.alerts import Alert, AlertSink, alert_on_check, pick_measure
+from resources.slack import LakeSlackResource
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,8 @@ def make_run_failure_alert_sensor(
 
     Args:
         name: the sensor's name.
-        sink_factory: builds the :class:`AlertSink` at each evaluation (default
-            :meth:`AlertSink.from_env`, so token and URLs are read when the sensor runs).
+        sink_factory: builds the :class:`AlertSink` at each evaluation (default: the ``slack``
+            resource's, :class:`resources.slack.LakeSlackResource`).
         default_status: RUNNING by default, so alerts work without a click in the UI.
 
     Monitors the jobs of its own code location (``ingest_all`` and UI materializations).
@@ -153,8 +154,8 @@ def make_run_failure_alert_sensor(
         description="Posts one Slack alert per failed run (job, run id, failed assets, error, run link). "
         "Without SLACK_BOT_TOKEN the alert is only logged.",
     )
-    def _run_failure_alert(context: RunFailureSensorContext):
-        sink = (sink_factory or AlertSink.from_env)()
+    def _run_failure_alert(context: RunFailureSensorContext, slack: LakeSlackResource):
+        sink = sink_factory() if sink_factory else slack.sink()
         alert = run_failure_alert(context)
         if sink.send(alert):
             context.log.info(f"posted a Slack alert for failed run {alert.run_id} to {sink.channel}")

@@ -204,11 +204,14 @@ def _failure_context(instance, run_id):
     assert run.is_failure
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
     assert len(records) == 1
+    from resources.slack import LakeSlackResource
+
     return build_run_status_sensor_context(
         sensor_name="run_failure_alert_sensor",
         dagster_event=records[0].event_log_entry.dagster_event,
         dagster_instance=instance,
         dagster_run=run,
+        resources={"slack": LakeSlackResource.from_env()},
     ).for_run_failure()
 
 
