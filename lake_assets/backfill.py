@@ -4,7 +4,7 @@ One micro-batch reads at most ``max_records_per_partition`` (the *bound*) offset
 partition. A table whose largest per-partition offset lag (high watermark minus committed
 offset) is ``L`` records therefore needs ``ceil(L / bound)`` micro-batches to catch up
 (:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many new
-micro-batch slots of the table asset (:data:`lake_assets.tables.MICRO_BATCHES`); the asset's
+micro-batch slots of the table asset (:data:`lake_assets.vocabulary.MICRO_BATCHES`); the asset's
 ``BackfillPolicy.multi_run(1)`` makes it one run per slot, i.e. one run per micro-batch. It
 shows under *Runs -> Backfills* in the UI like any other backfill.
 
@@ -41,7 +41,6 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Mapping, Sequence
 
 from dagster import DagsterInstance, RunRequest, RunsFilter
@@ -49,10 +48,7 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import IN_PROGRESS, MICRO_BATCHES, table_key
-
-TABLE_TAG = "lake/table"
-"""Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
+from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
 
 MAX_BACKFILL_BATCHES = 100
 """Most micro-batches (runs) one backfill holds. A larger backlog is caught up by a backfill of
@@ -222,10 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     table is unknown, has no lag and no ``--batches`` was given, or is already being
     materialized (unless ``--force``). With ``--wait`` it polls until the backfill ends (the
     backfill daemon must run) and exits 0 only if it completed successfully. Prints the
-    backfill id and its UI link (``DAGSTER_UI_URL``).
+    backfill id and its UI link (``DAGSTER_UI_URL``, read by :func:`kafka_iceberg.settings.load_settings`).
     """
-    import os
-
     from kafka_iceberg.catalog import load_catalog, read_state
     from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
     from kafka_iceberg.planning import offset_lag
@@ -258,9 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= batches <= 1000:
         print("--batches must be between 1 and 1000", file=sys.stderr)
         return 2
-    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))  # as make demo and make dev
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    instance = DagsterInstance.get()
+    settings.dagster_home.mkdir(parents=True, exist_ok=True)  # DAGSTER_HOME, default $LAKE_HOME/dagster as make dev
+    instance = DagsterInstance.from_config(str(settings.dagster_home))
     busy = table_in_progress(instance, spec)
     if busy and not args.force:
         print(f"{spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
@@ -274,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         title=f"catch up {spec.identifier}: {batches} micro-batches",
         description=reason,
     )
-    ui = os.environ.get("DAGSTER_UI_URL") or "http://127.0.0.1:3000"
+    ui = settings.dagster_ui_url
     print(f"backfill {backfill_id}: {spec.identifier}, {batches} micro-batch runs, slots {keys[0]} .. {keys[-1]}")
     print(f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}")
     if args.wait is None:
