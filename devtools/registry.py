@@ -261,8 +261,12 @@ _ROUTES = [  # (method, pattern, handler(store, match, query, body))
 ]
 
 
-def make_handler(store: Store):
-    """The request handler class serving ``store``."""
+def make_handler(store: Store, basic_auth: str | None = None):
+    """The request handler class serving ``store``; with ``basic_auth`` (``user:password``) every
+    request must carry those HTTP basic credentials (401 otherwise)."""
+    import base64
+
+    expected = "Basic " + base64.b64encode(basic_auth.encode()).decode() if basic_auth else None
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -283,6 +287,9 @@ def make_handler(store: Store):
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             length = int(self.headers.get("Content-Length") or 0)
             try:
+                if expected and self.headers.get("Authorization") != expected:
+                    self.rfile.read(length)
+                    raise RegistryHttpError(401, 401, "Unauthorized")
                 body = json.loads(self.rfile.read(length)) if length else {}
                 path = url.path.rstrip("/") or "/"
                 for verb, pattern, handler in _ROUTES:
@@ -312,16 +319,30 @@ def make_handler(store: Store):
     return Handler
 
 
-def serve(data_dir: Path, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+def serve(data_dir: Path, port: int, host: str = "127.0.0.1", basic_auth: str | None = None) -> ThreadingHTTPServer:
     """A server (not yet serving) on ``host:port`` whose state lives in ``data_dir/registry.json``."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = ThreadingHTTPServer((host, port), make_handler(Store(data_dir / "registry.json")))
+    server = ThreadingHTTPServer((host, port), make_handler(Store(data_dir / "registry.json"), basic_auth))
     server.daemon_threads = True
     return server
 
 
-def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 15.0) -> str:
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 15.0,
+          basic_auth: str | None = None) -> str:
     """Start the stand-in registry as a child process on ``host:port`` (idempotent); returns its URL.
+
+    With ``basic_auth`` (``user:password``) it answers 401 to requests without those credentials.
 
     Its pid is kept in ``data_dir/registry.pid``; its state in ``data_dir/registry.json`` survives
     a restart with the same ``data_dir``.
@@ -329,8 +350,6 @@ def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 15
     Raises:
         RuntimeError: it did not accept connections within ``wait_s`` seconds.
     """
-    from kafka_iceberg.devbroker import port_open  # one place to fix when devbroker moves to devtools/
-
     url = f"http://{host}:{port}"
     data_dir.mkdir(parents=True, exist_ok=True)
     if port_open(host, port):
@@ -338,8 +357,9 @@ def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 15
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     log = open(data_dir / "registry.log", "ab")
+    args = ["--basic-auth", basic_auth] if basic_auth else []
     proc = subprocess.Popen([sys.executable, "-m", "devtools.registry", "--data-dir", str(data_dir),
-                             "--port", str(port), "--host", host], cwd=root, env=env, stdout=log, stderr=log,
+                             "--port", str(port), "--host", host, *args], cwd=root, env=env, stdout=log, stderr=log,
                             start_new_session=True)
     (data_dir / "registry.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + wait_s
@@ -385,8 +405,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--basic-auth", help="user:password every request must carry")
     args = p.parse_args(argv)
-    server = serve(args.data_dir, args.port, args.host)
+    server = serve(args.data_dir, args.port, args.host, args.basic_auth)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever()
     server.server_close()

@@ -117,7 +117,7 @@ class ProtobufDecoder:
         self._cls = GetMessageClass(desc)
         self._read = message_reader(desc)
 
-    def decode(self, payload: bytes) -> dict:
+    def decode_one(self, payload: bytes) -> dict:
         """One message -> dict. Raises ``google.protobuf.message.DecodeError`` on a bad payload."""
         msg = self._cls()
         msg.ParseFromString(payload)

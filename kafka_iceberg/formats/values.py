@@ -117,12 +117,14 @@ def _union(t: pa.DataType, text: bool):
     def conv(v):
         if isinstance(v, tuple):  # fastavro's (record name, record) for a record branch
             v = v[1]
-        for name, mt, mconv in members:
-            if _accepts(mt, v) or (text and isinstance(v, str)):
-                try:
-                    return {name: mconv(v) if mconv else v}
-                except FitError:
-                    continue
+        # first the members whose type the value has; then (JSON) text a member converts
+        for exact in (True, False):
+            for name, mt, mconv in members:
+                if (_accepts(mt, v) if exact else (text and mconv is not None and isinstance(v, str))):
+                    try:
+                        return {name: mconv(v) if mconv else v}
+                    except FitError:
+                        continue
         raise FitError(f"{type(v).__name__} value fits no branch of the union")
     return conv
 
