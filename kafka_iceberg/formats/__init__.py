@@ -13,7 +13,7 @@ The write path calls, per micro-batch:
 New tables: ``table_schema_from_subject(url, subject)``. Type mapping: docs/tables.md#formats.
 """
 
-from kafka_iceberg.formats.decode import Decoded, decode_values
+from kafka_iceberg.formats.decode import Decoded, as_struct_column, decode_values
 from kafka_iceberg.formats.evolution import Change, Evolution, classify
 from kafka_iceberg.formats.resolver import (RegistryUnavailableError, SchemaNotFoundError, WriterSchema,
                                             client_config, resolve, schema_ids, subject_name)
@@ -24,7 +24,7 @@ from kafka_iceberg.formats.wire import BAD_KINDS, BadRecord, frame
 FORMATS = ("avro", "protobuf", "json_schema")
 
 __all__ = [
-    "BAD_KINDS", "BadRecord", "Change", "Decoded", "Evolution", "FORMATS", "RegistryUnavailableError",
+    "BAD_KINDS", "BadRecord", "Change", "as_struct_column", "Decoded", "Evolution", "FORMATS", "RegistryUnavailableError",
     "SchemaNotFoundError", "UnsupportedSchemaError", "WriterSchema", "arrow_schema", "classify", "client_config",
     "decode_values", "frame", "iceberg_schema", "resolve", "schema_ids", "subject_name", "table_schema_from_subject",
 ]

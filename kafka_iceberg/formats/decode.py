@@ -204,3 +204,9 @@ def _required_nulls(arr: pa.Array, typ: pa.DataType, path: str) -> dict[int, str
         for j, p in _required_nulls(flat, inner_field.type, name).items():
             out.setdefault(int(parents[j]), p)
     return out
+
+
+def as_struct_column(rows: pa.Table) -> pa.StructArray:
+    """``rows`` (e.g. decoded keys) as ONE struct column with the same fields and nullability:
+    for ``key_format`` declarations that keep a parsed key as a struct rather than as columns."""
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in rows.columns], fields=list(rows.schema))
