@@ -6,7 +6,7 @@ this small server speaks the subset of the Schema Registry REST API that
 
 - ``POST /subjects/{s}/versions`` (register; the same schema text gets the same id everywhere),
   ``GET /subjects``, ``GET /subjects/{s}/versions``, ``GET /subjects/{s}/versions/{latest|N}``,
-  ``POST /subjects/{s}`` (lookup), ``DELETE /subjects/{s}``
+  ``POST /subjects/{s}`` (lookup)
 - ``GET /schemas/ids/{id}``, ``GET /schemas/types``
 - ``POST /compatibility/subjects/{s}/versions/{latest|N}``
 - ``GET/PUT /config`` and ``GET/PUT /config/{s}``
@@ -35,6 +35,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
+
+from devtools.devbroker import port_open
 
 LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE")
 _JSON = "application/vnd.schemaregistry.v1+json"
@@ -235,23 +237,15 @@ def _get_config(store: Store, subject: str | None, query: dict) -> dict:
     return {"compatibilityLevel": store.level(subject)}
 
 
-def _delete_subject(store: Store, subject: str) -> list[int]:
-    ids = store.versions(subject)
-    del store.data["subjects"][subject]
-    store.save()
-    return list(range(1, len(ids) + 1))
-
-
 _ROUTES = [  # (method, pattern, handler(store, match, query, body))
     ("GET", r"/subjects", lambda s, m, q, b: sorted(s.data["subjects"])),
     ("GET", r"/schemas/types", lambda s, m, q, b: ["AVRO", "PROTOBUF", "JSON"]),
-    ("GET", r"/schemas/ids/(\d+)", lambda s, m, q, b: {k: v for k, v in s.schema(int(m[1])).items()}),
+    ("GET", r"/schemas/ids/(\d+)", lambda s, m, q, b: s.schema(int(m[1]))),
     ("POST", r"/subjects/([^/]+)/versions", lambda s, m, q, b: _register(s, m[1], b)),
     ("GET", r"/subjects/([^/]+)/versions", lambda s, m, q, b: list(range(1, len(s.versions(m[1])) + 1))),
     ("GET", r"/subjects/([^/]+)/versions/([^/]+)",
      lambda s, m, q, b: _registered(s, m[1], *s.version(m[1], m[2]))),
     ("POST", r"/subjects/([^/]+)", lambda s, m, q, b: _lookup(s, m[1], b)),
-    ("DELETE", r"/subjects/([^/]+)", lambda s, m, q, b: _delete_subject(s, m[1])),
     ("POST", r"/compatibility/subjects/([^/]+)/versions/([^/]+)",
      lambda s, m, q, b: _compatibility(s, m[1], m[2], b)),
     ("GET", r"/config", lambda s, m, q, b: _get_config(s, None, q)),
@@ -313,9 +307,6 @@ def make_handler(store: Store, basic_auth: str | None = None):
         def do_PUT(self):
             self._serve("PUT")
 
-        def do_DELETE(self):
-            self._serve("DELETE")
-
     return Handler
 
 
@@ -325,17 +316,6 @@ def serve(data_dir: Path, port: int, host: str = "127.0.0.1", basic_auth: str | 
     server = ThreadingHTTPServer((host, port), make_handler(Store(data_dir / "registry.json"), basic_auth))
     server.daemon_threads = True
     return server
-
-
-def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    """True when something accepts TCP connections on ``host:port``."""
-    import socket
-
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 15.0,

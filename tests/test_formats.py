@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import threading
 import time
 import uuid
@@ -25,7 +24,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from devtools import registry as dev_registry
 from devtools.formats_samples import (AVRO_PLANE, JSON_PLANE, avro_plane, json_payload, protobuf_plane,
                                       protobuf_plane_class, protobuf_schema_str)
-from kafka_iceberg import duck  # the one import to change when duck moves to devtools/
+from devtools import duck
+from devtools.devbroker import free_port
 from kafka_iceberg.formats import (RegistryUnavailableError, arrow_schema, classify, decode_values, frame,
                                    iceberg_schema, resolve, schema_ids, table_schema_from_subject)
 from kafka_iceberg.formats import evolution
@@ -33,16 +33,10 @@ from kafka_iceberg.formats.decode import as_struct_column
 from kafka_iceberg.formats.resolver import WriterSchema
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("registry")
-    url = dev_registry.start(data_dir, _free_port())
+    url = dev_registry.start(data_dir, free_port())
     yield url
     dev_registry.stop(data_dir)
 
@@ -257,7 +251,7 @@ def test_each_kind_of_evolution(registry, sr, unique, tmp_path):
 
 
 def test_registry_unreachable_is_retried_then_a_clear_error(tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     with pytest.raises(RegistryUnavailableError, match=r"unreachable: schema id 7 failed 3 times.*nothing was committed"):
@@ -281,7 +275,7 @@ def test_registry_unreachable_is_retried_then_a_clear_error(tmp_path):
 
 def test_registry_basic_auth_comes_from_the_environment(tmp_path, monkeypatch):
     data_dir = tmp_path / "auth"
-    url = dev_registry.start(data_dir, _free_port(), basic_auth="lake:s3cret")
+    url = dev_registry.start(data_dir, free_port(), basic_auth="lake:s3cret")
     try:
         with pytest.raises(RegistryUnavailableError, match="refused"):
             resolve(url, [1], env={})
@@ -296,7 +290,7 @@ def test_registry_basic_auth_comes_from_the_environment(tmp_path, monkeypatch):
 
 def test_registry_persists_across_restarts_and_checks_compatibility(tmp_path):
     data_dir = tmp_path / "persist"
-    url = dev_registry.start(data_dir, _free_port())
+    url = dev_registry.start(data_dir, free_port())
     c = SchemaRegistryClient({"url": url})
     a = c.register_schema("p-value", Schema(_avro([{"name": "a", "type": "long"}])))
     b = c.register_schema("p-value", Schema(_avro([{"name": "a", "type": "long"},
@@ -306,7 +300,7 @@ def test_registry_persists_across_restarts_and_checks_compatibility(tmp_path):
     c.set_compatibility("p-value", "NONE")
     dev_registry.stop(data_dir)
 
-    url = dev_registry.start(data_dir, _free_port())
+    url = dev_registry.start(data_dir, free_port())
     try:
         c = SchemaRegistryClient({"url": url})
         assert (a, b) == (1, 2) and c.get_versions("p-value") == [1, 2] and c.get_compatibility("p-value") == "NONE"
