@@ -328,3 +328,48 @@ def test_key_parsed_into_columns(broker, topic_factory, unique, registry, sr):
     assert out.rows.to_pylist()[3] == {"tailnum": "N00003", "day": planes[3]["day"]}
     as_struct = as_struct_column(out.rows)  # a key kept as one struct column
     assert as_struct.type == pa.struct(list(arrow_schema(key_table))) and as_struct[3]["tailnum"].as_py() == "N00003"
+
+
+def test_avro_time_types_across_schema_ids_keep_input_order(registry, sr, unique):
+    import datetime as dt
+
+    from kafka_iceberg.formats.avro import AvroDecoder
+
+    ts = {"type": "long", "logicalType": "timestamp-millis"}
+    leg = {"type": "record", "name": "Leg", "fields": [{"name": "at", "type": ts}, {"name": "on", "type": {
+        "type": "int", "logicalType": "date"}}]}
+    v1 = [{"name": "id", "type": "int"}, {"name": "t", "type": ["null", ts], "default": None},
+          {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+          {"name": "tm", "type": {"type": "int", "logicalType": "time-millis"}},
+          {"name": "legs", "type": {"type": "array", "items": leg}}, {"name": "last", "type": ["null", "Leg"]}]
+    v2 = v1 + [{"name": "note", "type": ["null", "string"], "default": None}]
+    subject = f"{unique}-value"
+    s1, s2 = (sr.register_schema(subject, Schema(_avro(v))) for v in (v1, v2))
+    table = table_schema_from_subject(registry, subject)
+    target = arrow_schema(table)
+    assert AvroDecoder(_avro(v1)).raw_type(pa.struct(list(target))) is not None  # the raw-number path is used
+
+    at = dt.datetime(2013, 1, 1, 5, 0, 0, 123000, tzinfo=dt.timezone.utc)
+
+    def rec(i):
+        return {"id": i, "t": None if i == 2 else at + dt.timedelta(hours=i), "local": dt.datetime(2013, 1, 1, i),
+                "tm": dt.time(i, 30), "legs": [{"at": at, "on": dt.date(2013, 1, 1 + i)}],
+                "last": {"at": at, "on": dt.date(2013, 2, 1)} if i % 2 else None}
+
+    ser = {sid: AvroSerializer(sr, _avro(v), conf={"auto.register.schemas": False, "use.latest.version": False})
+           for sid, v in ((s1, v1), (s2, v2))}
+    ctx = SerializationContext(unique, MessageField.VALUE)
+    values = [ser[s1 if i % 2 else s2](rec(i), ctx) for i in range(6)]
+    values.insert(3, frame(s2, b"\x02"))  # undecodable, between the groups
+    out = decode_values(values, resolve(registry, schema_ids(values)), target, "avro")
+    assert out.row_index == [0, 1, 2, 4, 5, 6] and [b.index for b in out.bad] == [3]
+    rows = out.rows.to_pylist()
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert rows[4]["t"] == at + dt.timedelta(hours=4) and rows[2]["t"] is None and rows[1]["tm"] == dt.time(1, 30)
+    assert rows[3]["local"] == dt.datetime(2013, 1, 1, 3) and rows[3]["legs"][0] == {"at": at, "on": dt.date(2013, 1, 4)}
+    assert rows[1]["last"]["on"] == dt.date(2013, 2, 1) and rows[0]["last"] is None
+
+    # a table whose column is not a timestamp: the records do not fit (no raw numbers slip in)
+    wrong = pa.schema([pa.field("id", pa.int32()), pa.field("t", pa.string())])
+    out = decode_values(values[:2], resolve(registry, [s1, s2]), wrong, "avro")
+    assert [b.kind for b in out.bad] == ["schema", "schema"] and len(out.rows) == 0

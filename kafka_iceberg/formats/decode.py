@@ -86,22 +86,24 @@ def _group(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | 
     return groups
 
 
-def _decode_group(dec, fmt: str, values, positions: list[int], out: dict, bad: list[BadRecord]) -> None:
+def _decode_group(dec, fmt: str, values, positions: list[int], raw: bool, bad: list[BadRecord]) -> dict[int, object]:
+    """Position -> decoded value of one group; undecodable records go to ``bad``."""
     if fmt == "protobuf":
         payloads = [values[i][protobuf_indexes(values[i])[1]:] for i in positions]
     else:
         payloads = [values[i][5:] for i in positions]
     if fmt == "avro":
-        decoded = dec.decode_block(payloads)
+        decoded = dec.decode_block(payloads, raw)
         if decoded is not None:
-            out.update(zip(positions, decoded))
-            return
+            return dict(zip(positions, decoded))
+    out = {}
     for i, p in zip(positions, payloads):
         try:
-            out[i] = dec.decode_one(p)
+            out[i] = dec.decode_one(p, raw) if raw else dec.decode_one(p)
         except Exception as e:  # noqa: BLE001 - every library error of a bad payload is a verdict
             bad.append(BadRecord(i, UNDECODABLE, f"undecodable {fmt} payload for schema id "
                                                  f"{schema_id_of(values[i])}: {type(e).__name__}: {e}"))
+    return out
 
 
 def decode_values(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | None],
@@ -116,20 +118,35 @@ def decode_values(values: Sequence[bytes | None], writers: Mapping[int, WriterSc
     """
     bad: list[BadRecord] = []
     groups = _group(values, writers, fmt, bad)
-    decoded: dict[int, object] = {}
+    typ = pa.struct(list(target))
+    parts: list[tuple[pa.StructArray, list[int]]] = []
     for (sid, indexes), positions in groups.items():
         try:
             dec = _decoder(fmt, writers[sid], indexes)
         except Exception as e:  # noqa: BLE001 - a schema the decoder cannot build
             bad.extend(BadRecord(i, UNDECODABLE, f"schema id {sid} cannot be used to decode: {e}") for i in positions)
             continue
-        _decode_group(dec, fmt, values, positions, decoded, bad)
-    order = sorted(decoded)
-    rows, index = _to_arrow([decoded[i] for i in order], order, pa.struct(list(target)), fmt, bad)
+        raw = dec.raw_type(typ) if fmt == "avro" else None
+        decoded = _decode_group(dec, fmt, values, positions, raw is not None, bad)
+        order = sorted(decoded)
+        arr, index = _to_arrow([decoded[i] for i in order], order, raw or typ, fmt, bad)
+        parts.append((arr.cast(typ) if raw is not None else arr, index))
+    rows, index = _merge(parts, typ)
     bad.sort(key=lambda b: b.index)
     counts = Counter(sid for (sid, _), pos in groups.items() for _ in pos)
     return Decoded(pa.Table.from_struct_array(rows) if len(rows) else target.empty_table(), index, bad,
                    dict(counts))
+
+
+def _merge(parts: list[tuple[pa.StructArray, list[int]]], typ: pa.StructType) -> tuple[pa.StructArray, list[int]]:
+    """The groups' rows as one array in input order."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return pa.array([], type=typ), []
+    index = [i for _, idx in parts for i in idx]
+    order = np.argsort(np.array(index, dtype=np.int64), kind="stable")
+    return pa.concat_arrays([a for a, _ in parts]).take(pa.array(order)), [index[k] for k in order]
 
 
 def _convert(items: list, positions: list[int], conv, bad: list[BadRecord]) -> tuple[list, list[int]]:
