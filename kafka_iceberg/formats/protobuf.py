@@ -59,7 +59,6 @@ def message_descriptor(schema_str: str, indexes: tuple[int, ...] = (0,)):
 
 
 def _scalar_reader(f):
-    name = f.name
     if f.enum_type is not None:
         values = f.enum_type.values_by_number
         return lambda v: values[v].name if v in values else str(v)

@@ -139,7 +139,7 @@ def _struct(t: pa.StructType, text: bool):
             v = v[1]
         if not isinstance(v, dict):
             raise FitError(f"{type(v).__name__} is not a record")
-        out = dict(v)
+        out = v  # decoded values are fresh per record: converted in place
         for name, c in convs:
             x = out.get(name)
             if x is not None:
