@@ -1,0 +1,1 @@
+"""Development tooling (dev broker, dev databases, change sources, demo data): not installed with the product."""
