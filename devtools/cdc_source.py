@@ -17,7 +17,6 @@ The project never writes its own capture: Debezium is the tool users run in prod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -27,8 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka_iceberg import devpostgres  # the one import of the dev PostgreSQL helper (moves to devtools/)
-from kafka_iceberg.devbroker import free_port
+from devtools import devpostgres
 
 DATABASE = "source"
 USER, PASSWORD = "lake", "lakepw"

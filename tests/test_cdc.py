@@ -15,7 +15,8 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from kafka_iceberg import cdc, duck
+from devtools import duck
+from kafka_iceberg import cdc
 from kafka_iceberg.cdc import DELETE, PROBLEM, Column
 from kafka_iceberg.catalog import load_table
 from kafka_iceberg.reader import RAW_SCHEMA_DDL
@@ -302,7 +303,7 @@ def compare_with_postgres(settings, db, fqn: str) -> tuple[int, int, int]:
 @pytest.mark.parametrize("schemas", [False, True])
 def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kafka_config, tmp_path, source_db, unique, schemas):
     from devtools import cdc_source
-    from kafka_iceberg.demo_data import create_topic
+    from devtools.demo_data import create_topic
 
     db, topic, slot = source_db, f"cdc.{unique}", f"slot_{unique}"
     cdc_source.run_sql(db, "DROP TABLE IF EXISTS planes")

@@ -194,7 +194,7 @@ def test_catalog_uri_spellings():
 
 
 def test_demo_records_carry_event_time_in_ms_since_epoch():
-    from kafka_iceberg.demo_data import load_frame, to_records
+    from devtools.demo_data import load_frame, to_records
 
     weather = load_frame("weather").head(3)
     records = list(to_records("weather", weather))

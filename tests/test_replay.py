@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
+from devtools.demo_data import produce
 from kafka_iceberg import faults
 from kafka_iceberg.catalog import load_table
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import DataLossError
 from kafka_iceberg.pipeline import TableWriter, run_micro_batch
 from kafka_iceberg.recovery import BRANCH_PREFIX

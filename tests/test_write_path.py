@@ -13,15 +13,15 @@ import uuid
 
 import pytest
 
-from kafka_iceberg import duck
-from kafka_iceberg.devbroker import free_port
+from devtools import duck
+from devtools.devbroker import free_port
+from devtools.demo_data import produce
+from devtools.rehearsal import kill_group
 from kafka_iceberg.catalog import load_table
 from kafka_iceberg.checks import duplicate_free
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import CommitConflictError, DataLossError, MalformedRecordError, TopicNotFoundError
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.recovery import BRANCH_PREFIX
-from kafka_iceberg.rehearsal import kill_group
 from kafka_iceberg.spec import parse_table_spec
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (

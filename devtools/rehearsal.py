@@ -5,7 +5,7 @@ Run by ``make rehearse`` (``scripts/rehearse.py``, full size) and by the tests m
 ``rehearsal`` (a smaller size, part of ``make test``). Each scenario gets its own topic and
 table on a broker and catalog of its own, so faults never touch anything else.
 
-The sink is a separate process (``python -m kafka_iceberg.rehearsal sink ...``) running micro-batches
+The sink is a separate process (``python -m devtools.rehearsal sink ...``) running micro-batches
 of one table with its own Spark, exactly like a materialization: it can be SIGKILLed as a
 process group (driver, JVM and Python workers at once), stopped, and restarted.
 
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kafka_iceberg import devbroker, duck
+from devtools import devbroker, duck
+from devtools.demo_data import create_topic
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
 from kafka_iceberg.checks import freshness
-from kafka_iceberg.demo_data import create_topic
 from kafka_iceberg.faults import CRASH_POINTS
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import offset_lag
@@ -247,7 +247,7 @@ class Lake:
         if crash_at:
             more["LAKE_CRASH_AT"] = crash_at
         return subprocess.Popen(
-            [sys.executable, "-m", "kafka_iceberg.rehearsal", "sink", json.dumps(declaration), mode,
+            [sys.executable, "-m", "devtools.rehearsal", "sink", json.dumps(declaration), mode,
              f"rehearsal-{uuid.uuid4().hex[:8]}"],
             env=self.env(**more), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             cwd=str(CHECKOUT),
@@ -597,10 +597,10 @@ class Rehearsal:
         return ScenarioResult("catalog locked (SQLite)", 2, tally, checks, "", time.monotonic() - t0)
 
     def postgres_outage(self, down_s: float = 8.0, long_s: float = 30.0, rate: float = 150.0) -> ScenarioResult:
-        """The same lake on a PostgreSQL catalog (a private server from :mod:`kafka_iceberg.devpostgres`),
+        """The same lake on a PostgreSQL catalog (a private server from :mod:`devtools.devpostgres`),
         stopped mid-run: down shorter than the retry budget, the run reconnects and commits; down
         longer, it fails with CatalogUnavailableError and publishes nothing; the next run catches up."""
-        from kafka_iceberg import devpostgres
+        from devtools import devpostgres
 
         t0 = time.monotonic()
         server = devpostgres.create(Path(tempfile.mkdtemp(prefix="lake-rehearsal-pg-")))
@@ -766,9 +766,9 @@ SCENARIOS = ("kills", "sink_outage", "broker_outage", "catalog_lock", "postgres_
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kafka_iceberg.rehearsal [--kills N] [--only a,b] [--seed S]``: run the rehearsal on a
+    """``python -m devtools.rehearsal [--kills N] [--only a,b] [--seed S]``: run the rehearsal on a
     fresh lake under ``$LAKE_HOME/rehearsal`` with a broker of its own; print the table; exit 1 on
-    any failure. ``python -m kafka_iceberg.rehearsal sink DECLARATION MODE COMMIT_PREFIX`` is the
+    any failure. ``python -m devtools.rehearsal sink DECLARATION MODE COMMIT_PREFIX`` is the
     sink process."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sink":

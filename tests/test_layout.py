@@ -1,0 +1,40 @@
+"""The product/dev-tooling boundary: the packages pyproject installs never import ``devtools``
+(the dev broker, dev PostgreSQL, demo data, DuckDB reader and rehearsal), and ``devtools`` is
+not among the installed packages."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("kafka_iceberg", "lake_assets", "sensors", "schedules", "resources")
+DEV_ONLY = {"devtools", "scripts", "tests"}
+
+
+def _imported_top_levels(path: Path) -> set[str]:
+    """Top-level package names imported anywhere in ``path`` (module-level or inside functions)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_product_packages_never_import_dev_tooling():
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_imported_top_levels(path) & DEV_ONLY)
+        for package in PRODUCT
+        for path in (ROOT / package).rglob("*.py")
+        if _imported_top_levels(path) & DEV_ONLY
+    }
+    assert offenders == {}
+
+
+def test_devtools_is_not_installed_with_the_product():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["setuptools"]["packages"]
+    assert set(packages) == set(PRODUCT)
