@@ -192,7 +192,7 @@ def test_batch_of_only_tombstones_still_records_offsets(spark, settings, unique)
     assert rows(spark, fqn) == {"N1": (2000, 1, None)}
 
 
-def test_merge_into_branch_leaves_main_alone(spark, settings, unique):
+def test_merge_into_branch_leaves_main_alone_and_a_rerun_converges(spark, settings, unique):
     fqn = make_table(spark, settings, f"planes_{unique}")
     apply_batch(spark, fqn, raw_df(spark, [(0, 0, b'{"tailnum":"N1"}', envelope("c", None, plane("N1", 1), 1))]), name="b1")
     main = cdc.branch_head(spark, fqn, "main")
@@ -204,6 +204,15 @@ def test_merge_into_branch_leaves_main_alone(spark, settings, unique):
     assert cdc.branch_head(spark, fqn, "main") == main and sid != main
     assert rows(spark, fqn) == {"N1": (2000, 1, None)}
     assert spark.sql(f"SELECT seats FROM {fqn}.branch_b2").first()[0] == 2
+    # a retried merge (its first outcome unknown) on the same branch gives the same rows
+    again = cdc.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})
+    assert again != sid and json.loads(snapshot_summary(spark, fqn, again)[OFFSETS_KEY]) == {"0": 2}
+    assert [tuple(r) for r in spark.sql(f"SELECT tailnum, seats FROM {fqn}.branch_b2").collect()] == [("N1", 2)]
+    # a crash before the fast-forward: the branch is dropped unpublished, the rerun converges
+    spark.sql(f"ALTER TABLE {fqn} DROP BRANCH `b2`")
+    assert cdc.branch_head(spark, fqn, "main") == main and rows(spark, fqn) == {"N1": (2000, 1, None)}
+    apply_batch(spark, fqn, raw, name="b3")
+    assert rows(spark, fqn) == {"N1": (2000, 2, None)}
 
 
 def test_prepare_table_refuses_a_nullable_key(spark, settings, unique):
@@ -341,3 +350,13 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
     table = load_table(cdc_catalog(settings), fqn.split(".", 1)[1])
     assert table.scan().to_arrow().num_rows == total  # pyiceberg reads it: no equality deletes
     assert {r[0] for r in spark.sql(f"SELECT content FROM {fqn}.delete_files").collect()} == {1}
+
+
+def test_upsert_declaration_is_validated():
+    assert cdc.upsert_spec("t", "append", None, None, COLUMNS) is None
+    assert cdc.upsert_spec("t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(("tailnum",), "debezium")
+    for mode, key, kind, match in [("merge", None, None, "not append or upsert"), ("append", ["tailnum"], None, "need mode: upsert"),
+                                   ("upsert", ["tailnum"], "maxwell", "needs cdc"), ("upsert", [], "none", "needs 'key'"),
+                                   ("upsert", ["seats"], "none", r"not: \['seats'\]")]:
+        with pytest.raises(cdc.ConfigError, match=match):
+            cdc.upsert_spec("t", mode, key, kind, COLUMNS)
