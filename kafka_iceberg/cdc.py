@@ -154,7 +154,7 @@ def _misfit_reason(columns) -> str:
     misfits = ", ".join(
         f"CASE WHEN m[{_lit(c.name)}] IS NOT NULL AND try_cast(m[{_lit(c.name)}] AS {c.type}) IS NULL "
         f"THEN concat({_lit(c.name + ' is ')}, substr(m[{_lit(c.name)}], 1, 60), {_lit(', not ' + c.type)}) END"
-        for c in columns if c.type != "string"
+        for c in columns if c.type != "string" and c.type not in _TEMPORAL
     )
     fallback = "'a field does not fit its column type'"
     if not misfits:
@@ -174,10 +174,15 @@ def _problem_sql(cdc: str, columns, key: list[str], reject_unknown: bool) -> str
         + _problem("malformed", "concat('the value is not a JSON object: ', substr(CAST(value AS STRING), 1, 200))"),
         "WHEN _op IS NULL OR _op NOT IN ('c', 'r', 'u', 'd') THEN "
         + _problem("unknown_op", "concat('unknown change op ', coalesce(_op, 'null'), ' (expected c, r, u or d)')"),
-        "WHEN _rowtext IS NULL OR _r IS NULL THEN "
+        "WHEN _rowtext IS NULL THEN "
         + _problem("malformed", "concat('op ', _op, ' has no row (', CASE WHEN _op = 'd' THEN 'before' ELSE 'after' END, ')')"),
         missing_key,
         "WHEN _op = 'd' THEN NULL",
+    ]
+    cases += [f"WHEN _rt.{_q(c.name)} IS NOT NULL AND _r.{_q(c.name)} IS NULL THEN "
+              + _problem("schema", f"concat({_lit(c.name + ' is ')}, substr(_rt.{_q(c.name)}, 1, 60), {_lit(', not ' + c.type)})")
+              for c in columns if c.type in _TEMPORAL]
+    cases += [
         "WHEN _r._corrupt IS NOT NULL THEN "
         + _problem("schema", f"concat('the row does not fit the table: ', {_misfit_reason(columns)})"),
     ]
@@ -190,6 +195,26 @@ def _problem_sql(cdc: str, columns, key: list[str], reject_unknown: bool) -> str
         cases.append(f"WHEN size({unknown}) > 0 THEN "
                      + _problem("unknown_field", f"concat('fields not in the table: ', array_join({unknown}, ', '))"))
     return "CASE " + " ".join(cases) + " ELSE NULL END"
+
+
+_TEMPORAL = {
+    # Debezium with time.precision.mode=connect: timestamp = ms since epoch, date = days since epoch
+    "timestamp": "CASE WHEN {v} RLIKE '^-?[0-9]+$' THEN timestamp_millis(CAST({v} AS BIGINT)) ELSE try_cast({v} AS TIMESTAMP) END",
+    "date": "CASE WHEN {v} RLIKE '^-?[0-9]+$' THEN date_add(DATE'1970-01-01', CAST({v} AS INT)) ELSE try_cast({v} AS DATE) END",
+}
+
+
+def _typed_row(columns, kafka_key: list[str]) -> str:
+    """SQL building ``_r`` from ``_rt`` (temporal columns still text): temporal columns converted,
+    the columns in ``kafka_key`` taken from the Kafka key ``_k``, ``_corrupt`` kept."""
+    def value(c) -> str:
+        if c.name in kafka_key:
+            return f"_k.{_q(c.name)}"
+        if c.type in _TEMPORAL:
+            return _TEMPORAL[c.type].format(v=f"_rt.{_q(c.name)}")
+        return f"_rt.{_q(c.name)}"
+
+    return "named_struct(" + ", ".join(f"{_lit(c.name)}, {value(c)}" for c in columns) + ", '_corrupt', _rt._corrupt)"
 
 
 def parse_changes(raw: DataFrame, columns, key: list[str], cdc: str, reject_unknown: bool = True) -> DataFrame:
@@ -209,16 +234,13 @@ def parse_changes(raw: DataFrame, columns, key: list[str], cdc: str, reject_unkn
     if not key or missing:
         raise ConfigError(f"key column(s) {missing or '(none)'} are not columns of the table")
     df = _envelope(raw, cdc, columns, key)
-    schema = _struct_ddl(columns, (("_corrupt", "string"),))
-    df = df.withColumn("_r", F.from_json("_rowtext", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}))
-    if cdc == "none":  # the Kafka key is the key; a tombstone has no row, only a key
-        df = df.withColumn("_r", F.expr("CASE WHEN _k IS NULL THEN _r ELSE named_struct("
-                                        + ", ".join(f"{_lit(c.name)}, " + (f"_k.{_q(c.name)}" if c.name in key else f"_r.{_q(c.name)}")
-                                                    for c in columns) + ", '_corrupt', _r._corrupt) END"))
+    schema = _struct_ddl([Column(c.name, "string" if c.type in _TEMPORAL else c.type) for c in columns], (("_corrupt", "string"),))
+    df = df.withColumn("_rt", F.from_json("_rowtext", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}))
+    df = df.withColumn("_r", F.expr(_typed_row(columns, key if cdc == "none" else [])))
     df = df.withColumn(PROBLEM, F.expr(_problem_sql(cdc, columns, key, reject_unknown)))
     skip = "WHEN value IS NULL THEN 'skip'" if cdc == "debezium" else ""
     df = df.withColumn(ACTION, F.expr(f"CASE {skip} WHEN _op = 'd' THEN 'delete' ELSE 'upsert' END"))
-    return df.drop("_v", "_env", "_op", "_rowtext", "_k")
+    return df.drop("_v", "_env", "_op", "_rowtext", "_k", "_rt")
 
 
 def change_counts(parsed: DataFrame) -> dict[str, int]:

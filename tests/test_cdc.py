@@ -226,7 +226,8 @@ def test_prepare_table_refuses_a_nullable_key(spark, settings, unique):
 # ---------------------------------------------------------------- real Debezium + real PostgreSQL
 
 PLANE_COLUMNS = [Column("tailnum", "string", True), Column("year", "int"), Column("manufacturer", "string"),
-                 Column("model", "string"), Column("engines", "int"), Column("seats", "int"), Column("speed", "double")]
+                 Column("model", "string"), Column("engines", "int"), Column("seats", "int"), Column("speed", "double"),
+                 Column("updated_at", "timestamp", True), Column("registered", "date")]
 
 
 @pytest.fixture(scope="module")
@@ -298,11 +299,14 @@ def compare_with_postgres(settings, db, fqn: str) -> tuple[int, int, int]:
     pg = pd.DataFrame(cdc_source.table_rows(db, "planes", names), columns=names, dtype=object)
     con = duck.connect()
     con.register("pg_text", pg)
-    typed = ", ".join(f"CAST({c.name} AS {'VARCHAR' if c.type == 'string' else 'INTEGER' if c.type == 'int' else 'DOUBLE'}) "
-                      f"AS {c.name}" for c in PLANE_COLUMNS)
+    duck_type = {"string": "VARCHAR", "int": "INTEGER", "double": "DOUBLE", "timestamp": "TIMESTAMP", "date": "DATE"}
+    typed = ", ".join(f"CAST({c.name} AS {duck_type[c.type]}) AS {c.name}" for c in PLANE_COLUMNS)
     con.execute(f"CREATE TABLE pg AS SELECT {typed} FROM pg_text")
+    # the timestamp as an instant: PostgreSQL's wall clock is UTC to Debezium; Iceberg's is timestamptz
+    con.execute("CREATE OR REPLACE TABLE pg AS SELECT * REPLACE (epoch_ms(updated_at) AS updated_at) FROM pg")
     table = load_table(cdc_catalog(settings), fqn.split(".", 1)[1])
-    ice = f"(SELECT {', '.join(names)} FROM {duck.scan_sql(table.metadata_location)})"
+    ice = (f"(SELECT * REPLACE (epoch_ms(updated_at) AS updated_at) FROM "
+           f"(SELECT {', '.join(names)} FROM {duck.scan_sql(table.metadata_location)}))")
     only_ice = con.execute(f"SELECT count(*) FROM ({ice} EXCEPT ALL SELECT * FROM pg)").fetchone()[0]
     only_pg = con.execute(f"SELECT count(*) FROM (SELECT * FROM pg EXCEPT ALL {ice})").fetchone()[0]
     return len(pg), only_ice, only_pg
@@ -341,6 +345,7 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
         cdc_source.run_sql(db, "INSERT INTO planes (tailnum, seats) VALUES ('END2', 2)")
         seen = {(p, o) for p, o, _, _ in records}
         more = [r for r in wait_for_key(broker, topic, "END2") if (r[0], r[1]) not in seen]
+        assert compare_with_postgres(settings, db, fqn)[1:] != (0, 0)  # the comparison sees unapplied changes
         apply_records(spark, fqn, more, "b3")
     finally:
         capture.stop()
@@ -360,3 +365,14 @@ def test_upsert_declaration_is_validated():
                                    ("upsert", ["seats"], "none", r"not: \['seats'\]")]:
         with pytest.raises(cdc.ConfigError, match=match):
             cdc.upsert_spec("t", mode, key, kind, COLUMNS)
+
+
+def test_temporal_columns_from_debezium_connect_precision(spark):
+    columns = [Column("tailnum", "string", True), Column("seen", "timestamp"), Column("built", "date")]
+    rows_in = [{"tailnum": "N1", "seen": 1_700_000_000_123, "built": 19_000},  # ms / days since epoch
+               {"tailnum": "N2", "seen": "2023-11-14T22:13:20.123Z", "built": "2022-01-08"},  # ISO text
+               {"tailnum": "N3", "seen": "yesterday", "built": 1}]
+    raw = raw_df(spark, [(0, i, None, envelope("c", None, r, i)) for i, r in enumerate(rows_in)])
+    out = cdc.parse_changes(raw, columns, KEY, "debezium").select("_r.*", PROBLEM).orderBy("tailnum").collect()
+    assert [(r["seen"].timestamp(), str(r["built"])) for r in out[:2]] == [(1_700_000_000.123, "2022-01-08")] * 2
+    assert out[2][PROBLEM]["kind"] == "schema" and "seen is yesterday, not timestamp" in out[2][PROBLEM]["reason"]
