@@ -72,7 +72,7 @@ def run_sql(db: SourceDatabase, sql: str) -> str:
         subprocess.CalledProcessError: a statement failed (``ON_ERROR_STOP``).
     """
     out = subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-p", str(db.port), "-U", USER, "-d", DATABASE, "-v", "ON_ERROR_STOP=1",
+        [str(devpostgres.PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(db.port), "-U", USER, "-d", DATABASE, "-v", "ON_ERROR_STOP=1",
          "-X", "-q", "-A", "-t", "-F", "\t"],
         input=sql, text=True, capture_output=True, check=True, env={**os.environ, "PGPASSWORD": PASSWORD},
     )
