@@ -41,6 +41,9 @@ SECRET_KEYS = frozenset({
 """Properties that carry credentials: only from the environment or a secret file."""
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+S3_ONLY_CLIENT_FACTORY = "org.apache.iceberg.aws.s3.DefaultS3FileIOAwsClientFactory"
+"""Iceberg's S3-only client factory: builds S3 clients from ``s3.*``/``client.*`` properties without
+loading Iceberg's general ``AwsProperties``, which needs the KMS, Glue and DynamoDB SDK modules."""
 
 # pyiceberg property -> Iceberg Java (Spark) property, where the two spellings differ
 _PY_TO_JAVA = {"s3.region": "client.region", "glue.region": "client.region"}
@@ -127,6 +130,8 @@ class CatalogConfig:
             java["type"] = self.type
         if (self.warehouse or "").startswith(("s3://", "s3a://")) and "io-impl" not in java:
             java["io-impl"] = S3_FILE_IO
+        if java.get("io-impl") == S3_FILE_IO and self.type != "glue" and "client.factory" not in java:
+            java.setdefault("s3.client-factory-impl", S3_ONLY_CLIENT_FACTORY)
         java.setdefault("cache-enabled", "false")  # every micro-batch step must see the latest metadata
         prefix = f"spark.sql.catalog.{self.name}"
         return {prefix: "org.apache.iceberg.spark.SparkCatalog", **{f"{prefix}.{k}": v for k, v in java.items()}}

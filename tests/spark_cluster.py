@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pyspark
 
-from kafka_iceberg.devbroker import free_port  # the one import of dev tooling in the cluster tests
+# The dev tooling these deployment tests use, imported in this one place (re-exported):
+from kafka_iceberg import duck  # noqa: F401
+from kafka_iceberg.demo_data import produce  # noqa: F401
+from kafka_iceberg.devbroker import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 

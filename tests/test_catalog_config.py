@@ -12,7 +12,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from kafka_iceberg.catalog_config import S3_FILE_IO, CatalogConfig, catalog_config_from_env
+from kafka_iceberg.catalog_config import S3_FILE_IO, S3_ONLY_CLIENT_FACTORY, CatalogConfig, catalog_config_from_env
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.settings import load_settings
 
@@ -45,6 +45,7 @@ def test_sql_postgres_password_from_the_environment():
     assert spark["uri"] == "jdbc:postgresql://db.svc:5433/iceberg"
     assert (spark["jdbc.user"], spark["jdbc.password"]) == ("lake", "p@ss")
     assert spark["io-impl"] == S3_FILE_IO and spark["client.region"] == "eu-west-1"
+    assert spark["s3.client-factory-impl"] == S3_ONLY_CLIENT_FACTORY
     assert "p@ss" not in repr(cfg)
 
 
@@ -85,6 +86,7 @@ def test_glue():
     spark = spark_keys(cfg)
     assert spark["type"] == "glue" and spark["glue.id"] == "123456789012" and spark["client.region"] == "us-east-2"
     assert spark["io-impl"] == S3_FILE_IO
+    assert "s3.client-factory-impl" not in spark  # the Glue client needs Iceberg's full AWS client factory
 
 
 def test_hive():

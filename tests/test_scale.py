@@ -18,12 +18,11 @@ import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import DagsterInstance, SensorResult, build_sensor_context
 
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.spec import load_table_specs
 from resources import default_resources
 from sensors.lag import lag_sensor
 from tests.helpers import EVENT_SCHEMA, event_records
-from tests.spark_cluster import free_port
+from tests.spark_cluster import free_port, produce
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 N_TABLES = 100

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kafka_iceberg import duck
 from kafka_iceberg.catalog import load_catalog, load_table
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.settings import load_settings
 from tests.helpers import event_records, spec_dict
-from tests.spark_cluster import start_cluster
+from tests.spark_cluster import duck, produce, start_cluster
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
