@@ -4,7 +4,7 @@ All runtime settings of the write path are read from the process environment by
 :func:`load_settings` (``docs/configuration.md`` mirrors it). The only other variables the
 project reads are ``DAGSTER_HOME`` (Dagster's own), ``LAKE_DAGSTER_EXECUTOR``
 (lake_assets/definitions.py), ``PYSPARK_PYTHON`` (Spark's own), ``LAKE_CRASH_AT``
-(failure rehearsal, kafka_iceberg/faults.py) and the Slack alert settings ``SLACK_*`` and
+(failure rehearsal, devtools/faults.py) and the Slack alert settings ``SLACK_*`` and
 ``DAGSTER_UI_URL`` (kafka_iceberg/alerts.py).
 """
 
