@@ -127,7 +127,7 @@ def _result(spec: TableSpec, plan: WritePlan, commit_id: str, batch: ReadBatch,
         group_commit_error=group_error, records_read=batch.records_read, quarantined=batch.quarantined,
         quarantined_by_partition={s.partition: s.quarantined for s in batch.stats if s.quarantined},
         quarantine_kinds=dict(batch.quarantine_kinds), schema_changes=list(batch.schema_changes),
-        dead_letter_snapshot_id=published.dead_letter_snapshot_id,
+        dead_letter_snapshot_id=published.dead_letter_snapshot_id, total_records=published.total_records,
     )
 
 
@@ -175,7 +175,9 @@ def run_micro_batch(spark, settings: Settings, spec: TableSpec, *, commit_id: st
     with _timed(phases, "plan_s"):
         plan = plan_ingest(lake, spec, history)
     result = run_batch(lake, spec, plan, commit_id, phases)
-    return dataclasses.replace(result, recovery=recovery)
+    head = history.snapshots.get(history.main) if history.main is not None else None
+    total = result.total_records if result.committed or head is None else head.summary.get("total-records")
+    return dataclasses.replace(result, recovery=recovery, total_records=None if total is None else int(total))
 
 
 def connect(spark, settings: Settings, kafka: KafkaMetadata | None = None, catalog=None,

@@ -375,7 +375,7 @@ def test_a_micro_batch_loads_table_metadata_at_phase_boundaries_and_an_empty_one
     lake.metadata_loads.clear()
     _, history = prepare(lake, spec)
     result = run_batch(lake, spec, plan_ingest(lake, spec, history), f"second-{unique}")
-    assert result.records == 50
+    assert result.records == 50 and result.total_records == 150
     # the table and its dead-letter table once before planning, the table after the append and after the publish
     assert lake.metadata_loads == [spec.identifier, dlq, spec.identifier, spec.identifier]
 

@@ -68,7 +68,8 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
                                   "after the fast-forward")
     summary = view.snapshots[attempt.snapshot_id].summary
     return PublishedCommit(attempt.snapshot_id, int(summary.get("added-data-files", 0)),
-                           int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id)
+                           int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id,
+                           int(summary["total-records"]) if "total-records" in summary else None)
 
 
 def publish_dead_letter(lake: Lake, dead_letter_table: str, branch: str, snapshot_id: int) -> None:

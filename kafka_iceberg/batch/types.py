@@ -121,12 +121,14 @@ class WrittenAttempt:
 
 @dataclass(frozen=True)
 class PublishedCommit:
-    """A batch visible on its target ref: the snapshot and its data files and bytes added."""
+    """A batch visible on its target ref: the snapshot, its data files and bytes added, and the
+    records the table holds after it (its ``total-records``)."""
 
     snapshot_id: int
     data_files_added: int
     data_bytes_added: int
     dead_letter_snapshot_id: int | None
+    total_records: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ class BatchResult:
     records + quarantined``), ``kafka_bytes`` in bytes of key + value read from Kafka,
     ``data_bytes_added`` in bytes of Parquet written, ``phase_seconds`` in seconds, offsets
     as Kafka offsets. ``snapshot_id`` is the published snapshot (None when nothing was
-    committed because there was nothing new).
+    committed because there was nothing new). ``total_records``: records the table holds
+    after the batch (its head snapshot's ``total-records``; None for a table without one).
     """
 
     table: str
@@ -162,6 +165,7 @@ class BatchResult:
     quarantine_kinds: Mapping[str, int] = field(default_factory=dict)
     schema_changes: list = field(default_factory=list)  # [{"column", "type"}]
     dead_letter_snapshot_id: int | None = None
+    total_records: int | None = None
 
     @property
     def total_lag(self) -> int:
