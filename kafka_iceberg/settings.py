@@ -3,7 +3,7 @@
 All runtime settings of the write path and the Dagster layer are read from the process
 environment by :func:`load_settings` (``docs/configuration.md`` mirrors it); reading them opens
 no connection. The only other variables the project reads are ``PYSPARK_PYTHON`` (Spark's own),
-``LAKE_CRASH_AT`` (failure rehearsal, kafka_iceberg/faults.py) and the Slack alert settings
+``LAKE_CRASH_AT`` (failure rehearsal, devtools/faults.py, read only by dev tooling) and the Slack alert settings
 ``SLACK_*`` and ``DAGSTER_UI_URL`` (kafka_iceberg/alerts.py).
 """
 
