@@ -4,7 +4,7 @@ One micro-batch reads at most ``max_records_per_partition`` (the *bound*) offset
 partition. A table whose largest per-partition offset lag (high watermark minus committed
 offset) is ``L`` records therefore needs ``ceil(L / bound)`` micro-batches to catch up
 (:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many
-micro-batch slots of the table asset (:data:`lake_assets.tables.MICRO_BATCHES`; a ring of
+micro-batch slots of the table asset (:data:`lake_assets.vocabulary.MICRO_BATCHES`; a ring of
 :data:`RING_SLOTS` keys every table reuses, least recently used first, :func:`next_slots`); the asset's
 ``BackfillPolicy.multi_run(1)`` makes it one run per slot, i.e. one run per micro-batch. It
 shows under *Runs -> Backfills* in the UI like any other backfill.
@@ -40,7 +40,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping, Sequence
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
@@ -48,13 +47,10 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import IN_PROGRESS, MICRO_BATCHES, table_key
-
-TABLE_TAG = "lake/table"
-"""Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
+from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
 
 RING_SLOTS = 50
-"""Micro-batch slots (partition keys of :data:`lake_assets.tables.MICRO_BATCHES`) every table
+"""Micro-batch slots (partition keys of :data:`lake_assets.vocabulary.MICRO_BATCHES`) every table
 reuses, so partitions stay bounded whatever the uptime and the number of tables."""
 
 MAX_BACKFILL_BATCHES = RING_SLOTS
@@ -264,8 +260,6 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
     (default: one for ``settings``). Prints the backfill id and its UI link (``DAGSTER_UI_URL``). Raises
     ``BrokerUnavailableError``/``CatalogUnavailableError`` (the CLI's exit 3).
     """
-    import os
-
     from kafka_iceberg.catalog import load_catalog, read_state
     from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
     from kafka_iceberg.planning import offset_lag
@@ -281,9 +275,8 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
     if not 1 <= batches <= RING_SLOTS:
         print(f"lake: bad input: --batches must be between 1 and {RING_SLOTS}", file=sys.stderr)
         return 2
-    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))  # as make demo and make dev
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    instance = DagsterInstance.get()
+    settings.dagster_home.mkdir(parents=True, exist_ok=True)  # DAGSTER_HOME, default $LAKE_HOME/dagster as make dev
+    instance = DagsterInstance.from_config(str(settings.dagster_home))
     busy = table_in_progress(instance, spec)
     if busy and not force:
         print(f"lake: bad input: {spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
@@ -291,10 +284,13 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
     keys = next_slots(instance, spec, batches)
     reason = (f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
               f"bound {plan.bound} per partition")
-    backfill_id = submit_backfill(instance, spec, keys, tags={TABLE_TAG: spec.identifier, "lake/trigger": reason,
-                                                             "lake/launched-by": "cli"},
-                                  title=f"catch up {spec.identifier}: {batches} micro-batches", description=reason)
-    ui = os.environ.get("DAGSTER_UI_URL") or "http://127.0.0.1:3000"
+    backfill_id = submit_backfill(
+        instance, spec, keys,
+        tags={TABLE_TAG: spec.identifier, "lake/trigger": reason, "lake/launched-by": "cli"},
+        title=f"catch up {spec.identifier}: {batches} micro-batches",
+        description=reason,
+    )
+    ui = settings.dagster_ui_url
     print(f"backfill {backfill_id}: {spec.identifier}, {batches} micro-batch runs, slots {keys[0]} .. {keys[-1]}")
     print(f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}")
     return 0 if wait_s is None else wait_for_backfill(instance, backfill_id, batches, wait_s)

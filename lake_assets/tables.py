@@ -3,7 +3,7 @@
 Thin by design: the asset calls :func:`kafka_iceberg.pipeline.run_micro_batch` and turns
 its result into materialization metadata; the checks call :mod:`kafka_iceberg.checks`.
 
-Every table asset is partitioned by :data:`MICRO_BATCHES`, a dynamic partitions definition
+Every table asset is partitioned by :data:`lake_assets.vocabulary.MICRO_BATCHES`, a dynamic partitions definition
 shared by all tables whose keys are a fixed ring of slots (``slot-00`` … ``slot-49``,
 :func:`lake_assets.backfill.ring_slot_keys`) that every table reuses, least recently used
 first, so partitions stay bounded. A partition key is a micro-batch *slot*, not an offset range: a run of
@@ -23,13 +23,10 @@ from pathlib import Path
 from dagster import (
     AssetCheckResult,
     BackfillPolicy,
-    DynamicPartitionsDefinition,
     AssetCheckSeverity,
     AssetExecutionContext,
-    AssetKey,
     AssetSpec,
     BetaWarning,
-    DagsterRunStatus,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -47,22 +44,9 @@ from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
+from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool, topic_key
 from lake_assets.asset_metadata import NOT_RETRYABLE, RETRY_POLICY, column_schema, definition_metadata, freshness_policy
 from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
-
-
-def _key_part(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def topic_key(spec: TableSpec) -> AssetKey:
-    """Asset key of the source topic: ``kafka/<topic>`` (dots become underscores)."""
-    return AssetKey(["kafka", _key_part(spec.topic)])
-
-
-def table_key(spec: TableSpec) -> AssetKey:
-    """Asset key of the table: ``lake/<namespace>/<table>``."""
-    return AssetKey(["lake", *spec.identifier.split(".")])
 
 
 def topic_asset(spec: TableSpec) -> AssetSpec:
@@ -116,23 +100,6 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
     return md
 
 
-MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
-"""The partitions of every table asset: micro-batch slots, a ring of
-:data:`lake_assets.backfill.RING_SLOTS` keys (added when first used by the lag sensor, the
-backfill command or the demo; a key added by hand in the UI works too). Shared by all tables so
-that one partitioned job (``ingest_all``) can hold every table plus the unpartitioned
-downstream asset; each table reuses the ring, so no table adds keys of its own."""
-
-SQLITE_POOL = "lake_sqlite_catalog"
-"""The one concurrency pool of every committing step on a SQLite catalog."""
-
-
-def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
-    """Dagster concurrency pool of a table asset: one per table, or one shared by all tables on a
-    SQLite catalog (SQLite admits one committing process at a time). Limits: dagster.yaml."""
-    return SQLITE_POOL if sqlite_catalog else f"lake_table_{_key_part(spec.identifier)}"
-
-
 def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: Path | None, catalog_name: str):
     """The ``@asset`` decorator of :func:`table_asset`, with its policies and metadata."""
     if tables_file is None:
@@ -144,7 +111,7 @@ def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: P
         # backfill_policy is marked beta in Dagster 1.13; without this filter every process that
         # loads the code location prints the warning once per table
         warnings.simplefilter("ignore", BetaWarning)
-        decorator = asset(
+        return asset(
             key=table_key(spec),
             deps=[topic_key(spec)],
             group_name="lake",
@@ -169,7 +136,6 @@ def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: P
             # a backfill over N slots is N runs, one bounded micro-batch each
             backfill_policy=BackfillPolicy.multi_run(1),
         )
-    return decorator
 
 
 def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path | None = None, catalog_name: str = "lake"):
@@ -211,12 +177,13 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path 
         if result.schema_changes:
             alert_schema_change(spec, result.schema_changes, slack.sink())
         md = materialization_metadata(result)
-        table = load_table(catalog.load(), spec.identifier)
-        if table is not None and table.current_snapshot() is not None:
-            md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
-        if table is not None:  # the live schema, with columns added by evolution
-            md["dagster/column_schema"] = column_schema(spec, table.schema().fields)
+        if result.total_records is not None:
+            md["dagster/row_count"] = MetadataValue.int(result.total_records)
         md["dagster/table_name"] = MetadataValue.text(qualified(settings, spec))
+        if spec.unknown_fields == "evolve":  # the live schema, with columns added by evolution
+            table = load_table(catalog.load(), spec.identifier)
+            if table is not None:
+                md["dagster/column_schema"] = column_schema(spec, table.schema().fields)
         return MaterializeResult(metadata=md)
 
     _materialize.__name__ = f"ingest_{spec.name}"
@@ -291,9 +258,8 @@ def table_checks(spec: TableSpec) -> list:
     return [_duplicate_free, _freshness]
 
 
-IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
-"""Run statuses during which a run may still write."""
-
+# IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool and topic_key live in
+# lake_assets.vocabulary; they stay importable from here for existing callers.
 __all__ = ["IN_PROGRESS", "MICRO_BATCHES", "SQLITE_POOL", "alert_schema_change", "check_result", "table_asset", "table_checks",
            "table_key", "table_pool", "topic_asset", "topic_key",
            "materialization_metadata"]

@@ -44,15 +44,8 @@ from kafka_iceberg.alerts import Alert, AlertSink
 from kafka_iceberg.catalog import read_state
 from kafka_iceberg.lag import STALL_ATTEMPTS, LagEvaluation, LagHistory, LagRules, observation
 from kafka_iceberg.spec import TableSpec
-from lake_assets.backfill import (
-    TABLE_TAG,
-    CatchUpPlan,
-    backfill_run_request,
-    next_slots,
-    plan_catch_up,
-    table_in_progress,
-)
-from lake_assets.tables import MICRO_BATCHES, table_key
+from lake_assets.backfill import CatchUpPlan, backfill_run_request, next_slots, plan_catch_up, table_in_progress
+from lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_key
 from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
 

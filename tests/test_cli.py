@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kafka_iceberg import cli, devbroker
+from devtools import devbroker
+from kafka_iceberg import cli
 from kafka_iceberg.declaration import json_schema
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.spec import load_table_specs
@@ -124,7 +125,7 @@ def test_unknown_table_and_bad_settings_exit_2(offline_env):
 
 def test_status_exits_1_when_a_table_lags_past_its_cadence(kafka_config, settings, lake_env, topic_factory, unique,
                                                            tmp_path):
-    from kafka_iceberg.demo_data import produce
+    from devtools.demo_data import produce
     from tests.helpers import event_records
 
     topic = topic_factory(unique, partitions=1)

@@ -7,7 +7,7 @@ import uuid
 from dagster import DagsterInstance, build_sensor_context
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
-from kafka_iceberg.demo_data import produce
+from devtools.demo_data import produce
 from kafka_iceberg.lag import MAX_POINTS, LagHistory, LagRules, observation, time_lag_s
 from kafka_iceberg.pipeline import run_micro_batch
 from lake_assets.backfill import submit_backfill
