@@ -49,7 +49,8 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
     return Definitions(
         assets=[
             *(topic_asset(s) for s in specs),
-            *(table_asset(s, sqlite_catalog=sqlite) for s in specs),
+            *(table_asset(s, sqlite_catalog=sqlite, tables_file=settings.tables_file, catalog_name=settings.catalog.name)
+              for s in specs),
             hourly_departure_delay_asset(sqlite_catalog=sqlite),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
