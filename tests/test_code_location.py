@@ -72,7 +72,7 @@ def test_lag_sensor_reports_the_catalog_outage(unreachable_env):
     from resources import default_resources
     from sensors.lag import lag_sensor
 
-    resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("kafka", "catalog")}
+    resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("kafka", "catalog", "slack")}
     sensor = lag_sensor(make_spec("outage", "outage.topic"))
     with pytest.raises(CatalogUnavailableError, match="cannot open Iceberg catalog lake"):
         sensor(build_sensor_context(resources=resources))

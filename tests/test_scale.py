@@ -86,7 +86,7 @@ def test_one_lag_sensor_tick_over_hundred_tables(settings, broker, kafka_config,
         fut.result(timeout=60)
     for spec in specs[:10]:
         produce(kafka_config, spec.topic, event_records(range(20)))
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog")}
+    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog", "slack")}
     instance = DagsterInstance.ephemeral()
     sensors = [lag_sensor(spec) for spec in specs]
 
