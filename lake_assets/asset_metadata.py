@@ -11,17 +11,16 @@
   ``dagster/code_references`` to the table's declaration in ``tables.yaml`` and the write path.
 - :data:`RETRY_POLICY` and :data:`NOT_RETRYABLE`: micro-batches are safe to retry by design
   (the snapshot summary decides what is read); bad input is not retried.
-- :func:`topic_observation`: the topic's high and low watermarks and ``retention.ms``.
+(The topic asset's observations of its watermarks and ``retention.ms`` are made by the
+retention sensor, :func:`sensors.retention.topic_observation`.)
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Mapping
 
 from dagster import (
-    AssetObservation,
     Backoff,
     CodeReferencesMetadataValue,
     FreshnessPolicy,
@@ -35,7 +34,6 @@ from dagster import (
 )
 
 from kafka_iceberg.errors import ConfigError, DataLossError, MalformedRecordError, OffsetsAheadError, TopicNotFoundError
-from kafka_iceberg.planning import Watermarks
 from kafka_iceberg.spec import KAFKA_COLUMNS, TableSpec
 
 RETRY_POLICY = RetryPolicy(max_retries=3, delay=15, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
@@ -110,18 +108,5 @@ def definition_metadata(spec: TableSpec, tables_file: Path | None, catalog_name:
     }
 
 
-def topic_observation(topic_key, spec: TableSpec, watermarks: Mapping[int, Watermarks], retention_ms: int) -> AssetObservation:
-    """An observation of the topic asset: high and low watermarks per partition (offsets), the
-    summed high watermark, and ``retention.ms`` (``-1``: unbounded)."""
-    return AssetObservation(asset_key=topic_key, metadata={
-        "high_watermark_total": MetadataValue.int(sum(w.high for w in watermarks.values())),
-        "high_watermarks": MetadataValue.json({str(p): w.high for p, w in sorted(watermarks.items())}),
-        "low_watermarks": MetadataValue.json({str(p): w.low for p, w in sorted(watermarks.items())}),
-        "partitions": MetadataValue.int(len(watermarks)),
-        "retention_ms": MetadataValue.int(retention_ms),
-        "retention": MetadataValue.text("unbounded" if retention_ms < 0 else f"{retention_ms / 3_600_000:g} h"),
-    })
-
-
 __all__ = ["KAFKA_COLUMN_DOCS", "NOT_RETRYABLE", "RETRY_POLICY", "column_schema", "declaration_line",
-           "definition_metadata", "freshness_policy", "topic_observation"]
+           "definition_metadata", "freshness_policy"]

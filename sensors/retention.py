@@ -14,14 +14,15 @@ to accept a gap deliberately.
 import json
 import time
 
+from typing import Mapping
+
 from dagster import AssetObservation, DefaultSensorStatus, MetadataValue, SensorEvaluationContext, SensorResult, sensor
 
 from kafka_iceberg.alerts import Alert, AlertSink
 from kafka_iceberg.catalog import read_state
-from kafka_iceberg.planning import offset_lag
+from kafka_iceberg.planning import Watermarks, offset_lag
 from kafka_iceberg.retention import PartitionRetention, evaluate
 from kafka_iceberg.spec import TableSpec
-from lake_assets.asset_metadata import topic_observation
 from lake_assets.tables import table_key, topic_key
 from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
@@ -40,6 +41,19 @@ def retention_metadata(status: str, parts: list[PartitionRetention], retention_m
             for p in parts
         }),
     }
+
+
+def topic_observation(key, spec: TableSpec, watermarks: Mapping[int, Watermarks], retention_ms: int) -> AssetObservation:
+    """An observation of the topic asset: high and low watermarks per partition (offsets), the
+    summed high watermark, and ``retention.ms`` (``-1``: unbounded)."""
+    return AssetObservation(asset_key=key, metadata={
+        "high_watermark_total": MetadataValue.int(sum(w.high for w in watermarks.values())),
+        "high_watermarks": MetadataValue.json({str(p): w.high for p, w in sorted(watermarks.items())}),
+        "low_watermarks": MetadataValue.json({str(p): w.low for p, w in sorted(watermarks.items())}),
+        "partitions": MetadataValue.int(len(watermarks)),
+        "retention_ms": MetadataValue.int(retention_ms),
+        "retention": MetadataValue.text("unbounded" if retention_ms < 0 else f"{retention_ms / 3_600_000:g} h"),
+    })
 
 
 def alert_retention(spec: TableSpec, status: str, previous: str, parts: list[PartitionRetention],
