@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from dagster import Backoff, DagsterInstance, build_sensor_context, materialize
 
-from kafka_iceberg.demo_data import produce
+from devtools.demo_data import produce
 from kafka_iceberg.spec import load_table_specs
 from lake_assets.asset_metadata import KAFKA_COLUMN_DOCS, RETRY_POLICY, declaration_line
 from lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset, topic_key
