@@ -27,10 +27,8 @@ Launchers, all through Dagster's backfill machinery:
 The backfill daemon (part of ``dagster dev``; ``dagster-daemon run`` in production) launches
 the runs, as for every Dagster backfill.
 
-Dagster APIs used that are not exported at the top level (1.13): ``AssetGraphSubset`` (the
-argument of ``RunRequest.for_asset_graph_subset``), ``PartitionBackfill.from_asset_graph_subset``
-(what the sensor daemon itself calls for such a request), ``BulkActionsFilter`` and
-``BulkActionStatus`` (to find backfills in progress).
+Dagster APIs used that are not exported at the top level (1.13) come from
+:mod:`lake_assets.dagster_internals`, the one module that imports ``dagster._…``.
 """
 
 from __future__ import annotations
@@ -44,10 +42,15 @@ from datetime import datetime, timezone
 from typing import Mapping, Sequence
 
 from dagster import DagsterInstance, RunRequest, RunsFilter
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 from kafka_iceberg.spec import TableSpec
+from lake_assets.dagster_internals import (
+    AssetGraphSubset,
+    BulkActionsFilter,
+    BulkActionStatus,
+    PartitionBackfill,
+    make_new_backfill_id,
+)
 from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
 
 MAX_BACKFILL_BATCHES = 100
@@ -185,8 +188,6 @@ def submit_backfill(
     Returns the backfill id. The backfill daemon launches its runs (one per slot). Raises
     whatever the instance's storage raises (e.g. an unwritable ``$DAGSTER_HOME``).
     """
-    from dagster._core.utils import make_new_backfill_id
-
     instance.add_dynamic_partitions(MICRO_BATCHES.name, list(slot_keys))
     backfill_id = make_new_backfill_id()
     instance.add_backfill(
