@@ -13,18 +13,20 @@ import os
 
 from dagster import Definitions, in_process_executor
 
+from kafka_iceberg.settings import load_settings
 from kafka_iceberg.spec import parse_table_spec
 from lake_assets.liveness import liveness_executor
 from lake_assets.tables import table_asset, table_checks, topic_asset
 from resources import default_resources
 from sensors.lag import lag_sensor
 
+settings = load_settings()
 spec = parse_table_spec(json.loads(os.environ["LAKE_TEST_TABLE_JSON"]))
 
 defs = Definitions(
-    assets=[topic_asset(spec), table_asset(spec)],
+    assets=[topic_asset(spec), table_asset(spec, sqlite_catalog=settings.catalog.is_sqlite)],
     asset_checks=table_checks(spec),
     sensors=[lag_sensor(spec)],
-    resources=default_resources(),
+    resources=default_resources(settings),
     executor=liveness_executor(in_process_executor),
 )
