@@ -28,10 +28,8 @@ Launchers, all through Dagster's backfill machinery:
 The backfill daemon (part of ``dagster dev``; ``dagster-daemon run`` in production) launches
 the runs, as for every Dagster backfill.
 
-Dagster APIs used that are not exported at the top level (1.13): ``AssetGraphSubset`` (the
-argument of ``RunRequest.for_asset_graph_subset``), ``PartitionBackfill.from_asset_graph_subset``
-(what the sensor daemon itself calls for such a request), ``BulkActionsFilter`` and
-``BulkActionStatus`` (to find backfills in progress).
+Dagster APIs used that are not exported at the top level (1.13) come from
+:mod:`lake_assets.dagster_internals`, the one module that imports ``dagster._…``.
 """
 
 from __future__ import annotations
@@ -43,10 +41,16 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 from kafka_iceberg.spec import TableSpec
+from lake_assets.dagster_internals import (
+    BACKFILL_ID_TAG,
+    AssetGraphSubset,
+    BulkActionsFilter,
+    BulkActionStatus,
+    PartitionBackfill,
+    make_new_backfill_id,
+)
 from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
 
 RING_SLOTS = 50
@@ -223,8 +227,6 @@ def submit_backfill(
     Returns the backfill id. The backfill daemon launches its runs (one per slot). Raises
     whatever the instance's storage raises (e.g. an unwritable ``$DAGSTER_HOME``).
     """
-    from dagster._core.utils import make_new_backfill_id
-
     instance.add_dynamic_partitions(MICRO_BATCHES.name, list(slot_keys))
     backfill_id = make_new_backfill_id()
     instance.add_backfill(
@@ -300,7 +302,6 @@ def wait_for_backfill(instance: DagsterInstance, backfill_id: str, runs: int, wa
     """Poll the backfill every 2 s for up to ``wait_s`` seconds, with a progress bar of its ``runs``
     finished runs on a terminal (``rich``; nothing when stderr is not a TTY). Returns 0 when it
     completed successfully, 1 when it ended otherwise or is still running."""
-    from dagster._core.storage.tags import BACKFILL_ID_TAG
     from rich.progress import Progress
 
     deadline = time.monotonic() + wait_s

@@ -17,6 +17,7 @@ import sensors
 from kafka_iceberg.settings import Settings, load_settings
 from kafka_iceberg.spec import TableSpec, load_table_specs
 from lake_assets.analytics import hourly_departure_delay_asset
+from lake_assets.liveness import liveness_executor
 from lake_assets.quality import quarantine_check
 from lake_assets.replay import replay_job
 from lake_assets.tables import table_asset, table_checks, topic_asset
@@ -26,14 +27,15 @@ from resources import default_resources
 def executor(settings: Settings) -> ExecutorDefinition:
     """The executor of every job, from ``LAKE_DAGSTER_EXECUTOR``: ``in_process`` (default; SQLite
     admits one committing process, so steps share one process and one Spark session), or with a
-    PostgreSQL catalog ``multiprocess`` or ``k8s`` (dagster-k8s) to run tables in parallel."""
+    PostgreSQL catalog ``multiprocess`` or ``k8s`` (dagster-k8s) to run tables in parallel. Each
+    tags its runs with their worker's liveness and reaps dead runs (:mod:`lake_assets.liveness`)."""
     if settings.dagster_executor == "multiprocess":
-        return multiprocess_executor
+        return liveness_executor(multiprocess_executor)
     if settings.dagster_executor == "k8s":
         from dagster_k8s import k8s_job_executor
 
-        return k8s_job_executor
-    return in_process_executor
+        return liveness_executor(k8s_job_executor)
+    return liveness_executor(in_process_executor)
 
 
 ingest_all = define_asset_job(

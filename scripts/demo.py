@@ -38,38 +38,6 @@ MAX_ROUNDS = 20
 DEMO_TAGS = {"lake/launched-by": "make-demo"}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def release_abandoned_runs(instance: DagsterInstance) -> int:
-    """Mark runs of a killed ``make demo`` as failed and free the concurrency-pool slots they hold.
-
-    The demo executes runs in its own process; a run left "started" by a demo process that is
-    gone would otherwise hold its tables' pool slots and block every later run. Runs of a demo
-    that is still alive, and runs not launched by the demo, are left alone. Returns the count.
-    """
-    from dagster import DagsterRunStatus, RunsFilter
-
-    in_progress = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
-    released = 0
-    for run in instance.get_runs(filters=RunsFilter(statuses=in_progress, tags=DEMO_TAGS)):
-        pid = int(run.tags.get("lake/demo-pid", "0"))
-        if pid and _alive(pid):
-            continue
-        instance.report_run_failed(run, message="abandoned: the make demo process that ran it is gone")
-        if instance.event_log_storage.supports_global_concurrency_limits:
-            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
-        released += 1
-    return released
-
-
 def main() -> int:
     settings = load_settings()
     os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
@@ -88,12 +56,14 @@ def main() -> int:
 
     from lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
 
-    instance = DagsterInstance.get()
-    released = release_abandoned_runs(instance)
-    if released:
-        print(f"released {released} run(s) abandoned by a killed make demo (their pool slots are free again)")
     from lake_assets.backfill import new_slot_keys
-    from lake_assets.tables import MICRO_BATCHES
+    from lake_assets.liveness import reap_dead_runs, worker_tags
+    from lake_assets.vocabulary import MICRO_BATCHES
+
+    instance = DagsterInstance.get()
+    released = reap_dead_runs(instance)  # e.g. the runs of a killed make demo: they would hold the pool slots
+    if released:
+        print(f"released {len(released)} run(s) whose process is gone (marked failed, pool slots freed)")
 
     job = defs.resolve_job_def("ingest_all")
     meta = KafkaMetadata(config)
@@ -107,7 +77,7 @@ def main() -> int:
             instance=instance,
             partition_key=slot,
             raise_on_error=False,
-            tags={**DEMO_TAGS, "lake/demo-pid": str(os.getpid())},
+            tags={**DEMO_TAGS, **worker_tags()},  # execute_in_process: tag the run with this process's liveness
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
         if not result.success:

@@ -1,6 +1,7 @@
 """Sensors: per declared table a consumer-lag sensor (sensors/lag.py, which also launches
 backfills of micro-batches, lake_assets/backfill.py) and a retention-headroom sensor
-(sensors/retention.py); the Slack alert on failed runs (sensors/alerts.py).
+(sensors/retention.py); the Slack alert on failed runs (sensors/alerts.py); the run-liveness sensor
+(sensors/liveness.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ def all_sensors(specs) -> list:
     """The sensors of the code location for the declared tables."""
     from sensors.alerts import run_failure_alert_sensor
     from sensors.lag import lag_sensor
+    from sensors.liveness import run_liveness_sensor
     from sensors.retention import retention_sensor
 
-    return [*(lag_sensor(s) for s in specs), *(retention_sensor(s) for s in specs), run_failure_alert_sensor]
+    return [*(lag_sensor(s) for s in specs), *(retention_sensor(s) for s in specs), run_failure_alert_sensor,
+            run_liveness_sensor]

@@ -1,0 +1,21 @@
+"""The one place that imports Dagster internals (``dagster._…``), for backfills, where Dagster 1.13
+has no public API: ``AssetGraphSubset`` (the argument of the public
+``RunRequest.for_asset_graph_subset``), ``PartitionBackfill.from_asset_graph_subset`` and
+``make_new_backfill_id`` (what the sensor daemon itself calls to submit such a request), and
+``BulkActionsFilter`` / ``BulkActionStatus`` (to find backfills in progress) and ``BACKFILL_ID_TAG``
+(the run tag naming a run's backfill).
+
+Written for Dagster :data:`WRITTEN_FOR`; ``tests/test_layout.py`` pins that version, so an upgrade
+fails there first and this module is checked against the new release.
+"""
+
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.storage.tags import BACKFILL_ID_TAG
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+from dagster._core.utils import make_new_backfill_id
+
+WRITTEN_FOR = "1.13.27"
+"""The Dagster release these imports were written and tested for."""
+
+__all__ = ["BACKFILL_ID_TAG", "AssetGraphSubset", "BulkActionStatus", "BulkActionsFilter", "PartitionBackfill", "WRITTEN_FOR",
+           "make_new_backfill_id"]

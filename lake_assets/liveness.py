@@ -1,0 +1,192 @@
+"""Run liveness: a run whose worker process died never holds a table.
+
+A SIGKILLed ``dagster asset materialize`` (or a run worker killed with ``dagster dev`` or the
+daemon) leaves its run STARTED and its step's slot in the table's concurrency pool claimed; the
+next run of the table would wait on the pool forever. Without the daemon nothing frees it.
+
+Every run of this code location is tagged, before its first step claims a pool slot, with the
+host name and pid of its run worker and that process's start time (:data:`HOST_TAG`,
+:data:`PID_TAG`, :data:`START_TAG`; set by :func:`liveness_executor`). :func:`reap_dead_runs`
+then
+
+* marks failed (``report_run_failed``) every STARTING or STARTED run tagged with *this* host
+  whose worker process no longer exists (or whose pid now belongs to a process started at
+  another time), and frees its pool slots; and
+* frees the slots still claimed by runs that have already ended (what the daemon's run
+  monitoring does after ``free_slots_after_run_end_seconds``).
+
+It runs at the start of every run and every :data:`CHECK_INTERVAL_S` seconds while a run
+executes (so a run blocked on the pool proceeds once the holder is found dead), and on every tick
+of the ``run_liveness`` sensor (sensors/liveness.py). Runs on another host (a Kubernetes pod,
+another machine) cannot be checked by pid: Dagster's run monitoring (dagster.yaml, the daemon)
+covers them. See docs/operations.md, "Runs that die".
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Callable
+
+from dagster import DagsterInstance, DagsterRunStatus, Executor, ExecutorDefinition, RunsFilter, executor
+
+HOST_TAG = "lake/worker-host"
+"""Run tag: host name of the run's worker process."""
+PID_TAG = "lake/worker-pid"
+"""Run tag: pid of the run's worker process on :data:`HOST_TAG`."""
+START_TAG = "lake/worker-start"
+"""Run tag: start time of that process (clock ticks since boot, from ``/proc/<pid>/stat``; empty
+where there is no ``/proc``), so a reused pid is not taken for the dead worker."""
+
+CHECK_INTERVAL_S = 10.0
+"""Seconds between two liveness checks while a run executes."""
+
+RUNNING = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+ENDED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+
+
+def process_start_time(pid: int) -> str:
+    """Start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
+    ``""`` without ``/proc``. Raises ``ProcessLookupError`` when ``/proc`` has no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            raise ProcessLookupError(pid) from None
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def worker_tags(pid: int | None = None) -> dict[str, str]:
+    """The liveness tags of process ``pid`` (default: this process) on this host."""
+    pid = pid or os.getpid()
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: process_start_time(pid)}
+
+
+def worker_alive(tags: dict[str, str]) -> bool:
+    """Whether the worker named by a run's liveness tags (on this host) still runs. A pid that now
+    belongs to a process with another start time counts as dead."""
+    try:
+        pid = int(tags[PID_TAG])
+        os.kill(pid, 0)
+        started = process_start_time(pid)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return not tags.get(START_TAG) or not started or started == tags[START_TAG]
+
+
+def _free_slots(instance: DagsterInstance, run_id: str) -> None:
+    if instance.event_log_storage.supports_global_concurrency_limits:
+        instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+
+
+def _slot_holders(instance: DagsterInstance) -> set[str]:
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return set()
+    holders: set[str] = set()
+    for pool in storage.get_concurrency_keys():
+        info = storage.get_concurrency_info(pool)
+        holders.update(slot.run_id for slot in info.claimed_slots)
+        holders.update(step.run_id for step in info.pending_steps)
+    return holders
+
+
+def reap_dead_runs(instance: DagsterInstance, exclude_run_id: str | None = None) -> list[str]:
+    """Mark failed the in-progress runs of this host whose worker died, free their pool slots and
+    the slots of runs that already ended; never touches ``exclude_run_id`` (the caller's run).
+
+    Returns the ids of the runs it marked failed or freed slots of. Reads and writes the
+    instance's run and event-log storage only.
+    """
+    host = socket.gethostname()
+    reaped: list[str] = []
+    for run in instance.get_runs(filters=RunsFilter(statuses=RUNNING, tags={HOST_TAG: host})):
+        if run.run_id == exclude_run_id or PID_TAG not in run.tags or worker_alive(dict(run.tags)):
+            continue
+        instance.report_run_failed(
+            run, f"run worker pid {run.tags[PID_TAG]} on {host} is gone (killed or crashed); marked failed and its "
+                 "pool slots freed by the next run's liveness check")
+        _free_slots(instance, run.run_id)
+        reaped.append(run.run_id)
+    for run_id in _slot_holders(instance) - {exclude_run_id, *reaped}:
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.status in ENDED:
+            _free_slots(instance, run_id)
+            reaped.append(run_id)
+    return reaped
+
+
+class LivenessWatch:
+    """Calls :func:`reap_dead_runs` every ``interval_s`` seconds in a daemon thread until
+    :meth:`stop`; errors are passed to ``on_error`` (a check must never fail the run)."""
+
+    def __init__(self, instance: DagsterInstance, run_id: str, interval_s: float = CHECK_INTERVAL_S,
+                 on_error: Callable[[Exception], None] = lambda exc: None):
+        self._instance, self._run_id, self._interval_s, self._on_error = instance, run_id, interval_s, on_error
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lake-run-liveness", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.check()
+
+    def check(self) -> list[str]:
+        try:
+            return reap_dead_runs(self._instance, exclude_run_id=self._run_id)
+        except Exception as exc:  # storage hiccup: try again next interval
+            self._on_error(exc)
+            return []
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _LivenessExecutor(Executor):
+    """Runs ``inner`` after tagging the run with its worker's liveness tags and reaping dead runs,
+    and keeps reaping while it executes."""
+
+    def __init__(self, inner: Executor):
+        self._inner = inner
+
+    @property
+    def retries(self):
+        return self._inner.retries
+
+    @property
+    def step_dependency_config(self):
+        return self._inner.step_dependency_config
+
+    def execute(self, plan_context, execution_plan):
+        instance, run_id = plan_context.instance, plan_context.run_id
+        instance.add_run_tags(run_id, worker_tags())
+        watch = LivenessWatch(instance, run_id, on_error=lambda exc: plan_context.log.warning(f"liveness check: {exc}"))
+        for dead in watch.check():
+            plan_context.log.warning(f"run {dead}: its worker is gone or it had ended; marked failed / pool slots freed")
+        watch.start()
+        try:
+            yield from self._inner.execute(plan_context, execution_plan)
+        finally:
+            watch.stop()
+
+
+def liveness_executor(base: ExecutorDefinition) -> ExecutorDefinition:
+    """``base`` (e.g. ``in_process_executor``), with the same name and config, whose runs carry
+    liveness tags and reap dead runs (see the module docstring)."""
+
+    @executor(name=base.name, config_schema=base.config_schema, requirements=base.get_requirements)
+    def _executor(init_context):
+        return _LivenessExecutor(base.executor_creation_fn(init_context))
+
+    return _executor
+
+
+__all__ = ["CHECK_INTERVAL_S", "HOST_TAG", "LivenessWatch", "PID_TAG", "START_TAG", "liveness_executor",
+           "process_start_time", "reap_dead_runs", "worker_alive", "worker_tags"]
