@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Mapping
-
-from dataclasses import dataclass
 
 from kafka_iceberg.errors import DataLossError, LakeError
 from kafka_iceberg.spec import IDENTIFIER
