@@ -117,8 +117,8 @@ def _problem(kind: str, reason_sql: str) -> str:
 def _unwrap(json_sql: str) -> str:
     """JsonConverter with schemas wraps the data as ``{"schema": ..., "payload": ...}``; the payload."""
     payload = f"get_json_object({json_sql}, '$.payload')"
-    schema = f"get_json_object({json_sql}, '$.schema')"
-    return f"CASE WHEN {schema} IS NOT NULL AND {payload} IS NOT NULL THEN {payload} ELSE {json_sql} END"
+    wrapped = f"ltrim({json_sql}) LIKE '{{\"schema\"%'"  # JsonConverter writes "schema" first: a cheap test
+    return f"CASE WHEN {wrapped} AND {payload} IS NOT NULL THEN {payload} ELSE {json_sql} END"
 
 
 def _struct_ddl(columns, extra: tuple[tuple[str, str], ...] = ()) -> str:
