@@ -9,7 +9,7 @@ A table of ``rows`` rows is loaded by one micro-batch of snapshot events (op ``r
 micro-batch changes 10% of the keys (op ``u``) and deletes 2% (op ``d`` plus Debezium's
 tombstone), in JsonConverter's envelope without schemas. Each batch is timed from the raw
 records (a DataFrame in the reader's raw schema, built by Spark, so Kafka is not measured)
-through :func:`kafka_iceberg.cdc.parse_changes`, ``reduce_changes`` and ``merge_changes`` on an
+through :func:`kafka_iceberg.cdc.parse_changes`, ``reduce_changes`` and :func:`kafka_iceberg.upsert.merge_changes` on an
 attempt branch, to the ``fast_forward`` that publishes it. It prints figures; it never asserts.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 
-from kafka_iceberg import cdc
+from kafka_iceberg import cdc, upsert
 
 COLUMNS = [cdc.Column("id", "bigint", True), cdc.Column("name", "string"), cdc.Column("amount", "double"),
            cdc.Column("updated_at", "timestamp")]
@@ -58,9 +58,9 @@ def _apply(spark, table: str, raw) -> tuple[float, dict]:
     counts = cdc.change_counts(parsed)
     changes = cdc.reduce_changes(parsed, COLUMNS, ["id"], table)
     branch = f"bench_{uuid.uuid4().hex[:8]}"
-    main = cdc.branch_head(spark, table, "main")
+    main = upsert.branch_head(spark, table, "main")
     spark.sql(f"ALTER TABLE {table} CREATE BRANCH `{branch}`" + (f" AS OF VERSION {main}" if main else ""))
-    cdc.merge_changes(spark, table, branch, changes, ["id"], {"bench.batch": json.dumps(counts)})
+    upsert.merge_changes(spark, table, branch, changes, ["id"], {"bench.batch": json.dumps(counts)})
     catalog, ident = table.split(".", 1)
     spark.sql(f"CALL {catalog}.system.fast_forward('{ident}', 'main', '{branch}')")
     seconds = time.perf_counter() - started
@@ -79,7 +79,7 @@ def upsert_throughput(spark, catalog: str, rows: int) -> dict:
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog}.bench")
     cols = ", ".join(f"{c.name} {c.type}{' NOT NULL' if c.required else ''}" for c in COLUMNS)
     spark.sql(f"CREATE TABLE {table} ({cols}) USING iceberg TBLPROPERTIES ('format-version'='2')")
-    cdc.prepare_table(spark, table, ["id"])
+    upsert.prepare_table(spark, table, ["id"])
     load_s, load = _apply(spark, table, _raw(spark, rows, "load"))
     change_s, counts = _apply(spark, table, _raw(spark, rows, "change"))
     changes = counts["upserts"] + counts["deletes"]
