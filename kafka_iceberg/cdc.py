@@ -67,8 +67,9 @@ class UpsertSpec:
     cdc: str
 
 
-def upsert_spec(table: str, mode: str, key, cdc: str | None, columns) -> UpsertSpec | None:
-    """Validate the ``mode``/``key``/``cdc`` fields of a declaration against its ``columns``.
+def upsert_spec(where: str, mode: str, key, cdc: str | None, columns) -> UpsertSpec | None:
+    """Validate the ``mode``/``key``/``cdc`` fields of a declaration against its ``columns``
+    (``where`` names the declaration in errors, e.g. ``table planes``).
 
     Returns None for ``mode: append`` (the default), else the :class:`UpsertSpec`.
 
@@ -77,17 +78,17 @@ def upsert_spec(table: str, mode: str, key, cdc: str | None, columns) -> UpsertS
             without a key, or a key column that is not a required (NOT NULL) column.
     """
     if mode not in ("append", "upsert"):
-        raise ConfigError(f"table {table}: mode {mode!r} is not append or upsert")
+        raise ConfigError(f"{where}: mode {mode!r} is not append or upsert")
     if mode == "append":
         if key or cdc:
-            raise ConfigError(f"table {table}: 'key' and 'cdc' need mode: upsert")
+            raise ConfigError(f"{where}: 'key' and 'cdc' need mode: upsert")
         return None
     if cdc not in CDC_MODES:
-        raise ConfigError(f"table {table}: mode upsert needs cdc: {' or '.join(CDC_MODES)} (got {cdc!r})")
+        raise ConfigError(f"{where}: mode upsert needs cdc: {' or '.join(CDC_MODES)} (got {cdc!r})")
     required = {c.name: c.required for c in columns}
     wrong = [k for k in key or () if not required.get(k)]
     if not key or wrong or len(set(key)) != len(key):
-        raise ConfigError(f"table {table}: mode upsert needs 'key': distinct columns that are declared required: true "
+        raise ConfigError(f"{where}: mode upsert needs 'key': distinct columns that are declared required: true "
                           f"(not: {wrong or list(key or ())})")
     return UpsertSpec(tuple(key), cdc)
 

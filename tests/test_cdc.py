@@ -362,13 +362,13 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
 
 
 def test_upsert_declaration_is_validated():
-    assert cdc.upsert_spec("t", "append", None, None, COLUMNS) is None
-    assert cdc.upsert_spec("t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(("tailnum",), "debezium")
+    assert cdc.upsert_spec("table t", "append", None, None, COLUMNS) is None
+    assert cdc.upsert_spec("table t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(("tailnum",), "debezium")
     for mode, key, kind, match in [("merge", None, None, "not append or upsert"), ("append", ["tailnum"], None, "need mode: upsert"),
                                    ("upsert", ["tailnum"], "maxwell", "needs cdc"), ("upsert", [], "none", "needs 'key'"),
                                    ("upsert", ["seats"], "none", r"not: \['seats'\]")]:
         with pytest.raises(upsert.ConfigError, match=match):
-            cdc.upsert_spec("t", mode, key, kind, COLUMNS)
+            cdc.upsert_spec("table t", mode, key, kind, COLUMNS)
 
 
 def test_temporal_columns_from_debezium_connect_precision(spark):
