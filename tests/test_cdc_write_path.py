@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_iceberg.catalog import read_state
+from kafka_iceberg.checks import duplicate_free
 from kafka_iceberg.errors import ConfigError
 from tests.helpers import make_spec
 
@@ -51,8 +52,13 @@ def test_plain_upserts_through_the_write_path(spark, settings, catalog, kafka_co
     assert props["write.update.mode"] == "merge-on-read" and props["format-version"] == "2"
     dead = spark.table(f"{settings.catalog.name}.{spec.bad_records.dead_letter_identifier}").collect()
     assert [(r["offset"], r["error_kind"]) for r in dead] == [(4, "missing_key")]
+    outcome = duplicate_free(spark, table, spec, writer.view())
+    assert outcome.passed and outcome.figures["duplicate_keys"] == 0
     # the merged rows keep the Kafka coordinates of their last change
     assert {r["id"]: r["_kafka_offset"] for r in spark.table(table).collect()} == {1: 2, 2: 6, 4: 0}
+    spark.sql(f"INSERT INTO {table} SELECT * FROM {table} WHERE id = 4")  # a second row for key 4
+    outcome = duplicate_free(spark, table, spec, writer.view())
+    assert not outcome.passed and outcome.figures["duplicate_keys"] == 1 and "keys (id) in more than one row" in outcome.summary
 
 
 def test_upsert_declaration_errors():
