@@ -25,6 +25,8 @@ from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
 from kafka_iceberg.settings import CatalogSettings, Settings
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import IngestState, SnapshotInfo, state_at
+from kafka_iceberg.upsert import UPSERT_TABLE_PROPERTIES
+from kafka_iceberg.upsert import prepare_table as prepare_upsert_table
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +237,8 @@ def table_ddl(settings: Settings, spec: TableSpec) -> str:
     """``CREATE TABLE IF NOT EXISTS`` statement for a declared table."""
     cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in spec.table_columns())
     parts = f"\nPARTITIONED BY ({', '.join(spec.partition_by)})" if spec.partition_by else ""
-    props = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+    properties = {**TABLE_PROPERTIES, **(UPSERT_TABLE_PROPERTIES if spec.upsert else {})}
+    props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
     comment = spec.description.replace("'", "")
     return (
         f"CREATE TABLE IF NOT EXISTS {qualified(settings, spec)} (\n  {cols}\n) USING iceberg{parts}\n"
@@ -261,7 +264,10 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
         ConfigError: the existing table lacks a declared column or has another type for it
             (the Iceberg table schema is the contract; it is never changed silently).
     """
+    existed = spark.catalog.tableExists(qualified(settings, spec))
     _create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
+    if spec.upsert and not existed:  # the key becomes the table's identifier fields
+        prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
     fields = spark.table(qualified(settings, spec)).schema.fields
     existing = {f.name: f.dataType.simpleString().upper() for f in fields}
     nullable = {f.name: f.nullable for f in fields}

@@ -35,6 +35,15 @@ class CheckOutcome:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+def duplicate_keys(spark, qualified_table: str, spec: TableSpec) -> int:
+    """Upsert tables: how many keys appear in more than one row (0 for append tables; one Spark job)."""
+    if spec.upsert is None:
+        return 0
+    keys = ", ".join(f"`{k}`" for k in spec.upsert.key)
+    return int(spark.sql(f"SELECT count(*) FROM (SELECT {keys} FROM {qualified_table} GROUP BY {keys} "
+                         "HAVING count(*) > 1)").first()[0])
+
+
 def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMetadataView, sample: int = 10) -> CheckOutcome:
     """Verify that the table holds every Kafka record at most once.
 
@@ -44,10 +53,11 @@ def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMeta
        summaries, ``kafka.batch``);
     2. no ``(_kafka_partition, _kafka_offset)`` appears twice in the table (a Spark
        aggregation over two columns of the current snapshot);
-    3. no data file is referenced twice by the current snapshot (the ``files`` metadata table).
+    3. no data file is referenced twice by the current snapshot (the ``files`` metadata table);
+    4. for upsert tables, no key appears in two rows (:func:`duplicate_keys`).
 
     Returns figures: ``overlapping_snapshot_pairs``, ``duplicate_offsets`` (records that
-    are extra copies), ``duplicate_data_files``, and up to ``sample`` examples of each.
+    are extra copies), ``duplicate_data_files``, ``duplicate_keys``, and up to ``sample`` examples.
     """
     history = ancestors(view.snapshots, view.main)
     overlaps = overlapping_batches(history)
@@ -64,6 +74,7 @@ def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMeta
     files = spark.sql(
         f"SELECT file_path, count(*) AS n FROM {qualified_table}.files GROUP BY file_path HAVING count(*) > 1"
     ).collect()
+    dup_keys = duplicate_keys(spark, qualified_table, spec)
     figures = {
         "snapshots_examined": len(history),
         "overlapping_snapshot_pairs": len(overlaps),
@@ -76,6 +87,7 @@ def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMeta
         ],
         "duplicate_offset_examples": [{"partition": p, "offset": o, "copies": n} for p, o, n in dup_examples],
         "duplicate_file_examples": [r["file_path"] for r in files[:sample]],
+        "duplicate_keys": dup_keys,
     }
     problems = []
     if overlaps:
@@ -84,6 +96,8 @@ def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMeta
         problems.append(f"{dup_rows} duplicate (partition, offset) records")
     if files:
         problems.append(f"{len(files)} data files referenced twice")
+    if dup_keys:
+        problems.append(f"{dup_keys} keys ({', '.join(spec.upsert.key)}) in more than one row")
     if problems:
         return CheckOutcome(False, f"table {spec.identifier} has duplicates: " + "; ".join(problems), figures)
     return CheckOutcome(True, f"no duplicates over {len(history)} snapshots", figures)

@@ -170,6 +170,11 @@ class TableDecl(_Common):
     identifier: str = Field(description="Iceberg namespace.table, lower_snake_case.")
     topic: str = Field(min_length=1)
     columns: list[ColumnDecl] = Field(alias="schema", min_length=1)
+    mode: Literal["append", "upsert"] = Field("append", description="append keeps every record; upsert keeps one row per key "
+                                              "(docs/cdc.md).")
+    key: Optional[list[str]] = Field(None, description="mode upsert: the key columns (required columns; the Iceberg identifier fields).")
+    cdc: Optional[Literal["debezium", "none"]] = Field(None, description="mode upsert: debezium change events, or none "
+                                                       "(plain upserts keyed by the Kafka key; a tombstone deletes).")
 
 
 class TablesFile(_Section):

@@ -20,6 +20,7 @@ import yaml
 
 from pydantic import ValidationError
 
+from kafka_iceberg.cdc import UpsertSpec, upsert_spec
 from kafka_iceberg.declaration import (
     BadRecordsDecl,
     Defaults,
@@ -178,6 +179,7 @@ class TableSpec:
     retention: RetentionPolicy = RetentionPolicy()
     owners: tuple[str, ...] = ()  # e-mail addresses or team:<name> (Dagster asset owners)
     tags: tuple[tuple[str, str], ...] = ()  # (key, value) pairs (Dagster asset tags)
+    upsert: UpsertSpec | None = None  # mode: upsert (key and cdc, docs/cdc.md); None for append
 
     @property
     def namespace(self) -> str:
@@ -307,6 +309,9 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
     bound = 100_000 if decl.max_records_per_partition is None else decl.max_records_per_partition
     if bound <= 0:
         raise ConfigError(f"{where}: max_records_per_partition must be positive")
+    upsert = upsert_spec(where, decl.mode, decl.key, decl.cdc, columns)
+    if upsert is not None and decl.unknown_fields == "evolve":
+        raise ConfigError(f"{where}: unknown_fields: evolve is not supported with mode: upsert")
     fresh = decl.freshness or FreshnessDecl()
     vt = fresh.max_valid_through_age if "max_valid_through_age" in fresh.model_fields_set else fresh.max_snapshot_age
     return TableSpec(
@@ -332,6 +337,7 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         retention=_retention(decl.retention or RetentionDecl(), where),
         owners=tuple(decl.owners or ()),
         tags=tuple(sorted((decl.tags or {}).items())),
+        upsert=upsert,
     )
 
 def load_table_specs(path: Path | str) -> list[TableSpec]:

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from devtools import duck
-from kafka_iceberg import cdc
+from kafka_iceberg import cdc, upsert
 from kafka_iceberg.cdc import DELETE, PROBLEM, Column
 from kafka_iceberg.catalog import load_table
 from kafka_iceberg.reader import RAW_SCHEMA_DDL
@@ -53,7 +53,7 @@ def make_table(spark, settings, name: str) -> str:
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.cdc")
     cols = ", ".join(f"`{c.name}` {c.type}{' NOT NULL' if c.required else ''}" for c in COLUMNS)
     spark.sql(f"CREATE TABLE {fqn} ({cols}) USING iceberg TBLPROPERTIES ('format-version'='2')")
-    cdc.prepare_table(spark, fqn, KEY)
+    upsert.prepare_table(spark, fqn, KEY)
     return fqn
 
 
@@ -64,12 +64,14 @@ def apply_batch(spark, fqn: str, raw, cdc_mode: str = "debezium", name: str = "b
     counts = cdc.change_counts(parsed)
     ends = {r["partition"]: r["end"] for r in parsed.groupBy("partition").agg({"offset": "max"})
             .withColumnRenamed("max(offset)", "end").collect()}
-    changes = cdc.reduce_changes(parsed, COLUMNS, KEY, fqn)
-    main = cdc.branch_head(spark, fqn, "main")
+    changes = cdc.reduce_changes(parsed, COLUMNS, KEY, fqn).cache()
+    upserted = changes.where(f"NOT {DELETE}").count()
+    main = upsert.branch_head(spark, fqn, "main")
     as_of = f" AS OF VERSION {main}" if main is not None else ""
     spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `{name}`{as_of}")
     summary = {OFFSETS_KEY: json.dumps({str(p): e + 1 for p, e in sorted(ends.items())})}
-    sid = cdc.merge_changes(spark, fqn, name, changes, KEY, summary)
+    sid = upsert.merge_changes(spark, fqn, name, changes, KEY, summary, expected_rows=upserted)
+    changes.unpersist()
     ident = fqn.split(".", 1)[1]
     spark.sql(f"CALL {fqn.split('.')[0]}.system.fast_forward('{ident}', 'main', '{name}')")
     spark.sql(f"ALTER TABLE {fqn} DROP BRANCH `{name}`")
@@ -188,29 +190,31 @@ def test_batch_of_only_tombstones_still_records_offsets(spark, settings, unique)
     sid, counts = apply_batch(spark, fqn, raw_df(spark, [(0, 1, b'{"tailnum":"N9"}', None)]), name="b2")
     assert counts == {"read": 1, "upserts": 0, "deletes": 0, "skipped": 1, "bad": 0}
     assert json.loads(snapshot_summary(spark, fqn, sid)[OFFSETS_KEY]) == {"0": 2}
-    assert cdc.branch_head(spark, fqn, "main") == sid
+    assert upsert.branch_head(spark, fqn, "main") == sid
     assert rows(spark, fqn) == {"N1": (2000, 1, None)}
 
 
 def test_merge_into_branch_leaves_main_alone_and_a_rerun_converges(spark, settings, unique):
     fqn = make_table(spark, settings, f"planes_{unique}")
     apply_batch(spark, fqn, raw_df(spark, [(0, 0, b'{"tailnum":"N1"}', envelope("c", None, plane("N1", 1), 1))]), name="b1")
-    main = cdc.branch_head(spark, fqn, "main")
+    main = upsert.branch_head(spark, fqn, "main")
     spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `b2` AS OF VERSION {main}")
     raw = raw_df(spark, [(0, 1, b'{"tailnum":"N1"}', envelope("u", None, plane("N1", 2), 2))])
     changes = cdc.reduce_changes(cdc.parse_changes(raw, COLUMNS, KEY, "debezium"), COLUMNS, KEY)
     assert set(changes.columns) == {c.name for c in COLUMNS} | {DELETE}
-    sid = cdc.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})
-    assert cdc.branch_head(spark, fqn, "main") == main and sid != main
+    sid = upsert.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})
+    assert upsert.branch_head(spark, fqn, "main") == main and sid != main
     assert rows(spark, fqn) == {"N1": (2000, 1, None)}
     assert spark.sql(f"SELECT seats FROM {fqn}.branch_b2").first()[0] == 2
+    with pytest.raises(upsert.LakeError, match="does not reconcile: snapshot .* added 1 rows but 2 keys"):
+        upsert.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'}, expected_rows=2)
     # a retried merge (its first outcome unknown) on the same branch gives the same rows
-    again = cdc.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})
+    again = upsert.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})
     assert again != sid and json.loads(snapshot_summary(spark, fqn, again)[OFFSETS_KEY]) == {"0": 2}
     assert [tuple(r) for r in spark.sql(f"SELECT tailnum, seats FROM {fqn}.branch_b2").collect()] == [("N1", 2)]
     # a crash before the fast-forward: the branch is dropped unpublished, the rerun converges
     spark.sql(f"ALTER TABLE {fqn} DROP BRANCH `b2`")
-    assert cdc.branch_head(spark, fqn, "main") == main and rows(spark, fqn) == {"N1": (2000, 1, None)}
+    assert upsert.branch_head(spark, fqn, "main") == main and rows(spark, fqn) == {"N1": (2000, 1, None)}
     apply_batch(spark, fqn, raw, name="b3")
     assert rows(spark, fqn) == {"N1": (2000, 2, None)}
 
@@ -219,8 +223,8 @@ def test_prepare_table_refuses_a_nullable_key(spark, settings, unique):
     fqn = f"{settings.catalog.name}.cdc.nokey_{unique}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.cdc")
     spark.sql(f"CREATE TABLE {fqn} (tailnum string, seats int) USING iceberg")
-    with pytest.raises(cdc.ConfigError, match="must exist and be NOT NULL"):
-        cdc.prepare_table(spark, fqn, ["tailnum"])
+    with pytest.raises(upsert.ConfigError, match="must exist and be NOT NULL"):
+        upsert.prepare_table(spark, fqn, ["tailnum"])
 
 
 # ---------------------------------------------------------------- real Debezium + real PostgreSQL
@@ -273,23 +277,6 @@ def wait_for_key(bootstrap: str, topic: str, key: str, timeout_s: float = 120) -
     raise AssertionError(f"Debezium did not deliver {key} to {topic} within {timeout_s} s")
 
 
-def apply_records(spark, fqn: str, records, name: str) -> dict:
-    raw = spark.createDataFrame([("cdc", p, o, 0, k, v, []) for p, o, k, v in records], RAW_SCHEMA_DDL)
-    parsed = cdc.parse_changes(raw, PLANE_COLUMNS, KEY, "debezium").cache()
-    counts = cdc.change_counts(parsed)
-    changes = cdc.reduce_changes(parsed, PLANE_COLUMNS, KEY, fqn)
-    main = cdc.branch_head(spark, fqn, "main")
-    spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `{name}`" + (f" AS OF VERSION {main}" if main else ""))
-    ends = {}
-    for p, o, _, _ in records:
-        ends[str(p)] = max(ends.get(str(p), 0), o + 1)
-    cdc.merge_changes(spark, fqn, name, changes, KEY, {OFFSETS_KEY: json.dumps(ends, sort_keys=True)})
-    spark.sql(f"CALL {fqn.split('.')[0]}.system.fast_forward('{fqn.split('.', 1)[1]}', 'main', '{name}')")
-    spark.sql(f"ALTER TABLE {fqn} DROP BRANCH `{name}`")
-    parsed.unpersist()
-    return counts
-
-
 def compare_with_postgres(settings, db, fqn: str) -> tuple[int, int, int]:
     """(rows in PostgreSQL, rows only in Iceberg, rows only in PostgreSQL), EXCEPT ALL both ways in DuckDB."""
     import pandas as pd
@@ -312,30 +299,43 @@ def compare_with_postgres(settings, db, fqn: str) -> tuple[int, int, int]:
     return len(pg), only_ice, only_pg
 
 
+def drain(writer, run: str) -> list:
+    """Run micro-batches through the real write path until nothing is left to read."""
+    results, n = [], 0
+    while True:
+        plan = writer.plan()
+        if plan.offsets.is_empty:
+            return results
+        n += 1
+        result = writer.execute(plan, f"{run}-{n}")
+        assert result.committed
+        results.append(result)
+
+
 @pytest.mark.cdc
 @pytest.mark.parametrize("schemas", [False, True])
-def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kafka_config, tmp_path, source_db, unique, schemas):
+def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kafka_config, tmp_path, source_db, unique,
+                                                    writer_factory, schemas):
     from devtools import cdc_source
     from devtools.demo_data import create_topic
+    from tests.helpers import make_spec
 
     db, topic, slot = source_db, f"cdc.{unique}", f"slot_{unique}"
     cdc_source.run_sql(db, "DROP TABLE IF EXISTS planes")
     keys = cdc_source.load_planes(db, 300)  # captured by Debezium's initial snapshot (op r)
     create_topic(kafka_config, topic, 2)
-    fqn = f"{settings.catalog.name}.cdc.planes_{unique}"
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.cdc")
-    cols = ", ".join(f"`{c.name}` {c.type}{' NOT NULL' if c.required else ''}" for c in PLANE_COLUMNS)
-    spark.sql(f"CREATE TABLE {fqn} ({cols}) USING iceberg TBLPROPERTIES ('format-version'='2')")
-    cdc.prepare_table(spark, fqn, KEY)
+    schema = [{"name": c.name, "type": c.type, "required": c.required} for c in PLANE_COLUMNS]
+    spec = make_spec(f"planes_{unique}", topic, schema=schema, partition_by=[], mode="upsert", key=KEY, cdc="debezium",
+                     max_records_per_partition=150)  # several micro-batches: a key's changes span them
+    writer = writer_factory(spec)
+    fqn = f"{settings.catalog.name}.{spec.identifier}"
     capture = cdc_source.start_capture(db, broker, topic, ["public.planes"], tmp_path / "dbz", slot=slot, schemas=schemas)
     try:
         cdc_source.planes_workload(db, keys, rounds=2, seed=1)
         cdc_source.run_sql(db, "INSERT INTO planes (tailnum, seats) VALUES ('END1', 1)")
-        records = wait_for_key(broker, topic, "END1")
-        half = len(records) // 2  # two micro-batches: a key's changes span both
-        counts = [apply_records(spark, fqn, records[:half], "b1"), apply_records(spark, fqn, records[half:], "b2")]
-        assert sum(c["skipped"] for c in counts) > 0 and sum(c["deletes"] for c in counts) > 0
-        assert sum(c["bad"] for c in counts) == 0
+        wait_for_key(broker, topic, "END1")
+        results = drain(writer, "cdc")
+        assert len(results) > 1 and sum(r.quarantined for r in results) == 0
         assert compare_with_postgres(settings, db, fqn)[1:] == (0, 0)
         # Debezium killed mid-workload and restarted: it re-sends from its last flushed offset
         cdc_source.planes_workload(db, keys, rounds=1, seed=2)
@@ -343,28 +343,27 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
         cdc_source.planes_workload(db, keys, rounds=1, seed=3)
         capture = cdc_source.start_capture(db, broker, topic, ["public.planes"], tmp_path / "dbz", slot=slot, schemas=schemas)
         cdc_source.run_sql(db, "INSERT INTO planes (tailnum, seats) VALUES ('END2', 2)")
-        seen = {(p, o) for p, o, _, _ in records}
-        more = [r for r in wait_for_key(broker, topic, "END2") if (r[0], r[1]) not in seen]
+        wait_for_key(broker, topic, "END2")
         assert compare_with_postgres(settings, db, fqn)[1:] != (0, 0)  # the comparison sees unapplied changes
-        apply_records(spark, fqn, more, "b3")
+        drain(writer, "cdc2")
     finally:
         capture.stop()
         cdc_source.run_sql(db, f"SELECT pg_drop_replication_slot('{slot}')")
     total, only_iceberg, only_postgres = compare_with_postgres(settings, db, fqn)
     assert total > 250 and (only_iceberg, only_postgres) == (0, 0)
-    table = load_table(cdc_catalog(settings), fqn.split(".", 1)[1])
+    table = load_table(cdc_catalog(settings), spec.identifier)
     assert table.scan().to_arrow().num_rows == total  # pyiceberg reads it: no equality deletes
     assert {r[0] for r in spark.sql(f"SELECT content FROM {fqn}.delete_files").collect()} == {1}
 
 
 def test_upsert_declaration_is_validated():
-    assert cdc.upsert_spec("t", "append", None, None, COLUMNS) is None
-    assert cdc.upsert_spec("t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(("tailnum",), "debezium")
+    assert cdc.upsert_spec("table t", "append", None, None, COLUMNS) is None
+    assert cdc.upsert_spec("table t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(("tailnum",), "debezium")
     for mode, key, kind, match in [("merge", None, None, "not append or upsert"), ("append", ["tailnum"], None, "need mode: upsert"),
                                    ("upsert", ["tailnum"], "maxwell", "needs cdc"), ("upsert", [], "none", "needs 'key'"),
                                    ("upsert", ["seats"], "none", r"not: \['seats'\]")]:
-        with pytest.raises(cdc.ConfigError, match=match):
-            cdc.upsert_spec("t", mode, key, kind, COLUMNS)
+        with pytest.raises(upsert.ConfigError, match=match):
+            cdc.upsert_spec("table t", mode, key, kind, COLUMNS)
 
 
 def test_temporal_columns_from_debezium_connect_precision(spark):

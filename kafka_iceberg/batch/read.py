@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
+from kafka_iceberg.cdc import parse_changes
 from kafka_iceberg.errors import LakeError, MalformedRecordError
 from kafka_iceberg.planning import BatchPlan, split_ranges
 from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
@@ -37,7 +38,7 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
     try:
         changes = evolve_schema(lake, spec, raw, commit_id) if spec.unknown_fields == "evolve" else ()
         columns = tuple(_value_columns(lake, plan.target.identifier))
-        classified = classify(raw, spec, list(columns)).persist()
+        classified = _classify(raw, spec, list(columns)).persist()
         stats = partition_stats(classified)
         check_read(plan.offsets, stats)
         kinds = quarantine_kinds(classified) if any(s.quarantined for s in stats) else {}
@@ -50,6 +51,14 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
         raise
     finally:
         raw.unpersist()
+
+
+def _classify(raw, spec: TableSpec, columns: list):
+    """Append tables: :func:`~kafka_iceberg.transform.classify`. Upsert tables: the records as
+    change events (:func:`kafka_iceberg.cdc.parse_changes`), with the same ``_problem`` column."""
+    if spec.upsert is None:
+        return classify(raw, spec, columns)
+    return parse_changes(raw, columns, list(spec.upsert.key), spec.upsert.cdc, reject_unknown=spec.unknown_fields != "ignore")
 
 
 def raw_records(lake: Lake, table: str, offsets: BatchPlan):

@@ -12,6 +12,7 @@ from typing import Mapping
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
 from kafka_iceberg.catalog import TableMetadataView
+from kafka_iceberg.cdc import DELETE, reduce_changes
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import (
@@ -21,6 +22,7 @@ from kafka_iceberg.state import (
     ingest_summary,
 )
 from kafka_iceberg.transform import dead_letter_rows, table_rows
+from kafka_iceberg.upsert import merge_changes
 
 
 def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str) -> dict[str, str]:
@@ -127,6 +129,34 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
         dlq_snapshot, _ = append(lake, dlq, branch, dlq_base, dead_letter_rows(batch.classified, commit_id),
                                  dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined")
         summary[KEY_DEAD_LETTER] = dead_letter_pointer(dlq, dlq_snapshot, branch)
+    if spec.upsert is not None:
+        snapshot_id, history = merge(lake, spec, batch, branch, summary)
+        return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
     rows = table_rows(batch.classified, spec, list(batch.columns))
     snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added")
     return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
+
+
+_KAFKA_SQL = {"topic": "topic", "partition": "partition", "offset": "offset",
+              "timestamp": "timestamp_millis(timestamp_ms)", "key": "key", "headers": "headers"}
+
+
+def merge(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, summary: Mapping[str, str]) -> tuple[int, TableMetadataView]:
+    """Upsert tables: the batch's last change per key merged into ``branch`` as one snapshot carrying
+    ``summary`` (docs/cdc.md); returns its id and the table's metadata loaded after the merge.
+    Not retried in place: a failed merge fails the attempt, and the rerun converges.
+
+    Raises:
+        CrossPartitionKeyError: a key's changes span partitions without source positions.
+        LakeError: no snapshot was made, or its ``added-records`` is not the keys inserted or updated.
+    """
+    key = list(spec.upsert.key)
+    extra = {spec.kafka_column(k): _KAFKA_SQL[k] for k in spec.kafka_columns}
+    changes = reduce_changes(batch.classified, list(batch.columns), key, spec.identifier, extra).persist()
+    try:
+        expected = changes.where(f"NOT {DELETE}").count()
+        snapshot_id = merge_changes(lake.spark, f"{lake.catalog_name}.{spec.identifier}", branch, changes, key,
+                                    dict(summary), expected_rows=expected)
+    finally:
+        changes.unpersist()
+    return snapshot_id, lake.history(spec.identifier)
