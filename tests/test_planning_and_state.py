@@ -237,3 +237,19 @@ def test_demo_records_carry_event_time_in_ms_since_epoch():
     flights = load_frame("flights").head(1)
     (_, value, _), = to_records("flights", flights)
     assert json.loads(value)["dep_time"] == 517, "nullable integer columns stay integers in JSON"
+
+
+def test_crash_hooks_name_only_known_points_and_do_nothing_unless_asked():
+    from devtools.faults import env_crash_hook, kill_at
+    from kafka_iceberg.batch.context import CRASH_POINTS, no_crash
+
+    assert CRASH_POINTS == ("after_branch", "after_read", "after_write", "after_publish")
+    with pytest.raises(ValueError, match="unknown crash point"):
+        kill_at("after_lunch")
+    with pytest.raises(ValueError, match="unknown crash point"):
+        env_crash_hook({"LAKE_CRASH_AT": "nowhere"})
+    hook = env_crash_hook({})
+    for point in CRASH_POINTS:  # returns: this process is still here
+        hook(point)
+        no_crash(point)
+    kill_at("after_publish")("after_write")  # another point than the one asked for

@@ -25,10 +25,12 @@ from kafka_iceberg.transform import dead_letter_rows, table_rows
 from kafka_iceberg.upsert import merge_changes
 
 
-def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str) -> dict[str, str]:
+def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str,
+                  dead_letter: str | None = None) -> dict[str, str]:
     """The snapshot summary of one batch (pure; see :mod:`kafka_iceberg.state`): the base state
     carried forward with this batch's offsets, timestamps, counts and gaps. ``batch`` is None
-    for a commit that reads nothing (accept-gap, or a new table recording its start)."""
+    for a commit that reads nothing; ``dead_letter`` is the ``kafka.dead-letter`` pointer
+    (:func:`~kafka_iceberg.state.dead_letter_pointer`) when the batch quarantined records."""
     stats = batch.stats if batch is not None else ()
     max_ts = max_timestamps(plan.base.max_timestamps, stats)
     ranges = plan.offsets.ranges
@@ -46,7 +48,8 @@ def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, com
         quarantine_kinds=batch.quarantine_kinds if batch is not None else {},
         schema_changes=list(batch.schema_changes) if batch is not None else [],
     )
-    return {**plan.extra_summary, **summary}  # the ingest state keys win
+    pointer = {KEY_DEAD_LETTER: dead_letter} if dead_letter is not None else {}
+    return {**plan.extra_summary, **summary, **pointer}  # the ingest state keys win
 
 
 def max_timestamps(previous: Mapping[int, int], stats) -> dict[int, int]:
@@ -121,14 +124,13 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
     Raises:
         LakeError: a write did not reconcile. CatalogUnavailableError: retries ran out.
     """
-    summary = batch_summary(spec, plan, batch, commit_id)
-    dlq, dlq_snapshot = plan.target.dead_letter_table, None
-    if batch.quarantined and dlq is not None:
-        lake.ensure_dead_letter_table(spec)
+    dlq, dlq_snapshot, pointer = plan.target.dead_letter_table, None, None
+    if batch.quarantined and dlq is not None:  # created with the table (Lake.ensure_tables)
         dlq_base = create_branch(lake, dlq, branch, lake.history(dlq).main)
         dlq_snapshot, _ = append(lake, dlq, branch, dlq_base, dead_letter_rows(batch.classified, commit_id),
                                  dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined")
-        summary[KEY_DEAD_LETTER] = dead_letter_pointer(dlq, dlq_snapshot, branch)
+        pointer = dead_letter_pointer(dlq, dlq_snapshot, branch)
+    summary = batch_summary(spec, plan, batch, commit_id, pointer)
     if spec.upsert is not None:
         snapshot_id, history = merge(lake, spec, batch, branch, summary)
         return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
