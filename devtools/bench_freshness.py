@@ -27,6 +27,7 @@ from confluent_kafka import Producer
 
 from devtools import demo_data, duck
 from devtools.bench_common import CHECKOUT, PARTITIONS, flights_records, say, section
+from devtools.bench_runs import print_runs
 from kafka_iceberg.catalog import load_catalog, metadata_view
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.settings import Settings
@@ -132,8 +133,6 @@ def pct(values: list[float], q: float) -> float:
 
 def run_freshness(args, tmp: Path, settings: Settings) -> dict:
     """Goal 3 (see the module docstring). Returns the figures it printed."""
-    from devtools.bench_runs import print_runs
-
     section(f"(3) freshness: {args.rate} records/s to {PARTITIONS} partitions for {args.minutes:g} min under dagster-daemon")
     config = KafkaConfig.from_settings(settings)
     kafka = KafkaMetadata(config)

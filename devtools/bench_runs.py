@@ -2,11 +2,12 @@
 
 Per run, from the timestamps of its events (seconds):
 
-- ``queue``: RUN_ENQUEUED -> RUN_DEQUEUED (the run queue's dequeue loop and the pool);
+- ``queue``: RUN_ENQUEUED -> RUN_DEQUEUED, or RUN_STARTING when there is none (the run queue's
+  dequeue loop and the pool);
 - ``launch``: RUN_DEQUEUED -> RUN_STARTING (the launcher);
 - ``python_start``: RUN_STARTING -> RUN_START (a new Python process imports the code location);
-- ``spark_start``: RESOURCE_INIT_STARTED -> RESOURCE_INIT_SUCCESS of the table step (the
-  SparkSession dominates it);
+- ``spark_start``: RESOURCE_INIT_STARTED -> RESOURCE_INIT_SUCCESS (the in-process executor
+  initialises the resources once per run; the SparkSession dominates it);
 - per micro-batch: ``recover_s``, ``plan_s``, ``read_s``, ``write_s``, ``publish_s`` (and the
   rest of ``phase_*``) from each materialization's metadata;
 - ``checks``: STEP_START -> STEP_SUCCESS/FAILURE of the asset-check steps;
@@ -39,12 +40,13 @@ def run_breakdown(instance, run) -> dict:
     events = instance.all_logs(run.run_id)
     table_step = next((e.step_key for e in events if e.dagster_event_type is not None
                        and e.dagster_event_type.value == "ASSET_MATERIALIZATION"), None)
+    # a run the queue hands over at once has no DEQUEUED event: it goes from ENQUEUED to STARTING
+    dequeued = _first(events, "PIPELINE_DEQUEUED") or _first(events, "PIPELINE_STARTING")
     out = {
-        "queue": _span(_first(events, "PIPELINE_ENQUEUED"), _first(events, "PIPELINE_DEQUEUED")),
-        "launch": _span(_first(events, "PIPELINE_DEQUEUED"), _first(events, "PIPELINE_STARTING")),
+        "queue": _span(_first(events, "PIPELINE_ENQUEUED"), dequeued),
+        "launch": _span(dequeued, _first(events, "PIPELINE_STARTING")),
         "python_start": _span(_first(events, "PIPELINE_STARTING"), _first(events, "PIPELINE_START")),
-        "spark_start": _span(_first(events, "RESOURCE_INIT_STARTED", table_step),
-                             _first(events, "RESOURCE_INIT_SUCCESS", table_step)),
+        "spark_start": _span(_first(events, "RESOURCE_INIT_STARTED"), _first(events, "RESOURCE_INIT_SUCCESS")),
         "wall": _span(_first(events, "PIPELINE_START"),
                       _first(events, "PIPELINE_SUCCESS") or _first(events, "PIPELINE_FAILURE")),
         "status": run.status.value, "commits": 0, "batches": [],
