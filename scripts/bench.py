@@ -157,6 +157,13 @@ def run(args, tmp: Path, summary: dict) -> None:
     ref_spec = flights_spec("bench_ref", "bench.ref", TOPIC, n)
     summary["ref"] = single_core_reference(config, TOPIC, sorted(summary["a"]["high"]), ref_spec, tmp / "reference")
 
+    if args.format_records:
+        from devtools import formats_bench
+
+        section(f"(1d) decode rates of the Schema Registry formats, in memory ({args.format_records:,} records; "
+                "devtools/formats_bench.py)")
+        formats_bench.print_rates(formats_bench.decode_rates(args.format_records), say)
+
     section("Spark warm-up (not timed)")
     t0 = time.perf_counter()
     spark = summary["spark"] = get_spark(settings)
@@ -243,6 +250,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--commit-batch", type=int, default=1_000, help="records per timed micro-batch in goal 4a")
     ap.add_argument("--dup-factor", type=int, default=10,
                     help="goal 4b: duplicate_free at N rows and at this many times N (default 10)")
+    ap.add_argument("--format-records", type=int, default=20_000,
+                    help="records per format in the Avro/Protobuf/JSON Schema decode rates (0 skips them)")
     ap.add_argument("--skip-dup-scale", action="store_true", help="skip goal 4b")
     ap.add_argument("--freshness", action="store_true", help="goal 3 only: steady load under the Dagster daemon")
     ap.add_argument("--minutes", type=float, default=8.0, help="--freshness: minutes of load (default 8)")
