@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from dagster import (
     AssetCheckResult,
     BackfillPolicy,
+    AssetCheckExecutionContext,
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetSpec,
@@ -200,12 +201,15 @@ def table_checks(spec: TableSpec) -> list:
 
     @asset_check(asset=table_key(spec), name="duplicate_free", blocking=False,
                  description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.")
-    def _duplicate_free(pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
+    def _duplicate_free(context: AssetCheckExecutionContext, pyspark: PySparkResource, kafka: KafkaResource,
+                        catalog: IcebergCatalogResource) -> AssetCheckResult:
         settings = settings_for(kafka, catalog)
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
-        outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table))
+        # after the run's own commits: only the rows they added; a check run on its own: the full scan
+        outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table),
+                                        commit_id=context.run.run_id)
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "duplicate_free",
                        *pick_measure("duplicate_free", outcome.figures), outcome.summary, severity="ERROR")
         return check_result(outcome, AssetCheckSeverity.ERROR)
