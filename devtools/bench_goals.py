@@ -7,6 +7,7 @@ Every function prints figures and returns them; none asserts. Dev tooling, not i
 from __future__ import annotations
 
 import io
+import json
 import os
 import statistics
 import threading
@@ -28,6 +29,7 @@ from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.settings import Settings
 from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID
 
 _ARROW = {"long": pa.int64(), "int": pa.int32(), "double": pa.float64(), "float": pa.float32(),
           "string": pa.string(), "boolean": pa.bool_(), "date": pa.date32(),
@@ -153,38 +155,62 @@ def fixed_cost(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetad
 
 
 # -- goal 4b: duplicate_free at 1x and (factor)x rows ---------------------------------------
-def _time_check(spark, settings, spec, catalog) -> tuple[float, checks.CheckOutcome]:
+def _time_check(spark, settings, spec, catalog, commit_id=None) -> tuple[float, checks.CheckOutcome]:
     best, outcome = float("inf"), None
     for _ in range(2):  # the faster of two runs: the first also loads classes and caches
         t0 = time.perf_counter()
         outcome = checks.duplicate_free(spark, qualified(settings, spec), spec,
-                                        metadata_view(catalog.load_table(spec.identifier)))
+                                        metadata_view(catalog.load_table(spec.identifier)), commit_id=commit_id)
         best = min(best, time.perf_counter() - t0)
     return best, outcome
+
+
+def _shifted(spark, target: str, src: str, off: str, shift: str) -> str:
+    cols = ", ".join(f"`{c}` + {shift} AS `{c}`" if c == off else f"`{c}`" for c in spark.table(target).columns)
+    return f"SELECT {cols} FROM {src}"
+
+
+def _append_commit(spark, target: str, src: str, part: str, off: str, shift: int, commit_id: str) -> None:
+    """Append 1,000 rows of ``src`` with offsets shifted by ``shift`` as one snapshot carrying
+    ``kafka.commit-id`` and the ``kafka.batch`` ranges that cover them (a stand-in for one run's commit)."""
+    sample = spark.sql(_shifted(spark, target, src, off, str(shift)) + " LIMIT 1000")
+    rows = spark.createDataFrame(sample.collect(), sample.schema)  # fixed rows: LIMIT is not deterministic
+    ranges = {str(r[0]): [int(r[1]), int(r[2]) + 1]
+              for r in rows.groupBy(part).agg({off: "min"}).join(rows.groupBy(part).agg({off: "max"}), part).collect()}
+    (rows.writeTo(target).option(f"snapshot-property.{KEY_COMMIT_ID}", commit_id)
+     .option(f"snapshot-property.{KEY_BATCH}", json.dumps(ranges)).append())
 
 
 def dup_free_scaling(spark, settings: Settings, catalog, source: TableSpec, n: int, factor: int) -> dict:
     """Goal 4b: ``checks.duplicate_free`` on a copy of ``source`` (``n`` rows), then on the copy
     grown to ``factor * n`` rows by appending ``factor - 1`` copies with shifted offsets (distinct
-    ``(partition, offset)``, so the check still passes). Seconds are the faster of two runs."""
-    section(f"(4b) duplicate_free at {n:,} rows versus {factor * n:,} rows")
+    ``(partition, offset)``, so the check still passes): the full scan, and the incremental check
+    after a 1,000-row commit on top. Seconds are the faster of two runs."""
+    section(f"(4b) duplicate_free at {n:,} rows versus {factor * n:,} rows (full scan, and after a 1,000-row commit)")
     spec = flights_spec("bench_dupcheck", "bench.dupcheck", source.topic, source.max_records_per_partition)
     target, src = qualified(settings, spec), qualified(settings, source)
+    part, off = spec.kafka_column("partition"), spec.kafka_column("offset")
     spark.sql(f"CREATE TABLE {target} USING iceberg AS SELECT * FROM {src}")
     small_s, small = _time_check(spark, settings, spec, catalog)
-    say(f"{n:,} rows: {small_s:.2f} s, passed={small.passed} ({small.summary})")
-    off = spec.kafka_column("offset")
-    cols = ", ".join(f"`{c}` + k * {n} AS `{c}`" if c == off else f"`{c}`" for c in spark.table(target).columns)
+    _append_commit(spark, target, src, part, off, factor * n, "bench-commit-small")
+    inc_small_s, inc_small = _time_check(spark, settings, spec, catalog, "bench-commit-small")
+    say(f"{n:,} rows: full {small_s:.2f} s (passed={small.passed}); incremental {inc_small_s:.2f} s "
+        f"(passed={inc_small.passed}: {inc_small.summary})")
     t0 = time.perf_counter()
-    spark.sql(f"INSERT INTO {target} SELECT {cols} FROM {src} CROSS JOIN (SELECT id AS k FROM range(1, {factor}))")
+    spark.sql(f"INSERT INTO {target} {_shifted(spark, target, src, off, f'k * {n}')} "
+              f"CROSS JOIN (SELECT id AS k FROM range(1, {factor}))")
     grow_s = time.perf_counter() - t0
     big_s, big = _time_check(spark, settings, spec, catalog)
+    _append_commit(spark, target, src, part, off, (factor + 1) * n, "bench-commit-big")
+    inc_big_s, inc_big = _time_check(spark, settings, spec, catalog, "bench-commit-big")
     rows = spark.table(target).count()
-    say(f"{rows:,} rows (grown in {grow_s:.1f} s): {big_s:.2f} s, passed={big.passed} ({big.summary})")
-    ratio = rate(big_s, small_s)
-    say(f"ratio {ratio:.2f} (goal <= 1.2: the check must not scan the whole table)")
+    say(f"{rows:,} rows (grown in {grow_s:.1f} s): full {big_s:.2f} s (passed={big.passed}); incremental "
+        f"{inc_big_s:.2f} s (passed={inc_big.passed}: {inc_big.summary})")
+    ratio, inc_ratio = rate(big_s, small_s), rate(inc_big_s, inc_small_s)
+    say(f"ratio full scan {ratio:.2f}; incremental {inc_ratio:.2f} (goal <= 1.2)")
     spark.sql(f"DROP TABLE {target} PURGE")
-    return {"small_rows": n, "big_rows": rows, "small_s": small_s, "big_s": big_s, "ratio": ratio}
+    return {"small_rows": n, "big_rows": rows, "small_s": small_s, "big_s": big_s, "ratio": ratio,
+            "inc_small_s": inc_small_s, "inc_big_s": inc_big_s, "inc_ratio": inc_ratio}
 
 
 # -- goal 5: peak RSS of the driver JVM and the Python workers ------------------------------
