@@ -23,6 +23,7 @@ from pathlib import Path
 from dagster import (
     AssetCheckResult,
     BackfillPolicy,
+    AssetCheckExecutionContext,
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetSpec,
@@ -44,6 +45,7 @@ from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
+from lake_assets.streaming import materialize_stream
 from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool, topic_key
 from lake_assets.asset_metadata import NOT_RETRYABLE, RETRY_POLICY, column_schema, definition_metadata, freshness_policy
 from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
@@ -150,8 +152,7 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path 
     """
     decorator = _table_asset_decorator(spec, sqlite_catalog, tables_file, catalog_name)
 
-    @decorator
-    def _materialize(
+    def _one_batch(
         context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> MaterializeResult:
@@ -185,6 +186,15 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path 
             if table is not None:
                 md["dagster/column_schema"] = column_schema(spec, table.schema().fields)
         return MaterializeResult(metadata=md)
+
+    @decorator
+    def _materialize(
+        context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ) -> MaterializeResult:
+        # a sensor-launched run keeps committing while lag remains (lake_assets/streaming.py)
+        return materialize_stream(context, kafka.metadata(), spec.topic,
+                                  lambda: _one_batch(context, pyspark, kafka, catalog, slack))
 
     _materialize.__name__ = f"ingest_{spec.name}"
     return _materialize
@@ -225,13 +235,15 @@ def table_checks(spec: TableSpec) -> list:
 
     @asset_check(asset=table_key(spec), name="duplicate_free", blocking=False,
                  description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.")
-    def _duplicate_free(pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
-                        slack: LakeSlackResource) -> AssetCheckResult:
+    def _duplicate_free(context: AssetCheckExecutionContext, pyspark: PySparkResource, kafka: KafkaResource,
+                        catalog: IcebergCatalogResource, slack: LakeSlackResource) -> AssetCheckResult:
         settings = settings_for(kafka, catalog)
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
-        outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table))
+        # after the run's own commits: only the rows they added; a check run on its own: the full scan
+        outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table),
+                                        commit_id=context.run.run_id)
         alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "duplicate_free",
                        *pick_measure("duplicate_free", outcome.figures), outcome.summary, sink=slack.sink(), severity="ERROR")
         return check_result(outcome, AssetCheckSeverity.ERROR)

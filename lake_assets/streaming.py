@@ -1,0 +1,103 @@
+"""Streaming runs: one Dagster run that keeps its process and Spark session and commits
+micro-batch after micro-batch while lag remains, up to a time budget.
+
+Why: a new process plus a new Spark session per micro-batch costs about 20 s before the first
+record is read (launch, Python start-up, Spark start, DDL), so sensor-driven freshness cannot get
+below that. A run launched by the lag sensor therefore keeps going: after each commit it looks at
+the topic's high watermarks and, while records are waiting, runs the next micro-batch on the
+same session. Each commit is its own ``AssetMaterialization`` of the run's micro-batch slot; the
+last one is the step's ``MaterializeResult``. See docs/benchmark.md, "Streaming runs".
+
+What stays the same:
+
+- exactly-once: every micro-batch is the whole write path (recover, plan from the committed
+  offsets, conditional commit); the commit id is the run id, so the liveness test of recovery
+  still recognises this run's attempts;
+- the pool rules: the run holds its pool slot throughout, so no other run of the table (or, on
+  SQLite, of any table) commits meanwhile; to share the slot, the loop ends after the current
+  commit as soon as any other run is waiting in the run queue;
+- the backfill semantics: a run of a backfill (tag ``dagster/backfill``), or one launched by hand
+  or by a job, commits exactly one micro-batch, as before. Only runs launched by a sensor
+  (tag ``dagster/sensor_name``) stream.
+
+``LAKE_STREAM_BUDGET_S`` (seconds, default 120; 0 turns streaming off) bounds a run's loop: no
+micro-batch starts after it. ``LAKE_STREAM_IDLE_S`` (seconds, default 2) is how long a run with
+no lag left waits for new records before it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from dagster import AssetExecutionContext, AssetMaterialization, DagsterRunStatus, MaterializeResult, MetadataValue, RunsFilter
+
+from kafka_iceberg.kafka_client import KafkaMetadata
+
+BUDGET_ENV, IDLE_ENV = "LAKE_STREAM_BUDGET_S", "LAKE_STREAM_IDLE_S"
+DEFAULT_BUDGET_S, DEFAULT_IDLE_S = 120.0, 2.0
+POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
+
+
+def stream_budget_s(tags: dict[str, str], env: dict[str, str] | None = None) -> float:
+    """Seconds a run with these tags may keep committing: 0 for a backfill run or a run not
+    launched by a sensor, else ``LAKE_STREAM_BUDGET_S``. Raises ValueError on a bad value."""
+    env = os.environ if env is None else env
+    if "dagster/backfill" in tags or "dagster/sensor_name" not in tags:
+        return 0.0
+    budget = float(env.get(BUDGET_ENV, DEFAULT_BUDGET_S))
+    if budget < 0:
+        raise ValueError(f"{BUDGET_ENV} must be >= 0 seconds, got {budget}")
+    return budget
+
+
+def others_waiting(context: AssetExecutionContext) -> bool:
+    """Whether any other run is queued on this Dagster instance (it may need our pool slot)."""
+    queued = context.instance.get_run_ids(filters=RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=2)
+    return any(run_id != context.run_id for run_id in queued)
+
+
+def committed_offsets(result: MaterializeResult) -> dict[int, int]:
+    """The committed offsets recorded in a micro-batch's metadata (partition -> next offset)."""
+    raw = result.metadata["committed_offsets"]
+    return {int(p): int(o) for p, o in getattr(raw, "value", raw).items()}
+
+
+def wait_for_lag(kafka: KafkaMetadata, topic: str, committed: dict[int, int], timeout_s: float) -> int:
+    """Poll the topic's high watermarks every :data:`POLL_S` until records wait beyond
+    ``committed`` or ``timeout_s`` passes. Returns the offset lag seen last (records)."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    while True:
+        lag = sum(max(0, w.high - committed.get(p, w.low)) for p, w in kafka.watermarks(topic).items())
+        if lag > 0 or time.monotonic() >= deadline:
+            return lag
+        time.sleep(POLL_S)
+
+
+def materialize_stream(context: AssetExecutionContext, kafka: KafkaMetadata, topic: str,
+                       one_batch: Callable[[], MaterializeResult], budget_s: float | None = None) -> MaterializeResult:
+    """Run ``one_batch`` (one whole micro-batch, returning its ``MaterializeResult``) once, and
+    again while records wait and the budget lasts (:func:`stream_budget_s` unless ``budget_s``).
+    Every commit but the last is logged as an ``AssetMaterialization`` of the run's slot; the
+    last is returned. Errors of ``one_batch`` propagate (earlier commits stay committed)."""
+    budget = stream_budget_s(dict(context.run.tags)) if budget_s is None else budget_s
+    idle_s = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S))
+    started = time.monotonic()
+    deadline = started + budget
+    result, commits = one_batch(), 1
+    while budget > 0 and time.monotonic() < deadline and not others_waiting(context):
+        lag = wait_for_lag(kafka, topic, committed_offsets(result), min(idle_s, deadline - time.monotonic()))
+        if lag == 0 or time.monotonic() >= deadline:
+            break
+        context.log_event(AssetMaterialization(asset_key=context.asset_key, partition=context.partition_key,
+                                               metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)}))
+        result, commits = one_batch(), commits + 1
+    if commits > 1:
+        context.log.info(f"streaming run: {commits} micro-batches in {time.monotonic() - started:.1f} s "
+                         f"(budget {budget:.0f} s)")
+    return MaterializeResult(metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)})
+
+
+__all__ = ["BUDGET_ENV", "IDLE_ENV", "committed_offsets", "materialize_stream", "others_waiting", "stream_budget_s",
+           "wait_for_lag"]
