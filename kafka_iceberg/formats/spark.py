@@ -43,12 +43,13 @@ def output_schema(value_schema: pa.Schema, keep: pa.Schema) -> pa.Schema:
 
 
 def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | None], value_schema: pa.Schema,
-                 fmt: str, keep: Sequence[str], out_schema: pa.Schema, column: str = "value") -> pa.RecordBatch:
+                 fmt: str, keep: Sequence[str], out_schema: pa.Schema, column: str = "value",
+                 refused: Mapping[int, tuple[str, str]] | None = None) -> pa.RecordBatch:
     """One input batch -> one output batch with a row per input row (see the module docstring)."""
     from kafka_iceberg.formats.decode import decode_values
 
     n = batch.num_rows
-    result = decode_values(batch.column(column).to_pylist(), writers, value_schema, fmt)
+    result = decode_values(batch.column(column).to_pylist(), writers, value_schema, fmt, refused)
     where = [None] * n
     for row, i in enumerate(result.row_index):
         where[i] = row
@@ -62,11 +63,12 @@ def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | Non
 
 
 def decode_dataframe(df, writers: Mapping[int, WriterSchema | None], table_schema, fmt: str,
-                     keep: Sequence[str] = ("partition", "offset"), column: str = "value"):
+                     keep: Sequence[str] = ("partition", "offset"), column: str = "value",
+                     refused: Mapping[int, tuple[str, str]] | None = None):
     """``df`` (raw records with a binary ``column``) decoded in the Spark tasks (``mapInArrow``).
 
     ``table_schema``: the table's value columns as a pyiceberg ``Schema``. ``writers``: from
-    :func:`kafka_iceberg.formats.resolve` on the driver.
+    :func:`kafka_iceberg.formats.resolve` on the driver. ``refused``: ``BatchPlan.refused``.
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -78,11 +80,11 @@ def decode_dataframe(df, writers: Mapping[int, WriterSchema | None], table_schem
                              if f.name in keep])
     keep_schema = pa.schema([keep_schema.field(k) for k in keep])
     out_schema = output_schema(value_schema, keep_schema)
-    writers = dict(writers)
+    writers, refused = dict(writers), dict(refused or {})
 
     def run(batches):
         for b in batches:
-            yield decode_batch(b, writers, value_schema, fmt, keep, out_schema, column)
+            yield decode_batch(b, writers, value_schema, fmt, keep, out_schema, column, refused)
 
     return df.select(*keep, column).mapInArrow(run, from_arrow_schema(out_schema))
 
