@@ -94,16 +94,21 @@ def _plane(row: dict | None) -> dict | None:
 def plane_days(flights: pd.DataFrame, planes: pd.DataFrame) -> list[dict]:
     """One record per (tailnum, day) of ``flights``, in (tailnum, day) order (see the module docstring)."""
     by_tail = {r["tailnum"]: r for r in planes.to_dict("records")}
-    f = flights[flights["tailnum"].notna()].copy()
+    f = flights.loc[flights["tailnum"].notna(), ["tailnum", "carrier", "flight", "origin", "dest", "dep_delay",
+                                                  "arr_delay", "distance", "time_hour"]].copy()
     f["_at"] = pd.to_datetime(f["time_hour"], utc=True)
     f["_day"] = f["_at"].dt.date
     out: list[dict] = []
-    for (tail, day), g in f.sort_values(["tailnum", "_day", "_at", "flight"]).groupby(["tailnum", "_day"], sort=False):
-        legs = [{"carrier": r["carrier"], "flight": int(r["flight"]), "origin": r["origin"], "dest": r["dest"],
-                 "dep_delay": _none(r["dep_delay"]), "arr_delay": _none(r["arr_delay"]),
-                 "distance": float(r["distance"]), "time_hour": r["_at"].to_pydatetime()}
-                for r in g.to_dict("records")]
-        out.append({"tailnum": tail, "day": day, "plane": _plane(by_tail.get(tail)), "flights": legs})
+    current = None
+    for r in f.sort_values(["tailnum", "_day", "_at", "flight"]).to_dict("records"):  # one pass, no groupby
+        key = (r["tailnum"], r["_day"])
+        if current is None or current[0] != key:
+            current = (key, {"tailnum": key[0], "day": key[1], "plane": _plane(by_tail.get(key[0])), "flights": []})
+            out.append(current[1])
+        current[1]["flights"].append({
+            "carrier": r["carrier"], "flight": int(r["flight"]), "origin": r["origin"], "dest": r["dest"],
+            "dep_delay": _none(r["dep_delay"]), "arr_delay": _none(r["arr_delay"]),
+            "distance": float(r["distance"]), "time_hour": r["_at"].to_pydatetime()})
     return out
 
 
