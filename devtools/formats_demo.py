@@ -5,7 +5,8 @@
   A separate topic name can be passed so the JSON demo topic stays as it is.
 - ``nycflights13.planes`` as Avro (subject ``nycflights13.planes-value``): one record per plane and
   day it flew, with the plane's attributes (null for tailnums ``planes`` does not list) and a
-  nested list of that day's flights. Flights without a tailnum are left out.
+  nested list of that day's flights. Flights without a tailnum are left out: 251,561 records
+  holding 334,264 flights (336,776 less 2,512 without a tailnum); building them takes about 50 s.
 
 Keys are UTF-8 text (``origin``; ``tailnum/date``), record timestamps the event time (ms).
 Used by ``make demo`` once the write path reads these formats; ``seed_*`` are idempotent.
