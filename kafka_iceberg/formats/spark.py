@@ -6,10 +6,14 @@ For the write path, per micro-batch::
     writers = resolve(url, ids)                  # driver, once per id (cached for good)
     decoded = decode_dataframe(raw_df, writers, table_value_schema, "avro")
 
-``decoded`` has the raw columns asked for, then the table's value columns (all nullable), then
-``_format_error_kind`` and ``_format_error``: null for a good record, else the bad-record kind
-(:data:`kafka_iceberg.formats.wire.BAD_KINDS`) and reason. The writer schemas travel to the tasks
-inside the ``mapInArrow`` closure; tasks never call the registry.
+``decoded`` has the raw columns asked for, then ``j`` (the value as a struct of the table's value
+columns; null for a bad record), then ``_format_error_kind`` and ``_format_error``: null for a good
+record, else the bad-record kind (:data:`kafka_iceberg.formats.wire.BAD_KINDS`) and reason. The
+writer schemas travel to the tasks inside the ``mapInArrow`` closure; tasks never call the registry.
+
+:func:`classify_formatted` gives the shape of ``kafka_iceberg.transform.classify`` (raw columns,
+``j``, ``_problem``), so the write path's later steps (table rows, dead-letter rows, counts) work
+on it unchanged.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
 from kafka_iceberg.formats.resolver import WriterSchema
 
 ERROR_KIND = "_format_error_kind"
 ERROR = "_format_error"
+VALUE = "j"
 
 
 def schema_ids_in(df, column: str = "value") -> set[int]:
@@ -36,10 +42,10 @@ def schema_ids_in(df, column: str = "value") -> set[int]:
 
 
 def output_schema(value_schema: pa.Schema, keep: pa.Schema) -> pa.Schema:
-    """Arrow schema of :func:`decode_dataframe`'s output: kept columns, value columns (nullable),
-    then the two error columns."""
-    values = [f.with_nullable(True) for f in value_schema]
-    return pa.schema(list(keep) + values + [pa.field(ERROR_KIND, pa.string()), pa.field(ERROR, pa.string())])
+    """Arrow schema of :func:`decode_dataframe`'s output: kept columns, ``j`` (a nullable struct of
+    the value columns), then the two error columns."""
+    return pa.schema(list(keep) + [pa.field(VALUE, pa.struct(list(value_schema)))]
+                     + [pa.field(ERROR_KIND, pa.string()), pa.field(ERROR, pa.string())])
 
 
 def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | None], value_schema: pa.Schema,
@@ -54,10 +60,13 @@ def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | Non
     for row, i in enumerate(result.row_index):
         where[i] = row
     taken = result.rows.take(pa.array(where, pa.int64()))
+    valid = pa.array([w is not None for w in where])
+    struct = pa.StructArray.from_arrays([taken.column(f.name).combine_chunks() for f in value_schema],
+                                        fields=list(value_schema), mask=pa.compute.invert(valid))
     kinds, reasons = [None] * n, [None] * n
     for b in result.bad:
         kinds[b.index], reasons[b.index] = b.kind, b.reason
-    arrays = [batch.column(k) for k in keep] + [taken.column(f.name).combine_chunks() for f in value_schema]
+    arrays = [batch.column(k) for k in keep] + [struct]
     arrays += [pa.array(kinds, pa.string()), pa.array(reasons, pa.string())]
     return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
 
@@ -86,10 +95,37 @@ def decode_dataframe(df, writers: Mapping[int, WriterSchema | None], table_schem
         for b in batches:
             yield decode_batch(b, writers, value_schema, fmt, keep, out_schema, column, refused)
 
-    return df.select(*keep, column).mapInArrow(run, from_arrow_schema(out_schema))
+    source = df.select(*keep, *([] if column in keep else [column]))
+    return source.mapInArrow(run, from_arrow_schema(out_schema))
 
 
 def _spark_to_arrow(t) -> pa.DataType:
     from pyspark.sql.pandas.types import to_arrow_type
 
     return to_arrow_type(t)
+
+
+def classify_formatted(raw, table_schema, fmt: str, writers: Mapping[int, WriterSchema | None],
+                       refused: Mapping[int, tuple[str, str]] | None = None, max_record_bytes: int | None = None):
+    """Raw records (``kafka_iceberg.reader.RAW_SCHEMA_DDL``) decoded and classified in the shape
+    of ``kafka_iceberg.transform.classify``: every raw column, ``j`` (a struct of the table's value
+    columns, ``table_schema`` as a pyiceberg ``Schema``) and ``_problem`` (null, or
+    ``struct<kind, reason>``). Kinds in order: ``tombstone`` (null value), ``oversize`` (key +
+    value above ``max_record_bytes``), then the format's kinds (:data:`~kafka_iceberg.formats.wire.BAD_KINDS`).
+    """
+    from pyspark.sql import functions as F
+
+    cols = list(raw.columns)
+    decoded = decode_dataframe(raw, writers, table_schema, fmt, keep=cols, refused=refused)
+    size = F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))
+
+    def problem(kind, reason):
+        return F.struct(kind.alias("kind"), reason.alias("reason"))
+
+    rule = F.when(F.col("value").isNull(), problem(F.lit("tombstone"), F.lit("the value is null (a tombstone)")))
+    if max_record_bytes is not None:
+        rule = rule.when(size > max_record_bytes, problem(
+            F.lit("oversize"), F.concat(F.lit("key + value are "), size.cast("string"),
+                                        F.lit(f" bytes, above max_record_bytes {max_record_bytes}"))))
+    rule = rule.when(F.col(ERROR_KIND).isNotNull(), problem(F.col(ERROR_KIND), F.col(ERROR)))
+    return decoded.select(*cols, F.when(rule.isNull(), F.col(VALUE)).alias(VALUE), rule.alias("_problem"))
