@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -45,16 +45,31 @@ def check_cron(value: str) -> str:
 
 
 class FormatDecl(_Section):
-    """``format:`` how record values are encoded."""
+    """``format:`` how record values (or, as ``key_format:``, keys) are encoded.
 
-    type: str = Field("json", description="Value format; supported: json.")
+    ``json``: schemaless JSON objects. ``avro``, ``protobuf``, ``json_schema``: the Confluent wire
+    format (magic byte 0, 4-byte schema id, payload) with the schemas in a Schema Registry.
+    Registry credentials come from the environment (``LAKE_SCHEMA_REGISTRY_BASIC_AUTH`` or
+    ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN``), never from this file.
+    """
+
+    type: Literal["json", "avro", "protobuf", "json_schema"] = Field(
+        "json", description="json, or a Schema Registry format: avro, protobuf, json_schema.")
+    registry_url: Optional[str] = Field(
+        None, description="Schema Registry base URL; ${VAR} is read from the environment when a batch runs. "
+                          "Default: ${LAKE_SCHEMA_REGISTRY_URL}.")
+    subject_strategy: Literal["topic_name", "record_name", "topic_record_name"] = Field(
+        "topic_name", description="Subject name strategy: <topic>-value, <record>, or <topic>-<record>.")
+    record_name: Optional[str] = Field(
+        None, description="Fully qualified record name (record_name and topic_record_name strategies).")
 
 
 class ColumnDecl(_Section):
     """One ``schema:`` entry: a column of the record value."""
 
     name: str = Field(pattern=IDENTIFIER_PATTERN)
-    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, binary or decimal(p,s)")
+    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, timestamp_ntz, binary, "
+                                  "decimal(p,s), or a nested struct<...>, array<...>, map<...> in Spark SQL syntax")
     required: bool = False
     doc: Optional[str] = Field(None, description="Column documentation, shown in the Dagster UI's column schema.")
 
@@ -139,6 +154,9 @@ class _Common(_Section):
 
     consumer_group: Optional[str] = None
     format: Union[FormatDecl, str, None] = None
+    key_format: Union[FormatDecl, str, None] = Field(
+        None, description="Format of the record key; a parsed key becomes the struct column _kafka_key_parsed "
+                          "(raw key bytes stay in _kafka_key).")
     partition_by: Optional[list[str]] = None
     kafka_columns: Optional[list[str]] = None
     max_records_per_partition: Optional[int] = None
@@ -160,7 +178,7 @@ class _Common(_Section):
 class Defaults(_Common):
     """``defaults:`` merged under every table (a table's own value wins; ``tags`` merge)."""
 
-    columns: Optional[list[ColumnDecl]] = Field(None, alias="schema")
+    columns: Union[list[ColumnDecl], Literal["from_registry"], None] = Field(None, alias="schema")
 
 
 class TableDecl(_Common):
@@ -169,7 +187,9 @@ class TableDecl(_Common):
     name: str = Field(pattern=IDENTIFIER_PATTERN, description="Short name; names the sensors (<name>_lag).")
     identifier: str = Field(description="Iceberg namespace.table, lower_snake_case.")
     topic: str = Field(min_length=1)
-    columns: list[ColumnDecl] = Field(alias="schema", min_length=1)
+    columns: Union[Annotated[list[ColumnDecl], Field(min_length=1)], Literal["from_registry"]] = Field(
+        alias="schema", description="The value columns, or from_registry: create the table from the subject's "
+                                    "latest schema when it is first created (avro, protobuf, json_schema only).")
 
 
 class TablesFile(_Section):
@@ -200,7 +220,10 @@ def describe(error: ValidationError, raw: Any, where: str) -> str:
     unknown: dict[tuple, list[str]] = {}
     lines = []
     for e in error.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "json-or-python"))))
+        if "literal['from_registry']" in e["loc"] and isinstance(e.get("input"), list):
+            continue  # a column list: its own errors say what is wrong
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(
+            ("function-", "json-or-python", "list[", "literal["))))
         if e["type"] == "extra_forbidden":
             unknown.setdefault(loc[:-1], []).append(str(loc[-1]))
             continue

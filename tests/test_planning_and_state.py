@@ -154,7 +154,9 @@ def test_the_shipped_table_declarations_load():
     "override, message",
     [
         ({"identifier": "flat"}, "namespace.table"),
-        ({"format": {"type": "protobuf"}}, "not supported yet"),
+        ({"format": "xml"}, "is not supported"),
+        ({"format": {"type": "avro"}, "schema": "from_registry", "key_format": {"type": "avro", "subject_strategy": "record_name"}}, "needs key_format.record_name"),
+        ({"format": "json", "schema": "from_registry"}, "needs a registry format"),
         ({"schema": [{"name": "x", "type": "uuid"}]}, "unsupported type"),
         ({"partition_by": ["days(nope)"]}, "unknown column 'nope'"),
         ({"max_records_per_partition": 0}, "must be positive"),
