@@ -43,6 +43,7 @@ def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, com
         quarantined={s.partition: s.quarantined for s in stats if s.quarantined},
         quarantine_kinds=batch.quarantine_kinds if batch is not None else {},
         schema_changes=list(batch.schema_changes) if batch is not None else [],
+        schema_ids=batch.schema_ids if batch is not None else None,
     )
     return {**plan.extra_summary, **summary}  # the ingest state keys win
 

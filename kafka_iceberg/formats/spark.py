@@ -129,3 +129,47 @@ def classify_formatted(raw, table_schema, fmt: str, writers: Mapping[int, Writer
                                         F.lit(f" bytes, above max_record_bytes {max_record_bytes}"))))
     rule = rule.when(F.col(ERROR_KIND).isNotNull(), problem(F.col(ERROR_KIND), F.col(ERROR)))
     return decoded.select(*cols, F.when(rule.isNull(), F.col(VALUE)).alias(VALUE), rule.alias("_problem"))
+
+
+def spark_sql_type(t) -> str:
+    """The Spark SQL type of Iceberg type ``t`` for ``CREATE TABLE`` (nested fields optional;
+    uuid -> STRING as the decoders produce it, fixed -> BINARY).
+
+    Raises:
+        UnsupportedSchemaError: a type Spark cannot hold (Iceberg ``time``).
+    """
+    from pyiceberg import types as it
+
+    from kafka_iceberg.formats.types import UnsupportedSchemaError
+
+    if isinstance(t, it.StructType):
+        return "STRUCT<" + ", ".join(f"`{f.name}`: {spark_sql_type(f.field_type)}" for f in t.fields) + ">"
+    if isinstance(t, it.ListType):
+        return f"ARRAY<{spark_sql_type(t.element_type)}>"
+    if isinstance(t, it.MapType):
+        return f"MAP<{spark_sql_type(t.key_type)}, {spark_sql_type(t.value_type)}>"
+    if isinstance(t, it.DecimalType):
+        return f"DECIMAL({t.precision},{t.scale})"
+    simple = {it.BooleanType: "BOOLEAN", it.IntegerType: "INT", it.LongType: "BIGINT", it.FloatType: "FLOAT",
+              it.DoubleType: "DOUBLE", it.DateType: "DATE", it.TimestampType: "TIMESTAMP_NTZ",
+              it.TimestamptzType: "TIMESTAMP", it.StringType: "STRING", it.UUIDType: "STRING",
+              it.BinaryType: "BINARY", it.FixedType: "BINARY"}
+    if type(t) not in simple:
+        raise UnsupportedSchemaError(f"Iceberg type {t} has no Spark SQL type")
+    return simple[type(t)]
+
+
+def spark_columns(schema) -> list[tuple[str, str, bool]]:
+    """A pyiceberg ``Schema``'s top-level fields as ``(name, Spark SQL type, required)``."""
+    return [(f.name, spark_sql_type(f.field_type), f.required) for f in schema.fields]
+
+
+def schema_id_counts(df, column: str = "value") -> dict[int, int]:
+    """Records per schema id of the framed values in ``df[column]`` (values without the magic
+    byte are left out; the decoder reports them). Runs one Spark job."""
+    from pyspark.sql import functions as F
+
+    sid = F.conv(F.hex(F.substring(F.col(column), 2, 4)), 16, 10).cast("long")
+    rows = (df.where(F.length(column) >= 5).where(F.hex(F.substring(F.col(column), 1, 1)) == "00")
+            .groupBy(sid.alias("id")).count().collect())
+    return {int(r["id"]): int(r["count"]) for r in rows}
