@@ -107,3 +107,20 @@ def test_avro_topic_through_run_micro_batch(broker, kafka_config, topic_factory,
     kinds = con.execute(f"SELECT error_kind, count(*) FROM {duck.scan_sql(dlq.metadata_location)} "
                         "GROUP BY 1 ORDER BY 1").fetchall()
     assert kinds == [("missing_magic_byte", 1), ("schema", 3)]
+
+
+def test_registry_unreachable_fails_the_batch_and_commits_nothing(broker, kafka_config, topic_factory, unique, spark,
+                                                                   settings, kafka, catalog):
+    from kafka_iceberg.formats import RegistryUnavailableError, frame
+
+    topic = topic_factory(unique, partitions=1)
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spec = make_spec(f"down_{unique}", topic, schema=[{"name": "tailnum", "type": "string"}], partition_by=[],
+                     format={"type": "avro", "registry_url": down}, kafka_columns=["partition", "offset"])
+    assert produce(kafka_config, topic, [(None, frame(1, b"\x02a"), 1_700_000_000_000)]) == 1
+    with pytest.raises(RegistryUnavailableError, match="127.0.0.1"):
+        run_micro_batch(spark, settings, spec, commit_id="run-down", kafka=kafka, catalog=catalog)
+    from kafka_iceberg.catalog import read_state
+
+    assert all(o == 0 for o in read_state(catalog, spec.identifier).offsets.values())  # nothing committed
+    assert catalog.load_table(spec.identifier).scan().to_arrow().num_rows == 0
