@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kafka_iceberg.errors import ConfigError
+
 DURATION_PATTERN = r"^\d+(\.\d+)?\s*(ms|s|m|h|d)$"
 Duration = Union[float, str]
 IDENTIFIER_PATTERN = r"^[a-z_][a-z0-9_]*$"
@@ -267,3 +269,21 @@ def _message(e: dict, path: str) -> str:
     if kind == "missing":
         return f"'{path}' is required"
     return f"{path}: {e['msg'].removeprefix('Value error, ')}"
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_s(value: Any, where: str) -> float:
+    """Parse ``"90s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds into seconds.
+
+    Raises:
+        ConfigError: naming ``where`` when the value is not a duration.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION.match(str(value).strip())
+    if not m:
+        raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
+    return float(m.group(1)) * _UNITS[m.group(2)]

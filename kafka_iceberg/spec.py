@@ -33,6 +33,7 @@ from kafka_iceberg.declaration import (
     describe,
 )
 from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.declaration import parse_duration_s
 from kafka_iceberg.format_spec import REGISTRY_FORMATS, VALUE_FORMATS, FormatSpec, parse_format  # noqa: F401 (re-exported)
 from kafka_iceberg.retention import RetentionPolicy
 
@@ -201,22 +202,6 @@ class TableSpec:
         cols = [(c.name, c.spark_type, c.required) for c in self.columns]
         cols += [(KAFKA_COLUMNS[k][0], KAFKA_COLUMNS[k][1], k in _REQUIRED_KAFKA_COLUMNS) for k in self.kafka_columns]
         return cols
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-def parse_duration_s(value: Any, where: str) -> float:
-    """Parse ``"90s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds into seconds.
-
-    Raises:
-        ConfigError: naming ``where`` when the value is not a duration.
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    m = _DURATION.match(str(value).strip())
-    if not m:
-        raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 def _parse_starting_position(value: Any) -> StartingPosition:
     if value in ("earliest", "latest"):

@@ -144,7 +144,11 @@ def test_attempt_branch_names_round_trip():
 
 def test_the_shipped_table_declarations_load():
     specs = load_table_specs(load_settings(env={}).tables_file)
-    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather"}
+    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather", "nyc.plane_days"}
+    formats = {s.name: (s.format.type, s.format.subject(s.topic), s.columns_from_registry) for s in specs}
+    assert formats["weather"] == ("avro", "nycflights13.weather-value", False)
+    assert formats["plane_days"] == ("avro", "nycflights13.planes-value", True) and formats["flights"][0] == "json"
+    assert next(s for s in specs if s.name == "weather").format.url({"LAKE_SCHEMA_REGISTRY_URL": "http://r:1"}) == "http://r:1"
     flights = next(s for s in specs if s.name == "flights")
     assert flights.kafka_columns == ("topic", "partition", "offset", "timestamp", "key", "headers")
     assert flights.freshness.max_valid_through_age_s is None
