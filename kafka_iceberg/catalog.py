@@ -233,9 +233,10 @@ def qualified(settings: Settings, spec: TableSpec) -> str:
     return f"{settings.catalog.name}.{spec.identifier}"
 
 
-def table_ddl(settings: Settings, spec: TableSpec) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` statement for a declared table."""
-    cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in spec.table_columns())
+def table_ddl(settings: Settings, spec: TableSpec, columns: list[tuple[str, str, bool]] | None = None) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` statement for a declared table (``columns``: (name, Spark SQL
+    type, required) of every column, default :meth:`TableSpec.table_columns`)."""
+    cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in columns or spec.table_columns())
     parts = f"\nPARTITIONED BY ({', '.join(spec.partition_by)})" if spec.partition_by else ""
     properties = {**TABLE_PROPERTIES, **(UPSERT_TABLE_PROPERTIES if spec.upsert else {})}
     props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
@@ -246,7 +247,7 @@ def table_ddl(settings: Settings, spec: TableSpec) -> str:
     )
 
 
-def _create_table(spark, settings: Settings, identifier: str, ddl: str) -> None:
+def create_table(spark, settings: Settings, identifier: str, ddl: str) -> None:
     """Run a ``CREATE TABLE IF NOT EXISTS`` after creating the namespace; a concurrent creator winning
     the race is fine."""
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{identifier.rsplit('.', 1)[0]}")
@@ -265,7 +266,7 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
             (the Iceberg table schema is the contract; it is never changed silently).
     """
     existed = spark.catalog.tableExists(qualified(settings, spec))
-    _create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
+    create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
     if spec.upsert and not existed:  # the key becomes the table's identifier fields
         prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
     fields = spark.table(qualified(settings, spec)).schema.fields
@@ -306,7 +307,7 @@ def ensure_dead_letter_table(spark, settings: Settings, spec: TableSpec) -> None
         ConfigError: a table of that name exists but is not this table's dead-letter table.
     """
     ident = spec.bad_records.dead_letter_identifier
-    _create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
+    create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
     owner = spark.sql(f"SHOW TBLPROPERTIES {settings.catalog.name}.{ident} ('lake.dead-letter-of')").collect()
     value = owner[0]["value"] if owner else None
     if value != spec.identifier:

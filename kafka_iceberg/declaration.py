@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kafka_iceberg.errors import ConfigError
 
 DURATION_PATTERN = r"^\d+(\.\d+)?\s*(ms|s|m|h|d)$"
 Duration = Union[float, str]
@@ -45,16 +47,31 @@ def check_cron(value: str) -> str:
 
 
 class FormatDecl(_Section):
-    """``format:`` how record values are encoded."""
+    """``format:`` how record values (or, as ``key_format:``, keys) are encoded.
 
-    type: str = Field("json", description="Value format; supported: json.")
+    ``json``: schemaless JSON objects. ``avro``, ``protobuf``, ``json_schema``: the Confluent wire
+    format (magic byte 0, 4-byte schema id, payload) with the schemas in a Schema Registry.
+    Registry credentials come from the environment (``LAKE_SCHEMA_REGISTRY_BASIC_AUTH`` or
+    ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN``), never from this file.
+    """
+
+    type: Literal["json", "avro", "protobuf", "json_schema"] = Field(
+        "json", description="json, or a Schema Registry format: avro, protobuf, json_schema.")
+    registry_url: Optional[str] = Field(
+        None, description="Schema Registry base URL; ${VAR} is read from the environment when a batch runs. "
+                          "Default: ${LAKE_SCHEMA_REGISTRY_URL}.")
+    subject_strategy: Literal["topic_name", "record_name", "topic_record_name"] = Field(
+        "topic_name", description="Subject name strategy: <topic>-value, <record>, or <topic>-<record>.")
+    record_name: Optional[str] = Field(
+        None, description="Fully qualified record name (record_name and topic_record_name strategies).")
 
 
 class ColumnDecl(_Section):
     """One ``schema:`` entry: a column of the record value."""
 
     name: str = Field(pattern=IDENTIFIER_PATTERN)
-    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, binary or decimal(p,s)")
+    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, timestamp_ntz, binary, "
+                                  "decimal(p,s), or a nested struct<...>, array<...>, map<...> in Spark SQL syntax")
     required: bool = False
     doc: Optional[str] = Field(None, description="Column documentation, shown in the Dagster UI's column schema.")
 
@@ -139,6 +156,9 @@ class _Common(_Section):
 
     consumer_group: Optional[str] = None
     format: Union[FormatDecl, str, None] = None
+    key_format: Union[FormatDecl, str, None] = Field(
+        None, description="Format of the record key; a parsed key becomes the struct column _kafka_key_parsed "
+                          "(raw key bytes stay in _kafka_key).")
     partition_by: Optional[list[str]] = None
     kafka_columns: Optional[list[str]] = None
     max_records_per_partition: Optional[int] = None
@@ -160,7 +180,7 @@ class _Common(_Section):
 class Defaults(_Common):
     """``defaults:`` merged under every table (a table's own value wins; ``tags`` merge)."""
 
-    columns: Optional[list[ColumnDecl]] = Field(None, alias="schema")
+    columns: Union[list[ColumnDecl], Literal["from_registry"], None] = Field(None, alias="schema")
 
 
 class TableDecl(_Common):
@@ -169,7 +189,9 @@ class TableDecl(_Common):
     name: str = Field(pattern=IDENTIFIER_PATTERN, description="Short name; names the sensors (<name>_lag).")
     identifier: str = Field(description="Iceberg namespace.table, lower_snake_case.")
     topic: str = Field(min_length=1)
-    columns: list[ColumnDecl] = Field(alias="schema", min_length=1)
+    columns: Union[Annotated[list[ColumnDecl], Field(min_length=1)], Literal["from_registry"]] = Field(
+        alias="schema", description="The value columns, or from_registry: create the table from the subject's "
+                                    "latest schema when it is first created (avro, protobuf, json_schema only).")
     mode: Literal["append", "upsert"] = Field("append", description="append keeps every record; upsert keeps one row per key "
                                               "(docs/cdc.md).")
     key: Optional[list[str]] = Field(None, description="mode upsert: the key columns (required columns; the Iceberg identifier fields).")
@@ -205,7 +227,10 @@ def describe(error: ValidationError, raw: Any, where: str) -> str:
     unknown: dict[tuple, list[str]] = {}
     lines = []
     for e in error.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "json-or-python"))))
+        if "literal['from_registry']" in e["loc"] and isinstance(e.get("input"), list):
+            continue  # a column list: its own errors say what is wrong
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(
+            ("function-", "json-or-python", "list[", "literal["))))
         if e["type"] == "extra_forbidden":
             unknown.setdefault(loc[:-1], []).append(str(loc[-1]))
             continue
@@ -249,3 +274,21 @@ def _message(e: dict, path: str) -> str:
     if kind == "missing":
         return f"'{path}' is required"
     return f"{path}: {e['msg'].removeprefix('Value error, ')}"
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_s(value: Any, where: str) -> float:
+    """Parse ``"90s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds into seconds.
+
+    Raises:
+        ConfigError: naming ``where`` when the value is not a duration.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION.match(str(value).strip())
+    if not m:
+        raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
+    return float(m.group(1)) * _UNITS[m.group(2)]

@@ -34,6 +34,8 @@ from kafka_iceberg.declaration import (
     describe,
 )
 from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.declaration import parse_duration_s
+from kafka_iceberg.format_spec import REGISTRY_FORMATS, VALUE_FORMATS, FormatSpec, parse_format  # noqa: F401 (re-exported)
 from kafka_iceberg.retention import RetentionPolicy
 
 # Declared type -> Spark SQL type. Spark's Iceberg writer maps these to Iceberg types
@@ -47,8 +49,10 @@ _SIMPLE_TYPES = {
     "boolean": "BOOLEAN",
     "date": "DATE",
     "timestamp": "TIMESTAMP",
+    "timestamp_ntz": "TIMESTAMP_NTZ",
     "binary": "BINARY",
 }
+_NESTED = re.compile(r"^(struct|array|map)<.+>$", re.DOTALL)
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _TRANSFORM = re.compile(r"^(identity|years|months|days|hours)\((\w+)\)$|^bucket\((\d+),\s*(\w+)\)$|^truncate\((\d+),\s*(\w+)\)$|^(\w+)$")
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -67,7 +71,7 @@ KAFKA_COLUMNS = {
 they are what the duplicate-free check and exactly-once verification are keyed on."""
 
 _REQUIRED_KAFKA_COLUMNS = ("partition", "offset")
-VALUE_FORMATS = ("json",)  # "avro" with a schema registry is the next one; see docs/tables.md
+
 
 @dataclass(frozen=True)
 class ColumnSpec:
@@ -82,7 +86,9 @@ class ColumnSpec:
     def spark_type(self) -> str:
         """The Spark SQL type name for this column (e.g. ``BIGINT``)."""
         m = _DECIMAL.match(self.type)
-        return f"DECIMAL({m.group(1)},{m.group(2)})" if m else _SIMPLE_TYPES[self.type]
+        if m:
+            return f"DECIMAL({m.group(1)},{m.group(2)})"
+        return self.type if _NESTED.match(self.type) else _SIMPLE_TYPES[self.type]
 
 @dataclass(frozen=True)
 class StartingPosition:
@@ -179,6 +185,9 @@ class TableSpec:
     retention: RetentionPolicy = RetentionPolicy()
     owners: tuple[str, ...] = ()  # e-mail addresses or team:<name> (Dagster asset owners)
     tags: tuple[tuple[str, str], ...] = ()  # (key, value) pairs (Dagster asset tags)
+    format: FormatSpec = FormatSpec()
+    key_format: FormatSpec | None = None
+    columns_from_registry: bool = False  # schema: from_registry (columns come from the subject at creation)
     upsert: UpsertSpec | None = None  # mode: upsert (key and cdc, docs/cdc.md); None for append
 
     @property
@@ -195,22 +204,6 @@ class TableSpec:
         cols = [(c.name, c.spark_type, c.required) for c in self.columns]
         cols += [(KAFKA_COLUMNS[k][0], KAFKA_COLUMNS[k][1], k in _REQUIRED_KAFKA_COLUMNS) for k in self.kafka_columns]
         return cols
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-def parse_duration_s(value: Any, where: str) -> float:
-    """Parse ``"90s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds into seconds.
-
-    Raises:
-        ConfigError: naming ``where`` when the value is not a duration.
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    m = _DURATION.match(str(value).strip())
-    if not m:
-        raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 def _parse_starting_position(value: Any) -> StartingPosition:
     if value in ("earliest", "latest"):
@@ -246,11 +239,11 @@ def _lag(lag: LagDecl, where: str) -> LagPolicy:
 
 def _columns(decl: TableDecl, where: str) -> tuple[ColumnSpec, ...]:
     columns = []
-    for col in decl.columns:
+    for col in () if decl.columns == "from_registry" else decl.columns:
         ctype = col.type.strip().lower()
-        if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype):
-            raise ConfigError(f"{where}: column {col.name!r} has unsupported type {ctype!r}; "
-                              f"supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
+        if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype) and not _NESTED.match(ctype):
+            raise ConfigError(f"{where}: column {col.name!r} has unsupported type {ctype!r}; supported: "
+                              f"{sorted(_SIMPLE_TYPES)}, decimal(p,s) and struct<...>, array<...>, map<...>")
         columns.append(ColumnSpec(col.name, ctype, col.required, col.doc))
     names = [c.name for c in columns]
     if len(set(names)) != len(names):
@@ -267,14 +260,15 @@ def _kafka_columns(declared: list[str] | None, where: str) -> tuple[str, ...]:
     kept = set(declared or ()) | set(_REQUIRED_KAFKA_COLUMNS)
     return tuple(k for k in KAFKA_COLUMNS if k in kept)  # canonical order
 
-def _partition_by(declared: list[str] | None, known: set[str], where: str) -> tuple[str, ...]:
+def _partition_by(declared: list[str] | None, known: set[str] | None, where: str) -> tuple[str, ...]:
+    """``known``: the table's columns (None: not known yet, the columns come from the registry)."""
     partition_by = tuple(str(p).strip() for p in declared or ())
     for p in partition_by:
         m = _TRANSFORM.match(p)
         if not m:
             raise ConfigError(f"{where}: partition_by entry {p!r} is not a transform like days(col), bucket(16, col) or col")
         source = next(g for g in (m.group(2), m.group(4), m.group(6), m.group(7)) if g)
-        if source not in known:
+        if known is not None and source not in known:
             raise ConfigError(f"{where}: partition_by {p!r} refers to unknown column {source!r}")
     return partition_by
 
@@ -300,10 +294,12 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
     parts = identifier.split(".")
     if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
         raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
-    fmt = decl.format or FormatDecl()
-    value_format = fmt.type if isinstance(fmt, FormatDecl) else fmt
-    if value_format not in VALUE_FORMATS:
-        raise ConfigError(f"{where}: format {value_format!r} is not supported yet; supported: {VALUE_FORMATS}")
+    fmt = parse_format(decl.format, where, "format")
+    value_format = fmt.type
+    key_format = None if decl.key_format is None else parse_format(decl.key_format, where, "key_format")
+    from_registry = decl.columns == "from_registry"
+    if from_registry and not fmt.uses_registry:
+        raise ConfigError(f"{where}: schema: from_registry needs a registry format (avro, protobuf or json_schema)")
     columns = _columns(decl, where)
     kafka_columns = _kafka_columns(decl.kafka_columns, where)
     bound = 100_000 if decl.max_records_per_partition is None else decl.max_records_per_partition
@@ -321,7 +317,8 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         consumer_group=decl.consumer_group or f"lake.{identifier}",
         value_format=value_format,
         columns=columns,
-        partition_by=_partition_by(decl.partition_by, {c.name for c in columns} | {KAFKA_COLUMNS[k][0] for k in kafka_columns}, where),
+        partition_by=_partition_by(decl.partition_by, None if from_registry else
+                                   {c.name for c in columns} | {KAFKA_COLUMNS[k][0] for k in kafka_columns}, where),
         kafka_columns=kafka_columns,
         max_records_per_partition=bound,
         starting_position=_parse_starting_position(decl.starting_position or "earliest"),
@@ -337,8 +334,12 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         retention=_retention(decl.retention or RetentionDecl(), where),
         owners=tuple(decl.owners or ()),
         tags=tuple(sorted((decl.tags or {}).items())),
+        format=fmt,
+        key_format=key_format,
+        columns_from_registry=from_registry,
         upsert=upsert,
     )
+
 
 def load_table_specs(path: Path | str) -> list[TableSpec]:
     """Load and validate every table declared in the YAML file at ``path``.

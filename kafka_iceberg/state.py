@@ -31,7 +31,11 @@ Snapshot summary keys (all values are strings, as Iceberg requires):
                            is published right after this snapshot; recovery rolls it forward
                            if a crash came between the two
 ``kafka.schema-changes``   JSON list of ``{"column", "type"}``:
-                           optional columns schema evolution added before this batch
+                           optional columns schema evolution added before this batch;
+                           for registry formats also ``"change"`` (``evolvable``,
+                           ``promotion``, or ``blocked`` with ``schema_id`` and ``reason``)
+``kafka.schema-ids``       JSON ``{"<schema id>": records}``: the registry schema ids this
+                           batch's values carried (Schema Registry formats only)
 ``kafka.accepted-gaps``    JSON list of offset ranges an operator accepted as lost, each
                            ``{"partition", "start", "end", "reason", "accepted_ms",
                            "commit_id"}``; carried forward by every later snapshot so the
@@ -71,6 +75,7 @@ KEY_QUARANTINED = "kafka.quarantined"
 KEY_QUARANTINE_KINDS = "kafka.quarantine-kinds"
 KEY_DEAD_LETTER = "kafka.dead-letter"
 KEY_SCHEMA_CHANGES = "kafka.schema-changes"
+KEY_SCHEMA_IDS = "kafka.schema-ids"
 KEY_REPLAY_OF = "kafka.replay-of"
 KEY_DEAD_LETTER_OF = "kafka.dead-letter-of"
 
@@ -176,6 +181,7 @@ def ingest_summary(
     quarantined: Mapping[int, int] | None = None,
     quarantine_kinds: Mapping[str, int] | None = None,
     schema_changes: list | None = None,
+    schema_ids: Mapping[int, int] | None = None,
 ) -> dict[str, str]:
     """The snapshot summary properties for one ingest commit (see the module docstring).
 
@@ -201,6 +207,8 @@ def ingest_summary(
         props[KEY_QUARANTINE_KINDS] = json.dumps(dict(sorted(quarantine_kinds.items())), separators=(",", ":"))
     if schema_changes:
         props[KEY_SCHEMA_CHANGES] = json.dumps(list(schema_changes), separators=(",", ":"))
+    if schema_ids:
+        props[KEY_SCHEMA_IDS] = encode_int_map(schema_ids)
     return props
 
 

@@ -201,14 +201,21 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path 
 
 
 def alert_schema_change(spec: TableSpec, changes: list[dict], sink: AlertSink | None = None) -> bool:
-    """Post a WARN alert that schema evolution added columns (never a silent schema change)."""
+    """Post a WARN alert that schema evolution changed the table, or that a registry schema change
+    was blocked and its records quarantined (never a silent schema change)."""
+    blocked = [c for c in changes if c.get("change") == "blocked"]
+    value = ", ".join(f"schema id {c['schema_id']} blocked" if c.get("change") == "blocked" else
+                      f"{'~' if c.get('change') == 'promotion' else '+'}{c['column']} {c['type']}" for c in changes)
+    summary = (f"{spec.identifier}: blocked schema change in topic {spec.topic}, records quarantined: "
+               + "; ".join(c["reason"] for c in blocked)) if blocked else (
+        f"{spec.identifier}: new fields in topic {spec.topic} were added as optional columns (unknown_fields: evolve)")
     return (sink or AlertSink.from_env()).send(Alert(
         table=spec.identifier,
         asset_key_path=list(table_key(spec).path),
         measure="schema_changes",
-        value=", ".join(f"+{c['column']} {c['type']}" for c in changes),
+        value=value,
         severity="WARN",
-        summary=f"{spec.identifier}: new fields in topic {spec.topic} were added as optional columns (unknown_fields: evolve)",
+        summary=summary,
         source=f"asset {spec.name}",
     ))
 

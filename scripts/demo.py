@@ -3,7 +3,11 @@
 Run by ``make demo``. Steps:
 
 1. start the dev broker (noida-db) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set;
-2. produce all flights and weather rows to two multi-partition topics, once;
+2. start the stand-in Schema Registry under ``$LAKE_HOME/registry`` unless
+   ``LAKE_SCHEMA_REGISTRY_URL`` is set (then that registry is used), and produce, once, all
+   flights as JSON, all weather rows as Avro (subject ``nycflights13.weather-value``) and the
+   plane-days (each plane's flights of one day, nested Avro, subject ``nycflights13.planes-value``)
+   to three multi-partition topics;
 3. run the ``ingest_all`` job (every table asset, the downstream asset, all checks) in the
    Dagster instance at ``$DAGSTER_HOME`` until no table has lag left, each round on a new
    micro-batch slot (a partition key of ``micro_batches``, added to the instance first);
@@ -27,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagster import DagsterInstance  # noqa: E402
 
-from devtools import demo_data, devbroker, duck  # noqa: E402
+from devtools import demo_data, devbroker, duck, formats_demo  # noqa: E402
+from devtools import registry as dev_registry  # noqa: E402
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state  # noqa: E402
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata  # noqa: E402
 from kafka_iceberg.planning import offset_lag  # noqa: E402
@@ -35,7 +40,44 @@ from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
 from kafka_iceberg.state import state_at  # noqa: E402
 
 MAX_ROUNDS = 20
+DEV_REGISTRY_PORT = int(os.environ.get("LAKE_DEV_REGISTRY_PORT", "18081"))
+"""Port of the stand-in Schema Registry the demo starts (when LAKE_SCHEMA_REGISTRY_URL is unset)."""
 DEMO_TAGS = {"lake/launched-by": "make-demo"}
+
+
+def start_registry(settings) -> str:
+    """The registry URL: ``LAKE_SCHEMA_REGISTRY_URL``, else the stand-in registry started under
+    ``$LAKE_HOME/registry`` (its URL is then put in the environment, where tables.yaml's
+    ``${LAKE_SCHEMA_REGISTRY_URL}`` reads it)."""
+    url = os.environ.get("LAKE_SCHEMA_REGISTRY_URL")
+    if url:
+        print(f"schema registry: {url} (LAKE_SCHEMA_REGISTRY_URL)")
+        return url
+    data_dir = settings.lake_home / "registry"
+    url = dev_registry.start(data_dir, DEV_REGISTRY_PORT)
+    os.environ["LAKE_SCHEMA_REGISTRY_URL"] = url
+    print(f"schema registry (stand-in): {url}, data in {data_dir}")
+    return url
+
+
+def seed_topics(config: KafkaConfig, registry_url: str) -> None:
+    """Produce flights (JSON), weather (Avro) and plane-days (nested Avro) once; print the subjects."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    t0 = time.perf_counter()
+    produced = demo_data.seed(config, demo_data.FLIGHTS)
+    print(f"topic {demo_data.FLIGHTS.topic} (JSON): produced {produced} records now ({time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    produced = formats_demo.seed_weather_avro(config, registry_url)
+    print(f"topic {formats_demo.WEATHER_TOPIC} (Avro): produced {produced} records now ({time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    produced, expected = formats_demo.seed_planes(config, registry_url)
+    print(f"topic {formats_demo.PLANES_TOPIC} (nested Avro): produced {produced} of {expected} plane-days now "
+          f"({time.perf_counter() - t0:.1f} s)")
+    client = SchemaRegistryClient({"url": registry_url})
+    for subject in sorted(client.get_subjects()):
+        latest = client.get_latest_version(subject)
+        print(f"    subject {subject}: version {latest.version}, schema id {latest.schema_id}")
 
 
 def main() -> int:
@@ -49,10 +91,8 @@ def main() -> int:
     else:
         print(f"Kafka: {settings.kafka_bootstrap_servers}")
     config = KafkaConfig.from_settings(settings)
-    for topic in (demo_data.FLIGHTS, demo_data.WEATHER):
-        t0 = time.perf_counter()
-        produced = demo_data.seed(config, topic)
-        print(f"topic {topic.topic}: produced {produced} records now ({time.perf_counter() - t0:.1f} s)")
+    registry_url = start_registry(settings)
+    seed_topics(config, registry_url)
 
     from lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
 

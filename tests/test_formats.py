@@ -373,3 +373,40 @@ def test_avro_time_types_across_schema_ids_keep_input_order(registry, sr, unique
     wrong = pa.schema([pa.field("id", pa.int32()), pa.field("t", pa.string())])
     out = decode_values(values[:2], resolve(registry, [s1, s2]), wrong, "avro")
     assert [b.kind for b in out.bad] == ["schema", "schema"] and len(out.rows) == 0
+
+
+def test_batch_plan_applies_promotions_and_refuses_blocked_schema_ids(registry, sr, unique):
+    from kafka_iceberg.formats import plan_batch
+
+    subject = f"{unique}-value"
+    sr.set_compatibility(subject, "NONE")  # let every change in, so the table side must block it
+    v1 = [{"name": "id", "type": "int"}, {"name": "name", "type": "string"}]
+    ids = [sr.register_schema(subject, Schema(_avro(f))) for f in (
+        v1,
+        v1 + [{"name": "extra", "type": ["null", "long"], "default": None}],  # new field
+        [{"name": "id", "type": "long"}, v1[1]],  # promotion
+        [{"name": "id", "type": "int"}, {"name": "name", "type": "long"}],  # blocked
+    )]
+    table = iceberg_schema(resolve(registry, ids[:1])[ids[0]])
+    writers = resolve(registry, ids)
+
+    reject = plan_batch(table, writers, "reject")
+    assert [c.path for c in reject.apply] == ["id"] and set(reject.refused) == {ids[1], ids[3]}
+    assert reject.refused[ids[1]] == ("unknown_field", f"schema id {ids[1]} has fields the table lacks "
+                                                       "(unknown_fields: reject): extra")
+    assert reject.refused[ids[3]][0] == "schema" and "name: the table has string, the writer sends long" in \
+        reject.refused[ids[3]][1]
+    evolve = plan_batch(table, writers, "evolve")
+    assert [c.path for c in evolve.apply] == ["extra", "id"] and set(evolve.refused) == {ids[3]}
+    ignore = plan_batch(table, writers, "ignore")
+    assert [c.path for c in ignore.ignored] == ["extra"] and set(ignore.refused) == {ids[3]}
+
+    sers = [AvroSerializer(sr, _avro(f), conf={"auto.register.schemas": False}) for f in (
+        v1, v1 + [{"name": "extra", "type": ["null", "long"], "default": None}])]
+    blocked = AvroSerializer(sr, _avro([{"name": "id", "type": "int"}, {"name": "name", "type": "long"}]),
+                             conf={"auto.register.schemas": False})
+    ctx = SerializationContext(unique, MessageField.VALUE)
+    values = [sers[0]({"id": 1, "name": "a"}, ctx), sers[1]({"id": 2, "name": "b", "extra": 5}, ctx),
+              blocked({"id": 3, "name": 7}, ctx)]
+    out = decode_values(values, writers, arrow_schema(table), "avro", reject.refused)
+    assert out.row_index == [0] and [(b.index, b.kind) for b in out.bad] == [(1, "unknown_field"), (2, "schema")]

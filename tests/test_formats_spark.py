@@ -18,7 +18,7 @@ from devtools import registry as dev_registry
 from devtools.devbroker import free_port
 from devtools.formats_samples import AVRO_PLANE, avro_plane
 from kafka_iceberg.formats import frame, resolve, table_schema_from_subject
-from kafka_iceberg.formats.spark import ERROR, ERROR_KIND, decode_dataframe, schema_ids_in
+from kafka_iceberg.formats.spark import ERROR, ERROR_KIND, classify_formatted, decode_dataframe, schema_ids_in
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_avro_decoded_in_spark_tasks_and_written_by_spark(broker, topic_factory,
     ns = f"fmt_{unique}"
     catalog.create_namespace_if_not_exists(ns)
     catalog.create_table(f"{ns}.planes", schema=schema)
-    good = decoded.where(decoded[ERROR].isNull()).drop(ERROR_KIND, ERROR, "partition", "offset")
+    good = decoded.where(decoded[ERROR].isNull()).select("j.*")
     good.writeTo(f"{settings.catalog.name}.{ns}.planes").append()
 
     tbl = catalog.load_table(f"{ns}.planes")
@@ -80,3 +80,22 @@ def test_avro_decoded_in_spark_tasks_and_written_by_spark(broker, topic_factory,
     assert got[2] == sum(1 for i in kept if i % 3 and not i % 2) and str(got[4]) == "49.25"
     row = tbl.scan(row_filter="tailnum == 'N00003'").to_arrow().to_pylist()[0]
     assert str(row["id"]) == str(avro_plane(3)["id"]) and row["code"] == b"003" and row["counts"] == [("seats", 103)]
+
+
+def test_classify_formatted_has_the_shape_of_the_json_classification(broker, topic_factory, unique, registry, spark,
+                                                                     settings):
+    from kafka_iceberg.reader import RAW_SCHEMA_DDL
+
+    sr = SchemaRegistryClient({"url": registry})
+    ser = AvroSerializer(sr, json.dumps(AVRO_PLANE))
+    ctx = SerializationContext(f"{unique}-topic", MessageField.VALUE)
+    values = [ser(avro_plane(i), ctx) for i in range(6)] + [None, b"x" * 5000, b"\x01junk"]
+    rows = [("t", 0, i, 1_700_000_000_000 + i, b"k", v, None) for i, v in enumerate(values)]
+    raw = spark.createDataFrame(rows, RAW_SCHEMA_DDL)
+    writers = resolve(registry, schema_ids_in(raw))
+    schema = table_schema_from_subject(registry, f"{unique}-topic-value")
+    out = classify_formatted(raw, schema, "avro", writers, max_record_bytes=4096)
+    assert out.columns == [*raw.columns, "j", "_problem"]
+    got = {r["offset"]: (r["_problem"]["kind"] if r["_problem"] else r["j"]["tailnum"]) for r in out.collect()}
+    assert got == {0: "N00000", 1: "N00001", 2: "N00002", 3: "N00003", 4: "N00004", 5: "N00005",
+                   6: "tombstone", 7: "oversize", 8: "missing_magic_byte"}

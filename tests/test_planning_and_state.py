@@ -144,7 +144,11 @@ def test_attempt_branch_names_round_trip():
 
 def test_the_shipped_table_declarations_load():
     specs = load_table_specs(load_settings(env={}).tables_file)
-    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather"}
+    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather", "nyc.plane_days"}
+    formats = {s.name: (s.format.type, s.format.subject(s.topic), s.columns_from_registry) for s in specs}
+    assert formats["weather"] == ("avro", "nycflights13.weather-value", False)
+    assert formats["plane_days"] == ("avro", "nycflights13.planes-value", True) and formats["flights"][0] == "json"
+    assert next(s for s in specs if s.name == "weather").format.url({"LAKE_SCHEMA_REGISTRY_URL": "http://r:1"}) == "http://r:1"
     flights = next(s for s in specs if s.name == "flights")
     assert flights.kafka_columns == ("topic", "partition", "offset", "timestamp", "key", "headers")
     assert flights.freshness.max_valid_through_age_s is None
@@ -154,7 +158,9 @@ def test_the_shipped_table_declarations_load():
     "override, message",
     [
         ({"identifier": "flat"}, "namespace.table"),
-        ({"format": {"type": "protobuf"}}, "not supported yet"),
+        ({"format": "xml"}, "is not supported"),
+        ({"format": {"type": "avro"}, "schema": "from_registry", "key_format": {"type": "avro", "subject_strategy": "record_name"}}, "needs key_format.record_name"),
+        ({"format": "json", "schema": "from_registry"}, "needs a registry format"),
         ({"schema": [{"name": "x", "type": "uuid"}]}, "unsupported type"),
         ({"partition_by": ["days(nope)"]}, "unknown column 'nope'"),
         ({"max_records_per_partition": 0}, "must be positive"),

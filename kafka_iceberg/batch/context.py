@@ -106,8 +106,14 @@ class Lake:
         key = (self.spark.sparkContext.applicationId, self.settings.catalog.jdbc_uri, spec.identifier, spec)
         if key in _ENSURED:
             return
-        self.retry(f"table {spec.identifier}: create or check the table",
-                   lambda: ensure_table(self.spark, self.settings, spec))
+        if spec.columns_from_registry:
+            from kafka_iceberg.batch.formats import ensure_registry_table
+
+            self.retry(f"table {spec.identifier}: create the table from the registry",
+                       lambda: ensure_registry_table(self.spark, self.settings, spec))
+        else:
+            self.retry(f"table {spec.identifier}: create or check the table",
+                       lambda: ensure_table(self.spark, self.settings, spec))
         if spec.bad_records.policy == "quarantine":
             self.ensure_dead_letter_table(spec)
         _ENSURED.add(key)

@@ -36,15 +36,23 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
     raw = raw_records(lake, spec.identifier, plan.offsets).persist()
     classified = None
     try:
-        changes = evolve_schema(lake, spec, raw, commit_id) if spec.unknown_fields == "evolve" else ()
-        columns = tuple(_value_columns(lake, plan.target.identifier))
-        classified = _classify(raw, spec, list(columns)).persist()
+        schema_ids = {}
+        if spec.format.uses_registry:
+            from kafka_iceberg.batch.formats import classify_registry
+
+            classified, changes, schema_ids = classify_registry(lake, spec, raw, commit_id)
+            classified = classified.persist()
+            columns = tuple(_value_columns(lake, plan.target.identifier))
+        else:
+            changes = evolve_schema(lake, spec, raw, commit_id) if spec.unknown_fields == "evolve" else ()
+            columns = tuple(_value_columns(lake, plan.target.identifier))
+            classified = _classify(raw, spec, list(columns)).persist()
         stats = partition_stats(classified)
         check_read(plan.offsets, stats)
         kinds = quarantine_kinds(classified) if any(s.quarantined for s in stats) else {}
         if kinds and spec.bad_records.policy == "fail":
             raise first_bad_record(spec, classified)
-        return ReadBatch(classified, columns, stats, kinds, tuple(changes))
+        return ReadBatch(classified, columns, stats, kinds, tuple(changes), schema_ids)
     except BaseException:
         if classified is not None:
             classified.unpersist()

@@ -85,6 +85,7 @@ class ReadBatch:
     stats: tuple[PartitionStats, ...]
     quarantine_kinds: Mapping[str, int] = field(default_factory=dict)
     schema_changes: tuple = ()
+    schema_ids: Mapping[int, int] = field(default_factory=dict)  # records per registry schema id
 
     @property
     def records_read(self) -> int:

@@ -47,6 +47,7 @@ def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, com
         quarantined={s.partition: s.quarantined for s in stats if s.quarantined},
         quarantine_kinds=batch.quarantine_kinds if batch is not None else {},
         schema_changes=list(batch.schema_changes) if batch is not None else [],
+        schema_ids=batch.schema_ids if batch is not None else None,
     )
     pointer = {KEY_DEAD_LETTER: dead_letter} if dead_letter is not None else {}
     return {**plan.extra_summary, **summary, **pointer}  # the ingest state keys win

@@ -67,7 +67,7 @@ class _JsonDecoder:
 
 
 def _group(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | None], fmt: str,
-           bad: list[BadRecord]) -> dict[tuple, list[int]]:
+           bad: list[BadRecord], refused: Mapping[int, tuple[str, str]]) -> dict[tuple, list[int]]:
     """Input positions by (schema id, message indexes); wire-level problems go to ``bad``."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, v in enumerate(values):
@@ -76,6 +76,8 @@ def _group(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | 
             writer = writers.get(sid)
             if writer is None:
                 raise WireError(UNKNOWN_SCHEMA_ID, f"schema id {sid} is not in the schema registry")
+            if sid in refused:
+                raise WireError(*refused[sid])
             if writer.schema_type != SCHEMA_TYPES[fmt]:
                 raise WireError(UNDECODABLE, f"schema id {sid} is a {writer.schema_type} schema; the table "
                                              f"reads {fmt}")
@@ -107,17 +109,19 @@ def _decode_group(dec, fmt: str, values, positions: list[int], raw: bool, bad: l
 
 
 def decode_values(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | None],
-                  target: pa.Schema, fmt: str) -> Decoded:
+                  target: pa.Schema, fmt: str, refused: Mapping[int, tuple[str, str]] | None = None) -> Decoded:
     """Decode framed ``values`` (Confluent wire format) of format ``fmt`` (``avro``, ``protobuf``
     or ``json_schema``) into rows of ``target``.
 
     Fields the table lacks are dropped (the write path decides on them before, with
     :func:`kafka_iceberg.formats.evolution.classify`); columns the record lacks are null. A
     record is bad (``schema``) when a value does not convert to its column's type or a required
-    column is null. Never raises for bad input.
+    column is null. ``refused``: schema id -> (kind, reason) whose records are bad without
+    decoding (``BatchPlan.refused`` of :func:`kafka_iceberg.formats.evolution.plan_batch`).
+    Never raises for bad input.
     """
     bad: list[BadRecord] = []
-    groups = _group(values, writers, fmt, bad)
+    groups = _group(values, writers, fmt, bad, refused or {})
     typ = pa.struct(list(target))
     parts: list[tuple[pa.StructArray, list[int]]] = []
     for (sid, indexes), positions in groups.items():

@@ -146,3 +146,55 @@ def _fresh(t: IcebergType) -> IcebergType:
     if isinstance(t, MapType):
         return MapType(t.key_id, t.key_type, t.value_id, _fresh(t.value_type), value_required=False)
     return t
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a micro-batch does about its writer schemas (from :func:`plan_batch`).
+
+    ``apply``: changes to make to the table before writing (new optional columns with
+    ``unknown_fields: evolve``, type promotions), each once. ``refused``: schema id -> (bad-record
+    kind, reason) for every schema id whose records must not be written (``schema`` for a blocked
+    change, ``unknown_field`` for new fields under ``reject``); pass it to ``decode_values``.
+    ``ignored``: new fields dropped under ``unknown_fields: ignore``.
+    """
+
+    apply: tuple[Change, ...]
+    refused: dict[int, tuple[str, str]]
+    ignored: tuple[Change, ...]
+
+
+def plan_batch(table: Schema, writers: dict, unknown_fields: str = "reject") -> BatchPlan:
+    """Classify every resolved writer schema (``{id: WriterSchema or None}``; unknown ids are
+    skipped) against the table's value columns under the ``unknown_fields`` policy (``reject``,
+    ``ignore`` or ``evolve``). Promotions always apply; blocked changes refuse the schema id.
+
+    Raises:
+        ValueError: an unknown policy, or two writers asking for different promotions of one column.
+    """
+    from kafka_iceberg.formats.types import iceberg_schema
+
+    if unknown_fields not in ("reject", "ignore", "evolve"):
+        raise ValueError(f"unknown_fields must be reject, ignore or evolve, not {unknown_fields!r}")
+    apply: dict[str, Change] = {}
+    refused: dict[int, tuple[str, str]] = {}
+    ignored: dict[str, Change] = {}
+    for sid, writer in sorted(writers.items()):
+        if writer is None:
+            continue
+        ev = classify(table, iceberg_schema(writer))
+        if ev.of("blocked"):
+            refused[sid] = ("schema", f"schema id {sid} is blocked: " + "; ".join(c.reason for c in ev.of("blocked")))
+            continue
+        new = ev.of("evolvable")
+        if new and unknown_fields == "reject":
+            refused[sid] = ("unknown_field", f"schema id {sid} has fields the table lacks (unknown_fields: reject): "
+                            + ", ".join(c.path for c in new))
+            continue
+        for c in ev.of("promotion") + (new if unknown_fields == "evolve" else []):
+            if c.path in apply and apply[c.path].new_type != c.new_type:
+                raise ValueError(f"writers disagree on column {c.path}: {apply[c.path].new_type} vs {c.new_type}")
+            apply[c.path] = c
+        for c in new if unknown_fields == "ignore" else []:
+            ignored[c.path] = c
+    return BatchPlan(tuple(apply.values()), refused, tuple(ignored.values()))

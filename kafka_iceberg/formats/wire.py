@@ -18,9 +18,12 @@ MISSING_MAGIC_BYTE = "missing_magic_byte"
 UNKNOWN_SCHEMA_ID = "unknown_schema_id"
 UNDECODABLE = "undecodable"
 SCHEMA = "schema"
-BAD_KINDS = (MISSING_MAGIC_BYTE, UNKNOWN_SCHEMA_ID, UNDECODABLE, SCHEMA)
-"""Kinds of bad records the formats report. ``schema`` (decoded, but does not fit the table) is
-the same kind the JSON path uses, so the ``quarantine`` check treats both alike."""
+UNKNOWN_FIELD = "unknown_field"
+BAD_KINDS = (MISSING_MAGIC_BYTE, UNKNOWN_SCHEMA_ID, UNDECODABLE, SCHEMA, UNKNOWN_FIELD)
+"""Kinds of bad records the formats report. ``schema`` (does not fit the table, or its schema id
+is blocked) and ``unknown_field`` (its schema id has fields the table lacks, under
+``unknown_fields: reject``) are the kinds the JSON path uses, so the ``quarantine`` check treats
+both paths alike."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,84 @@
+"""The ``format:`` / ``key_format:`` part of a table declaration (see docs/tables.md#formats).
+
+``json`` is schemaless JSON; ``avro``, ``protobuf`` and ``json_schema`` are the Confluent wire
+format with the schemas in a Schema Registry. The registry URL may hold ``${VAR}`` references,
+read from the environment when a batch runs (so ``tables.yaml`` stays free of deployment
+details); undeclared, it is ``${LAKE_SCHEMA_REGISTRY_URL}``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kafka_iceberg.declaration import FormatDecl
+from kafka_iceberg.errors import ConfigError
+
+VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+"""Formats read through a Schema Registry (Confluent wire format); see docs/tables.md#formats."""
+REGISTRY_URL_ENV = "LAKE_SCHEMA_REGISTRY_URL"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """How values (or keys) are encoded: ``type`` (json, avro, protobuf, json_schema), the Schema
+    Registry URL as declared (``${VAR}`` references are read when a batch runs, see
+    :meth:`url`), the subject name strategy and, for the record-name strategies, the record name."""
+
+    type: str = "json"
+    registry_url: str | None = None
+    subject_strategy: str = "topic_name"
+    record_name: str | None = None
+
+    @property
+    def uses_registry(self) -> bool:
+        """Whether records are in the Confluent wire format with schemas in a registry."""
+        return self.type in REGISTRY_FORMATS
+
+    def url(self, env=None) -> str:
+        """The registry URL with ``${VAR}`` replaced from ``env`` (default ``os.environ``);
+        ``${LAKE_SCHEMA_REGISTRY_URL}`` when none was declared.
+
+        Raises:
+            ConfigError: a referenced variable is unset or empty.
+        """
+        import os
+
+        env = os.environ if env is None else env
+        raw = self.registry_url or "${%s}" % REGISTRY_URL_ENV
+
+        def sub(m):
+            value = env.get(m.group(1))
+            if not value:
+                raise ConfigError(f"format.registry_url {raw!r}: environment variable {m.group(1)} is not set")
+            return value
+
+        return _ENV_REF.sub(sub, raw).rstrip("/")
+
+    def subject(self, topic: str, is_key: bool = False) -> str:
+        """The subject of ``topic``'s values (keys with ``is_key``) under the strategy."""
+        from kafka_iceberg.formats.resolver import subject_name
+
+        return subject_name(self.subject_strategy, topic, self.record_name, is_key=is_key)
+
+
+def parse_format(decl, where: str, field: str) -> FormatSpec:
+    """A ``format:`` / ``key_format:`` entry (a mapping, a type name, or None for json) as a :class:`FormatSpec`.
+
+    Raises:
+        ConfigError: an unknown type, or a record-name strategy without ``record_name``.
+    """
+
+    if decl is None:
+        return FormatSpec()
+    if isinstance(decl, str):
+        if decl not in VALUE_FORMATS:
+            raise ConfigError(f"{where}: {field} {decl!r} is not supported; supported: {VALUE_FORMATS}")
+        decl = FormatDecl(type=decl)
+    if decl.subject_strategy != "topic_name" and not decl.record_name:
+        raise ConfigError(f"{where}: {field}.subject_strategy {decl.subject_strategy} needs {field}.record_name")
+    return FormatSpec(decl.type, decl.registry_url, decl.subject_strategy, decl.record_name)
+
