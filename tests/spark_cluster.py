@@ -17,7 +17,7 @@ from pathlib import Path
 import pyspark
 
 # The dev tooling these deployment tests use, imported in this one place (re-exported):
-from kafka_iceberg import duck  # noqa: F401
+from kafka_iceberg import devpostgres, duck  # noqa: F401
 from kafka_iceberg.demo_data import produce  # noqa: F401
 from kafka_iceberg.devbroker import free_port
 
