@@ -35,7 +35,8 @@ class StandaloneCluster:
     def alive_workers(self) -> int:
         """Workers the master lists as ALIVE (its JSON status page)."""
         try:
-            with urllib.request.urlopen(f"{self.webui}/json/", timeout=2) as resp:
+            no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with no_proxy.open(f"{self.webui}/json/", timeout=5) as resp:
                 status = json.load(resp)
         except OSError:
             return 0

@@ -152,3 +152,16 @@ def test_one_config_drives_pyiceberg_and_spark(spark, tmp_path, unique):
     assert spark.table(f"{name}.db.events").count() == 7
     spark.sql(f"INSERT INTO {name}.db.events VALUES (7), (8)")
     assert catalog.load_table("db.events").scan().to_arrow().num_rows == 9
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////data/lake/catalog.db", "postgresql://lake:pw@db.svc:5432/iceberg"])
+def test_legacy_uri_config_gives_todays_spark_settings(uri):
+    """``LAKE_CATALOG_URI`` alone yields a config whose Spark settings equal kafka_iceberg.catalog.catalog_conf's,
+    so catalog.py can switch to ``cat.config.spark_properties()`` without changing a JDBC deployment."""
+    from kafka_iceberg.catalog import catalog_conf
+    from kafka_iceberg.settings import catalog_from_uri
+
+    cat = catalog_from_uri("lake", uri, "file:///data/lake/warehouse")
+    assert cat.config.spark_properties() == catalog_conf(cat)
+    py = cat.config.pyiceberg_properties()
+    assert (py["uri"], py["warehouse"]) == (cat.sqlalchemy_uri, cat.warehouse)
