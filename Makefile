@@ -12,7 +12,7 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse backfill replay
+.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse backfill replay validate
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -47,21 +47,26 @@ dev: install dagster-home
 
 # after data loss: make accept-gap TABLE=flights REASON="retention expired during the outage of 2026-11-20"
 accept-gap: install
-	$(PY) -m kafka_iceberg.cli accept-gap --table "$(TABLE)" --reason "$(REASON)"
+	$(VENV)/bin/lake accept-gap --table "$(TABLE)" --reason "$(REASON)"
 
 status: install
-	$(PY) -m kafka_iceberg.cli status
+	$(VENV)/bin/lake status
 
 # a backfill of micro-batches, one run each: make backfill TABLE=flights [BATCHES=3] [BACKFILL_ARGS="--wait 600"]
 # (default BATCHES: what the table's lag needs). The daemon of make dev (or dagster-daemon) runs it.
 backfill: install dagster-home
-	$(PY) -m lake_assets.backfill --table "$(TABLE)" $(if $(BATCHES),--batches $(BATCHES)) $(BACKFILL_ARGS)
+	$(VENV)/bin/lake backfill --table "$(TABLE)" $(if $(BATCHES),--batches $(BATCHES)) $(BACKFILL_ARGS)
 
 # replay or rebuild (docs/operations.md#replay-and-rebuild), e.g.
 #   make replay ARGS="--table flights --from earliest --into nyc.flights_rebuild --validate"
 #   make replay ARGS="--table flights --from-snapshot 1234 --branch fix --validate"
 replay: install
-	$(PY) -m kafka_iceberg.cli replay $(ARGS)
+	$(VENV)/bin/lake replay $(ARGS)
+
+# check tables.yaml without starting anything; refresh its published JSON Schema
+validate: install
+	$(VENV)/bin/lake validate
+	$(VENV)/bin/lake validate --json-schema docs/tables.schema.json
 
 clean:
 	-$(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka

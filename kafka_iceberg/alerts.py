@@ -50,8 +50,8 @@ DEFAULT_API_BASE_URL = "https://slack.com/api/"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
 DEFAULT_TIMEOUT_S = 10.0
 
-Severity = Literal["WARN", "ERROR"]
-_ICON = {"WARN": ":warning:", "ERROR": ":rotating_light:"}
+Severity = Literal["OK", "WARN", "ERROR"]
+_ICON = {"OK": ":white_check_mark:", "WARN": ":warning:", "ERROR": ":rotating_light:"}
 
 
 def asset_url(ui_url: str, key_path: Sequence[str]) -> str:
@@ -98,7 +98,7 @@ class Alert:
             ``snapshot_age_s``, ``run_status``.
         value: its value as display text, with units where it has them, e.g. ``3``,
             ``4210.0 s (threshold 3600 s)``, ``FAILURE``.
-        severity: ``"WARN"`` or ``"ERROR"``.
+        severity: ``"WARN"`` or ``"ERROR"``; ``"OK"`` for a recovery (a status back to normal).
         summary: one or two lines of human explanation (shown as is, escaped for Slack).
         source: what raised it, e.g. ``check duplicate_free``, ``run failure``,
             ``sensor lag_sensor``; optional.
@@ -117,8 +117,8 @@ class Alert:
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.severity not in ("WARN", "ERROR"):
-            raise ValueError(f"Alert severity must be 'WARN' or 'ERROR', not {self.severity!r}")
+        if self.severity not in _ICON:
+            raise ValueError(f"Alert severity must be 'OK', 'WARN' or 'ERROR', not {self.severity!r}")
 
 
 @dataclass

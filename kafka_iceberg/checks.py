@@ -171,24 +171,10 @@ def quarantine(spark, catalog_name: str, spec: TableSpec, view: TableMetadataVie
     problems = []
     if added + n_bad != n_read:
         problems.append(f"rows added {added} + quarantined {n_bad} != records read {n_read}")
-    dup = 0
-    in_batch: dict[int, int] = {}
+    in_batch, dup = {}, 0
     if dead_letter_view is not None and dead_letter_view.main is not None:
-        dlq = f"{catalog_name}.{policy.dead_letter_identifier}"
-        ranges = batch_ranges(latest)
-        if ranges:
-            cond = " OR ".join(f"(`partition` = {p} AND `offset` >= {s} AND `offset` < {e})" for p, (s, e) in ranges.items())
-            in_batch = {r["p"]: int(r["n"]) for r in spark.sql(
-                f"SELECT `partition` AS p, count(*) AS n FROM {dlq} WHERE `topic` = '{spec.topic}' AND ({cond}) GROUP BY `partition`"
-            ).collect()}
-        dup = int(spark.sql(
-            f"SELECT coalesce(sum(n - 1), 0) AS extra FROM (SELECT count(*) AS n FROM {dlq} "
-            f"GROUP BY `topic`, `partition`, `offset` HAVING count(*) > 1)"
-        ).collect()[0]["extra"])
-        ref = dead_letter_ref(latest)
-        published = {s.snapshot_id for s in ancestors(dead_letter_view.snapshots, dead_letter_view.main)}
-        if ref is not None and int(ref["snapshot-id"]) not in published:
-            problems.append(f"dead-letter snapshot {ref['snapshot-id']} is not published yet")
+        in_batch, dup, unpublished = _dead_letters_of(spark, catalog_name, spec, latest, dead_letter_view)
+        problems += unpublished
     figures["dead_letter_rows_in_batch"] = sum(in_batch.values())
     figures["duplicate_dead_letters"] = dup
     if {p: n for p, n in in_batch.items() if n} != {p: n for p, n in bad.items() if n}:
@@ -202,3 +188,26 @@ def quarantine(spark, catalog_name: str, spec: TableSpec, view: TableMetadataVie
     if problems:
         return CheckOutcome(False, f"table {spec.identifier}: " + "; ".join(problems), figures)
     return CheckOutcome(True, f"{n_bad} of {n_read} records quarantined ({rate:.2%}); accounting reconciles", figures)
+
+
+def _dead_letters_of(spark, catalog_name: str, spec: TableSpec, latest, dead_letter_view: TableMetadataView):
+    """Dead-letter rows per partition inside ``latest``'s batch ranges, rows quarantined twice, and
+    a problem if ``latest``'s dead-letter snapshot is not published (Spark queries)."""
+    dlq = f"{catalog_name}.{spec.bad_records.dead_letter_identifier}"
+    in_batch: dict[int, int] = {}
+    ranges = batch_ranges(latest)
+    if ranges:
+        cond = " OR ".join(f"(`partition` = {p} AND `offset` >= {s} AND `offset` < {e})" for p, (s, e) in ranges.items())
+        in_batch = {r["p"]: int(r["n"]) for r in spark.sql(
+            f"SELECT `partition` AS p, count(*) AS n FROM {dlq} WHERE `topic` = '{spec.topic}' AND ({cond}) GROUP BY `partition`"
+        ).collect()}
+    dup = int(spark.sql(
+        f"SELECT coalesce(sum(n - 1), 0) AS extra FROM (SELECT count(*) AS n FROM {dlq} "
+        f"GROUP BY `topic`, `partition`, `offset` HAVING count(*) > 1)"
+    ).collect()[0]["extra"])
+    ref = dead_letter_ref(latest)
+    published = {s.snapshot_id for s in ancestors(dead_letter_view.snapshots, dead_letter_view.main)}
+    problems = []
+    if ref is not None and int(ref["snapshot-id"]) not in published:
+        problems.append(f"dead-letter snapshot {ref['snapshot-id']} is not published yet")
+    return in_batch, dup, problems

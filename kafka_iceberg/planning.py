@@ -93,8 +93,9 @@ def plan_batch(
     watermarks: Mapping[int, Watermarks],
     initial_offsets: Mapping[int, int],
     bound: int,
+    stop_at: Mapping[int, int] | None = None,
 ) -> BatchPlan:
-    """Plan the next micro-batch.
+    """Plan the next micro-batch: the one offset planner of ingestion, replay and backfill.
 
     Args:
         committed: the table's committed offsets (next offset to read) per partition.
@@ -103,9 +104,11 @@ def plan_batch(
             table's starting position for a new table, or the log start offset for a
             partition added to the topic later).
         bound: max offsets per partition in this batch (> 0).
+        stop_at: per partition, an offset the plan never reads past (a replay's end); None:
+            the high watermark. A partition already at its stop needs no readable start.
 
     Raises:
-        DataLossError: a committed offset is below the partition's low watermark.
+        DataLossError: a committed offset is below the partition's low watermark (and below its stop).
         OffsetsAheadError: a committed offset is above the high watermark, or a committed
             partition no longer exists (the topic was recreated or shrank).
     """
@@ -121,7 +124,8 @@ def plan_batch(
     end: dict[int, int] = {}
     for p, wm in sorted(watermarks.items()):
         s = committed[p] if p in committed else initial_offsets.get(p, wm.low)
-        if s < wm.low:
+        stop = wm.high if stop_at is None else min(wm.high, stop_at[p])
+        if s < wm.low and s < stop:
             raise DataLossError(table, topic, p, s, wm.low)
         if s > wm.high:
             raise OffsetsAheadError(
@@ -129,7 +133,7 @@ def plan_batch(
                 f"watermark {wm.high} (was the topic recreated or truncated?)"
             )
         start[p] = s
-        end[p] = min(wm.high, s + bound)
+        end[p] = max(s, min(stop, s + bound))
     return BatchPlan(
         table=table,
         topic=topic,

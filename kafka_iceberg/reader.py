@@ -69,14 +69,43 @@ def read_range(
         ReadTimeoutError: no progress for ``timeout_s`` seconds before reaching ``end``.
         KafkaException: any other consumer error (broker down beyond librdkafka's retries).
     """
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    from kafka_iceberg.errors import DataLossError, ReadTimeoutError
+    from kafka_iceberg.errors import ReadTimeoutError
 
     if end <= start:
         return
-    transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
-    consumer = Consumer(
+    consumer = _consumer(conf, table)
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        chunk = _Chunk()
+        position = start  # the next offset this task expects
+        deadline = time.monotonic() + timeout_s
+        done = False
+        while not done:
+            # never ask for more than the range still holds, or consume() waits out its timeout
+            msgs = consumer.consume(num_messages=max(1, min(10_000, end - position)), timeout=1.0)
+            before = position
+            position, done = _take(msgs, end, position, chunk, (table, topic, partition))
+            if position > before:
+                deadline = time.monotonic() + timeout_s
+            elif not done and time.monotonic() > deadline:  # only real records count as progress
+                raise ReadTimeoutError(
+                    f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
+                    f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
+                )
+            if len(chunk.offsets) >= _CHUNK:
+                yield chunk.batch(topic, partition)
+        if chunk.offsets:
+            yield chunk.batch(topic, partition)
+    finally:
+        consumer.close()
+
+
+def _consumer(conf: Mapping[str, object], table: str):
+    from confluent_kafka import Consumer
+
+    return Consumer(
         {
             # tunable through KAFKA_CLIENT_CONFIG
             "fetch.max.bytes": 64 * 1024 * 1024,
@@ -94,65 +123,63 @@ def read_range(
             "isolation.level": "read_committed",
         }
     )
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        offsets: list[int] = []
-        timestamps: list[int] = []
-        keys: list = []
-        values: list = []
-        headers: list = []
-        position = start  # the next offset this task expects
-        deadline = time.monotonic() + timeout_s
-        done = False
-        while not done:
-            # never ask for more than the range still holds, or consume() waits out its timeout
-            remaining = end - position
-            msgs = consumer.consume(num_messages=max(1, min(10_000, remaining)), timeout=1.0)
-            before = position
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    code = err.code()
-                    if code == KafkaError._PARTITION_EOF:
-                        if m.offset() >= end:
-                            done = True
-                            break
-                        continue
-                    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        raise DataLossError(table, topic, partition, position, -1)
-                    if err.fatal() or not (err.retriable() or code in transient):
-                        raise KafkaException(err)
-                    # a broker blip: librdkafka reconnects and refetches on its own; the
-                    # no-progress deadline above bounds how long we wait for it
-                    continue
-                off = m.offset()
-                if off >= end:
-                    done = True
-                    break
-                offsets.append(off)
-                position = off + 1
-                timestamps.append(m.timestamp()[1])
-                keys.append(m.key())
-                values.append(m.value())
-                h = m.headers()
-                headers.append([{"key": k, "value": v} for k, v in h] if h else None)
-                if off == end - 1:
-                    done = True
-                    break
-            if position > before:
-                deadline = time.monotonic() + timeout_s
-            elif not done and time.monotonic() > deadline:  # only real records count as progress
-                raise ReadTimeoutError(
-                    f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
-                    f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
-                )
-            if len(offsets) >= _CHUNK:
-                yield _batch(topic, partition, offsets, timestamps, keys, values, headers)
-                offsets, timestamps, keys, values, headers = [], [], [], [], []
-        if offsets:
-            yield _batch(topic, partition, offsets, timestamps, keys, values, headers)
-    finally:
-        consumer.close()
+
+
+class _Chunk:
+    """Columns of the records read so far, handed to Spark as one Arrow batch."""
+
+    def __init__(self):
+        self.offsets, self.timestamps, self.keys, self.values, self.headers = [], [], [], [], []
+
+    def add(self, m) -> None:
+        self.offsets.append(m.offset())
+        self.timestamps.append(m.timestamp()[1])
+        self.keys.append(m.key())
+        self.values.append(m.value())
+        h = m.headers()
+        self.headers.append([{"key": k, "value": v} for k, v in h] if h else None)
+
+    def batch(self, topic: str, partition: int) -> pa.RecordBatch:
+        out = _batch(topic, partition, self.offsets, self.timestamps, self.keys, self.values, self.headers)
+        self.__init__()
+        return out
+
+
+def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[int, bool]:
+    """Add the records of ``msgs`` below ``end`` to ``chunk``; returns (next offset to read, range done).
+    ``where`` is (table, topic, partition) for errors.
+
+    Raises:
+        DataLossError: the next offset is gone. KafkaException: a fatal or non-retriable error.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kafka_iceberg.errors import DataLossError
+
+    transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            code = err.code()
+            if code == KafkaError._PARTITION_EOF:
+                if m.offset() >= end:
+                    return position, True
+                continue
+            if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                raise DataLossError(*where, position, -1)
+            if err.fatal() or not (err.retriable() or code in transient):
+                raise KafkaException(err)
+            # a broker blip: librdkafka reconnects and refetches on its own; the
+            # no-progress deadline of read_range bounds how long we wait for it
+            continue
+        off = m.offset()
+        if off >= end:
+            return position, True
+        chunk.add(m)
+        position = off + 1
+        if off == end - 1:
+            return position, True
+    return position, False
 
 
 def make_task_reader(conf: Mapping[str, object], table: str, timeout_s: float):

@@ -146,6 +146,7 @@ def recover(
     catalog_name: str,
     identifier: str,
     load_view: Callable[[], TableMetadataView],
+    view: TableMetadataView | None = None,
     is_alive: Callable[[Attempt], bool],
     clock_skew_s: float,
     only: set[str] | None = None,
@@ -154,6 +155,7 @@ def recover(
 
     Args:
         load_view: returns the table's current metadata (called again after each change).
+        view: the table's current metadata if the caller has it (then not loaded first).
         is_alive: decides whether an attempt's run may still be writing.
         only: restrict to these branch names (an attempt cleaning up after its own failure).
 
@@ -163,7 +165,7 @@ def recover(
     """
     report = RecoveryReport()
     now_ms = int(time.time() * 1000)
-    view = load_view()
+    view = view or load_view()
     attempts = [a for a in (parse_attempt(n) for n in view.refs) if a is not None]
     if only is not None:
         attempts = [a for a in attempts if a.branch in only]

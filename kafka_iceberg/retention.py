@@ -9,7 +9,9 @@ in the table:
   ``retention.ms`` is ``-1``. Time-based retention works on record timestamps, which is why
   the record's own timestamp is the right clock here.
 * **ratio** = (high - committed) / (high - low): the share of the retained log the table has
-  not read yet; near 1, retention by size or time is about to overtake the table.
+  not read yet; near 1, retention by size or time is about to overtake the table. It is judged
+  only when ``retention.ms`` is bounded: with ``retention.ms=-1`` nothing is deleted by time,
+  so a large unread share is lag (the lag sensor's business), not a retention risk.
 
 Status per partition: ``DATA_LOSS`` when the committed offset is below the log start offset
 (records were deleted before they were ingested; the table's next run fails with
@@ -59,14 +61,14 @@ def evaluate_partition(
     lag = max(0, wm.high - committed)
     span = wm.high - wm.low
     ratio = round(lag / span, 4) if span > 0 else 0.0
-    headroom = None
-    if lag > 0 and retention_ms >= 0 and oldest_unread_ms is not None:
+    headroom, bounded = None, retention_ms >= 0
+    if lag > 0 and bounded and oldest_unread_ms is not None:
         headroom = round((oldest_unread_ms + retention_ms - now_ms) / 1000, 1)
     if committed < wm.low:
         status = "DATA_LOSS"
-    elif (headroom is not None and headroom <= policy.error_headroom_s) or ratio >= policy.error_ratio:
+    elif (headroom is not None and headroom <= policy.error_headroom_s) or (bounded and ratio >= policy.error_ratio):
         status = "ERROR"
-    elif (headroom is not None and headroom <= policy.warn_headroom_s) or ratio >= policy.warn_ratio:
+    elif (headroom is not None and headroom <= policy.warn_headroom_s) or (bounded and ratio >= policy.warn_ratio):
         status = "WARN"
     else:
         status = "OK"

@@ -1,11 +1,10 @@
 """Every runtime setting, with its default and its environment variable.
 
-All runtime settings of the write path are read from the process environment by
-:func:`load_settings` (``docs/configuration.md`` mirrors it). The only other variables the
-project reads are ``DAGSTER_HOME`` (Dagster's own), ``LAKE_DAGSTER_EXECUTOR``
-(lake_assets/definitions.py), ``PYSPARK_PYTHON`` (Spark's own), ``LAKE_CRASH_AT``
-(failure rehearsal, kafka_iceberg/faults.py) and the Slack alert settings ``SLACK_*`` and
-``DAGSTER_UI_URL`` (kafka_iceberg/alerts.py).
+All runtime settings of the write path and the Dagster layer are read from the process
+environment by :func:`load_settings` (``docs/configuration.md`` mirrors it); reading them opens
+no connection. The only other variables the project reads are ``PYSPARK_PYTHON`` (Spark's own),
+``LAKE_CRASH_AT`` (failure rehearsal, devtools/faults.py, read only by dev tooling) and the Slack alert settings
+``SLACK_*`` and ``DAGSTER_UI_URL`` (kafka_iceberg/alerts.py).
 """
 
 from __future__ import annotations
@@ -75,11 +74,18 @@ class Settings:
     attempt_timeout_s: float = 3600.0
     orphan_clock_skew_s: float = 1.0
     catalog_retry_s: float = 60.0
+    dagster_executor: str = "in_process"
+    dagster_ui_url: str = "http://127.0.0.1:3000"
+    dagster_home_dir: Path | None = None
+    from_process_env: frozenset[str] = frozenset()
+    """Names of the variables read from the process environment (empty when ``load_settings`` was
+    given an explicit ``env``): the Dagster resources refer to secret-bearing ones by name
+    (``EnvVar``), so the UI shows the variable, never its value."""
 
     @property
     def dagster_home(self) -> Path:
-        """``$LAKE_HOME/dagster``: the Dagster instance directory (``DAGSTER_HOME``)."""
-        return self.lake_home / "dagster"
+        """The Dagster instance directory: ``DAGSTER_HOME``, default ``$LAKE_HOME/dagster``."""
+        return self.dagster_home_dir or self.lake_home / "dagster"
 
     @property
     def broker_data_dir(self) -> Path:
@@ -141,6 +147,21 @@ def _number(env: dict[str, str], key: str, default: float) -> float:
     return value
 
 
+SECRET_BEARING = ("KAFKA_CLIENT_CONFIG", "LAKE_CATALOG_URI")
+"""Variables that may hold a secret (``sasl.password`` in the librdkafka properties, the database
+password in the catalog URI)."""
+
+DAGSTER_EXECUTORS = ("in_process", "multiprocess", "k8s")
+"""Values of ``LAKE_DAGSTER_EXECUTOR``: the executor of the code location's jobs."""
+
+
+def _choice(env: dict[str, str], key: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env.get(key, default)
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Read every setting from ``env`` (default: ``os.environ``).
 
@@ -150,6 +171,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     Raises:
         ConfigError: a malformed value (bad JSON, a non-numeric number, an unsupported catalog URI).
     """
+    from_process = env is None
     env = {k: v for k, v in (os.environ if env is None else env).items() if v.strip()}  # empty = unset
     lake_home = Path(env.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
     bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
@@ -182,4 +204,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         attempt_timeout_s=_number(env, "LAKE_ATTEMPT_TIMEOUT_S", 3600.0),
         orphan_clock_skew_s=_number(env, "LAKE_ORPHAN_CLOCK_SKEW_S", 1.0),
         catalog_retry_s=_number(env, "LAKE_CATALOG_RETRY_S", 60.0),
+        dagster_executor=_choice(env, "LAKE_DAGSTER_EXECUTOR", "in_process", DAGSTER_EXECUTORS),
+        dagster_ui_url=env.get("DAGSTER_UI_URL", "http://127.0.0.1:3000"),
+        dagster_home_dir=Path(env["DAGSTER_HOME"]).resolve() if env.get("DAGSTER_HOME") else None,
+        from_process_env=frozenset(k for k in env if k in SECRET_BEARING) if from_process else frozenset(),
     )

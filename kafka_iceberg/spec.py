@@ -2,20 +2,36 @@
 
 Adding a table means adding an entry to ``lake_assets/tables.yaml`` (or the file named
 by ``LAKE_TABLES_FILE``); no Python code changes. The format is documented in
-``docs/tables.md``. Loading validates everything up front and raises
-:class:`~kafka_iceberg.errors.ConfigError` naming the table and field at fault.
+``docs/tables.md``; its schema is the pydantic models of :mod:`kafka_iceberg.declaration`
+(published as ``docs/tables.schema.json``). Loading validates everything up front and raises
+:class:`~kafka_iceberg.errors.ConfigError` naming the table and field at fault; the
+dataclasses here are what the rest of the code reads.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pydantic import ValidationError
+
+from kafka_iceberg.declaration import (
+    BadRecordsDecl,
+    Defaults,
+    FormatDecl,
+    FreshnessDecl,
+    LagDecl,
+    MaintenanceDecl,
+    RetentionDecl,
+    TableDecl,
+    TablesFile,
+    describe,
+)
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.retention import RetentionPolicy
 
@@ -52,7 +68,6 @@ they are what the duplicate-free check and exactly-once verification are keyed o
 _REQUIRED_KAFKA_COLUMNS = ("partition", "offset")
 VALUE_FORMATS = ("json",)  # "avro" with a schema registry is the next one; see docs/tables.md
 
-
 @dataclass(frozen=True)
 class ColumnSpec:
     """One declared column of the JSON value: its name, declared type and nullability."""
@@ -68,14 +83,12 @@ class ColumnSpec:
         m = _DECIMAL.match(self.type)
         return f"DECIMAL({m.group(1)},{m.group(2)})" if m else _SIMPLE_TYPES[self.type]
 
-
 @dataclass(frozen=True)
 class StartingPosition:
     """Where a new table starts reading: ``earliest``, ``latest``, or a timestamp (ms since epoch)."""
 
     kind: str  # "earliest" | "latest" | "timestamp"
     timestamp_ms: int | None = None
-
 
 @dataclass(frozen=True)
 class FreshnessPolicy:
@@ -90,22 +103,23 @@ class FreshnessPolicy:
     max_snapshot_age_s: float
     max_valid_through_age_s: float | None
 
-
 @dataclass(frozen=True)
 class LagPolicy:
     """When the lag sensor triggers a micro-batch, and how it evaluates lag.
 
     ``max_offset_lag`` (records by offset, summed over partitions): trigger at or above it.
     ``max_interval_s``: trigger when any lag is left and the last commit is older than this
-    (the micro-batch cadence). ``window``: samples kept for the Burrow evaluation.
-    ``interval_s``: seconds between sensor evaluations.
+    (the micro-batch cadence). ``grace_s``: how much longer than ``max_interval_s`` a table
+    with lag may go without a commit before it is STOP. ``window``: the commits across which
+    growing lag makes it WARN. ``interval_s``: seconds between sensor evaluations.
+    See :mod:`kafka_iceberg.lag`.
     """
 
     max_offset_lag: int = 10_000
     max_interval_s: float = 900.0
-    window: int = 10
+    window: int = 5
     interval_s: float = 30.0
-
+    grace_s: float = 300.0
 
 @dataclass(frozen=True)
 class MaintenancePolicy:
@@ -124,11 +138,6 @@ class MaintenancePolicy:
     orphan_older_than_s: float = 3 * 86400.0
     target_file_size_bytes: int = 128 * 1024 * 1024
 
-
-BAD_RECORD_POLICIES = ("quarantine", "fail")
-UNKNOWN_FIELD_POLICIES = ("reject", "ignore", "evolve")
-
-
 @dataclass(frozen=True)
 class BadRecordPolicy:
     """What happens to a record that does not fit the table (see docs/tables.md#bad-records).
@@ -145,7 +154,6 @@ class BadRecordPolicy:
     max_quarantine_rate: float = 0.01
     max_record_bytes: int = 1024 * 1024
     dead_letter_identifier: str = ""
-
 
 @dataclass(frozen=True)
 class TableSpec:
@@ -168,6 +176,8 @@ class TableSpec:
     lag: LagPolicy = LagPolicy()
     maintenance: MaintenancePolicy = MaintenancePolicy()
     retention: RetentionPolicy = RetentionPolicy()
+    owners: tuple[str, ...] = ()  # e-mail addresses or team:<name> (Dagster asset owners)
+    tags: tuple[tuple[str, str], ...] = ()  # (key, value) pairs (Dagster asset tags)
 
     @property
     def namespace(self) -> str:
@@ -184,10 +194,8 @@ class TableSpec:
         cols += [(KAFKA_COLUMNS[k][0], KAFKA_COLUMNS[k][1], k in _REQUIRED_KAFKA_COLUMNS) for k in self.kafka_columns]
         return cols
 
-
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
 
 def parse_duration_s(value: Any, where: str) -> float:
     """Parse ``"90s"``, ``"15m"``, ``"6h"``, ``"2d"`` or a number of seconds into seconds.
@@ -202,212 +210,129 @@ def parse_duration_s(value: Any, where: str) -> float:
         raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
     return float(m.group(1)) * _UNITS[m.group(2)]
 
-
-def _parse_starting_position(value: Any, where: str) -> StartingPosition:
+def _parse_starting_position(value: Any) -> StartingPosition:
     if value in ("earliest", "latest"):
         return StartingPosition(value)
-    try:
-        ts = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ConfigError(f"{where}: starting_position must be earliest, latest or an ISO-8601 timestamp, got {value!r}") from exc
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=timezone.utc)
+    ts = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
     return StartingPosition("timestamp", int(ts.timestamp() * 1000))
 
-
-def _check_keys(raw: dict[str, Any], known: set[str], what: str) -> None:
-    """Raise ConfigError ``<what> has unknown keys [...]`` for keys of ``raw`` outside ``known``."""
-    extra = set(raw) - known
-    if extra:
-        raise ConfigError(f"{what} has unknown keys {sorted(extra)}")
-
-
-_CRON = re.compile(r"^\S+(\s+\S+){4}$")
-
-
-def _parse_maintenance(raw: dict[str, Any], where: str) -> MaintenancePolicy:
-    keys = {"compact", "expire", "remove_orphans", "retain_last", "max_snapshot_age", "orphan_older_than",
-            "target_file_size_bytes"}
-    _check_keys(raw, keys, f"{where}: maintenance")
-    d = MaintenancePolicy()
-    crons = {k: str(raw.get(k, default)) for k, default in
-             (("compact", d.compact_cron), ("expire", d.expire_cron), ("remove_orphans", d.remove_orphans_cron))}
-    for k, cron in crons.items():
-        if not _CRON.match(cron):
-            raise ConfigError(f"{where}: maintenance.{k} {cron!r} is not a five-field cron expression")
-    try:
-        retain_last = int(raw.get("retain_last", d.retain_last))
-        target = int(raw.get("target_file_size_bytes", d.target_file_size_bytes))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: maintenance.retain_last and target_file_size_bytes must be whole numbers") from exc
-    orphan_s = parse_duration_s(raw.get("orphan_older_than", d.orphan_older_than_s), f"{where} maintenance.orphan_older_than")
-    if retain_last < 1:
-        raise ConfigError(f"{where}: maintenance.retain_last must be >= 1 (the newest ingest snapshot holds the offsets)")
+def _maintenance(m: MaintenanceDecl, where: str) -> MaintenancePolicy:
+    orphan_s = parse_duration_s(m.orphan_older_than, f"{where} maintenance.orphan_older_than")
     if orphan_s < 86400:
         raise ConfigError(f"{where}: maintenance.orphan_older_than must be at least 24h (longer than any micro-batch)")
-    return MaintenancePolicy(
-        compact_cron=crons["compact"],
-        expire_cron=crons["expire"],
-        remove_orphans_cron=crons["remove_orphans"],
-        retain_last=retain_last,
-        max_snapshot_age_s=parse_duration_s(raw.get("max_snapshot_age", d.max_snapshot_age_s), f"{where} maintenance.max_snapshot_age"),
-        orphan_older_than_s=orphan_s,
-        target_file_size_bytes=target,
-    )
+    return MaintenancePolicy(m.compact, m.expire, m.remove_orphans, m.retain_last,
+                             parse_duration_s(m.max_snapshot_age, f"{where} maintenance.max_snapshot_age"),
+                             orphan_s, m.target_file_size_bytes)
 
-
-def _parse_retention(raw: dict[str, Any], where: str) -> RetentionPolicy:
-    _check_keys(raw, {"warn_headroom", "error_headroom", "warn_ratio", "error_ratio"}, f"{where}: retention")
-    d = RetentionPolicy()
-    try:
-        policy = RetentionPolicy(
-            warn_headroom_s=parse_duration_s(raw.get("warn_headroom", d.warn_headroom_s), f"{where} retention.warn_headroom"),
-            error_headroom_s=parse_duration_s(raw.get("error_headroom", d.error_headroom_s), f"{where} retention.error_headroom"),
-            warn_ratio=float(raw.get("warn_ratio", d.warn_ratio)),
-            error_ratio=float(raw.get("error_ratio", d.error_ratio)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: retention.warn_ratio and error_ratio must be numbers") from exc
-    if not (policy.error_headroom_s <= policy.warn_headroom_s and 0 < policy.warn_ratio <= policy.error_ratio <= 1):
+def _retention(r: RetentionDecl, where: str) -> RetentionPolicy:
+    policy = RetentionPolicy(parse_duration_s(r.warn_headroom, where), parse_duration_s(r.error_headroom, where),
+                             r.warn_ratio, r.error_ratio)
+    if not (policy.error_headroom_s <= policy.warn_headroom_s and policy.warn_ratio <= policy.error_ratio):
         raise ConfigError(f"{where}: retention needs error_headroom <= warn_headroom and 0 < warn_ratio <= error_ratio <= 1")
     return policy
 
-
-def _parse_bad_records(raw: dict[str, Any], where: str, identifier: str) -> BadRecordPolicy:
-    _check_keys(raw, {"policy", "max_quarantine_rate", "max_record_bytes", "dead_letter_table"}, f"{where}: bad_records")
-    policy = raw.get("policy", "quarantine")
-    if policy not in BAD_RECORD_POLICIES:
-        raise ConfigError(f"{where}: bad_records.policy must be one of {BAD_RECORD_POLICIES}, got {policy!r}")
-    try:
-        rate = float(raw.get("max_quarantine_rate", BadRecordPolicy.max_quarantine_rate))
-        size = int(raw.get("max_record_bytes", BadRecordPolicy.max_record_bytes))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: bad_records.max_quarantine_rate must be a number and max_record_bytes a whole number") from exc
-    if not 0 <= rate <= 1 or size <= 0:
-        raise ConfigError(f"{where}: bad_records needs 0 <= max_quarantine_rate <= 1 and max_record_bytes > 0")
-    dlq = str(raw.get("dead_letter_table") or f"{identifier}_dead_letter")
+def _bad_records(b: BadRecordsDecl, where: str, identifier: str) -> BadRecordPolicy:
+    dlq = b.dead_letter_table or f"{identifier}_dead_letter"
     parts = dlq.split(".")
     if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts) or dlq == identifier:
         raise ConfigError(f"{where}: bad_records.dead_letter_table {dlq!r} must be another namespace.table in lower_snake_case")
-    return BadRecordPolicy(policy, rate, size, dlq)
+    return BadRecordPolicy(b.policy, b.max_quarantine_rate, b.max_record_bytes, dlq)
 
+def _lag(lag: LagDecl, where: str) -> LagPolicy:
+    return LagPolicy(lag.max_offset_lag, parse_duration_s(lag.max_interval, f"{where} lag.max_interval"), lag.window,
+                     parse_duration_s(lag.interval, f"{where} lag.interval"), parse_duration_s(lag.grace, f"{where} lag.grace"))
 
-def _parse_table(raw: dict[str, Any], defaults: dict[str, Any]) -> TableSpec:
-    merged = {**defaults, **raw}
-    name = merged.get("name")
-    if not name or not IDENTIFIER.match(str(name)):
-        raise ConfigError(f"table name {name!r} must match {IDENTIFIER.pattern}")
-    where = f"table {name}"
-    known = {
-        "name", "identifier", "topic", "consumer_group", "format", "schema", "partition_by", "kafka_columns",
-        "max_records_per_partition", "starting_position", "freshness", "unknown_fields", "description", "lag",
-        "maintenance", "retention", "bad_records",
-    }
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
-    for key in ("identifier", "topic", "schema"):
-        if not merged.get(key):
-            raise ConfigError(f"{where}: '{key}' is required")
-    identifier = str(merged["identifier"])
-    parts = identifier.split(".")
-    if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
-        raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
-
-    fmt = merged.get("format") or {"type": "json"}
-    value_format = fmt.get("type") if isinstance(fmt, dict) else fmt
-    if value_format not in VALUE_FORMATS:
-        raise ConfigError(f"{where}: format {value_format!r} is not supported yet; supported: {VALUE_FORMATS}")
-
+def _columns(decl: TableDecl, where: str) -> tuple[ColumnSpec, ...]:
     columns = []
-    for i, col in enumerate(merged["schema"]):
-        if not isinstance(col, dict) or "name" not in col or "type" not in col:
-            raise ConfigError(f"{where}: schema entry {i} needs 'name' and 'type'")
-        _check_keys(col, {"name", "type", "required", "doc"}, f"{where}: schema entry {col['name']!r}")
-        ctype = str(col["type"]).strip().lower()
+    for col in decl.columns:
+        ctype = col.type.strip().lower()
         if ctype not in _SIMPLE_TYPES and not _DECIMAL.match(ctype):
-            raise ConfigError(f"{where}: column {col['name']!r} has unsupported type {ctype!r}; supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
-        if not IDENTIFIER.match(str(col["name"])):
-            raise ConfigError(f"{where}: column name {col['name']!r} must match {IDENTIFIER.pattern}")
-        columns.append(ColumnSpec(str(col["name"]), ctype, bool(col.get("required", False)), col.get("doc")))
+            raise ConfigError(f"{where}: column {col.name!r} has unsupported type {ctype!r}; "
+                              f"supported: {sorted(_SIMPLE_TYPES)} and decimal(p,s)")
+        columns.append(ColumnSpec(col.name, ctype, col.required, col.doc))
     names = [c.name for c in columns]
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: duplicate column names in schema")
-
-    kafka_columns = list(merged.get("kafka_columns") or [])
-    for k in kafka_columns:
-        if k not in KAFKA_COLUMNS:
-            raise ConfigError(f"{where}: kafka_columns entry {k!r} is not one of {sorted(KAFKA_COLUMNS)}")
-    for k in _REQUIRED_KAFKA_COLUMNS:
-        if k not in kafka_columns:
-            kafka_columns.append(k)
-    kafka_columns = [k for k in KAFKA_COLUMNS if k in kafka_columns]  # canonical order
-
     clashes = sorted(set(names) & {c for c, _ in KAFKA_COLUMNS.values()})
     if clashes:
         raise ConfigError(f"{where}: schema columns {clashes} collide with Kafka metadata column names")
-    all_columns = set(names) | {KAFKA_COLUMNS[k][0] for k in kafka_columns}
-    partition_by = tuple(str(p).strip() for p in merged.get("partition_by") or ())
+    return tuple(columns)
+
+def _kafka_columns(declared: list[str] | None, where: str) -> tuple[str, ...]:
+    for k in declared or ():
+        if k not in KAFKA_COLUMNS:
+            raise ConfigError(f"{where}: kafka_columns entry {k!r} is not one of {sorted(KAFKA_COLUMNS)}")
+    kept = set(declared or ()) | set(_REQUIRED_KAFKA_COLUMNS)
+    return tuple(k for k in KAFKA_COLUMNS if k in kept)  # canonical order
+
+def _partition_by(declared: list[str] | None, known: set[str], where: str) -> tuple[str, ...]:
+    partition_by = tuple(str(p).strip() for p in declared or ())
     for p in partition_by:
         m = _TRANSFORM.match(p)
         if not m:
             raise ConfigError(f"{where}: partition_by entry {p!r} is not a transform like days(col), bucket(16, col) or col")
         source = next(g for g in (m.group(2), m.group(4), m.group(6), m.group(7)) if g)
-        if source not in all_columns:
+        if source not in known:
             raise ConfigError(f"{where}: partition_by {p!r} refers to unknown column {source!r}")
+    return partition_by
 
+def _validate(raw: Any, defaults: dict[str, Any]) -> tuple[TableDecl, str]:
+    """The table declaration ``raw`` merged over ``defaults`` (``tags`` merge), validated."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"every tables entry must be a mapping, got {raw!r}")
+    merged = {**defaults, **raw}
+    if isinstance(defaults.get("tags"), dict) and isinstance(raw.get("tags"), dict):
+        merged["tags"] = {**defaults["tags"], **raw["tags"]}
+    name = merged.get("name")
+    if not isinstance(name, str) or not IDENTIFIER.match(name):
+        raise ConfigError(f"table name {name!r} must match {IDENTIFIER.pattern}")
+    where = f"table {name}"
     try:
-        bound = int(merged.get("max_records_per_partition", 100_000))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: max_records_per_partition must be a whole number of records") from exc
+        return TableDecl.model_validate(merged), where
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, merged, where)) from None
+
+def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
+    decl, where = _validate(raw, defaults)
+    identifier = decl.identifier
+    parts = identifier.split(".")
+    if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
+        raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
+    fmt = decl.format or FormatDecl()
+    value_format = fmt.type if isinstance(fmt, FormatDecl) else fmt
+    if value_format not in VALUE_FORMATS:
+        raise ConfigError(f"{where}: format {value_format!r} is not supported yet; supported: {VALUE_FORMATS}")
+    columns = _columns(decl, where)
+    kafka_columns = _kafka_columns(decl.kafka_columns, where)
+    bound = 100_000 if decl.max_records_per_partition is None else decl.max_records_per_partition
     if bound <= 0:
         raise ConfigError(f"{where}: max_records_per_partition must be positive")
-    fresh = merged.get("freshness") or {}
-    _check_keys(fresh, {"max_snapshot_age", "max_valid_through_age"}, f"{where}: freshness")
-    vt = fresh.get("max_valid_through_age", fresh.get("max_snapshot_age", "1d"))
-    freshness = FreshnessPolicy(
-        parse_duration_s(fresh.get("max_snapshot_age", "1d"), f"{where} freshness.max_snapshot_age"),
-        None if vt in (None, False, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
-    )
-    lag_raw = merged.get("lag") or {}
-    _check_keys(lag_raw, {"max_offset_lag", "max_interval", "window", "interval"}, f"{where}: lag")
-    try:
-        lag = LagPolicy(
-            max_offset_lag=int(lag_raw.get("max_offset_lag", LagPolicy.max_offset_lag)),
-            max_interval_s=parse_duration_s(lag_raw.get("max_interval", "15m"), f"{where} lag.max_interval"),
-            window=int(lag_raw.get("window", LagPolicy.window)),
-            interval_s=parse_duration_s(lag_raw.get("interval", "30s"), f"{where} lag.interval"),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: lag.max_offset_lag and lag.window must be whole numbers") from exc
-    if lag.max_offset_lag < 1 or lag.window < 2:
-        raise ConfigError(f"{where}: lag.max_offset_lag must be >= 1 and lag.window >= 2")
-    maintenance = _parse_maintenance(merged.get("maintenance") or {}, where)
-    retention = _parse_retention(merged.get("retention") or {}, where)
-    unknown_fields = merged.get("unknown_fields", "reject")
-    if unknown_fields not in UNKNOWN_FIELD_POLICIES:
-        raise ConfigError(f"{where}: unknown_fields must be one of {UNKNOWN_FIELD_POLICIES}, got {unknown_fields!r}")
-    bad_records = _parse_bad_records(merged.get("bad_records") or {}, where, identifier)
+    fresh = decl.freshness or FreshnessDecl()
+    vt = fresh.max_valid_through_age if "max_valid_through_age" in fresh.model_fields_set else fresh.max_snapshot_age
     return TableSpec(
-        name=str(name),
+        name=decl.name,
         identifier=identifier,
-        topic=str(merged["topic"]),
-        consumer_group=str(merged.get("consumer_group") or f"lake.{identifier}"),
-        value_format=str(value_format),
-        columns=tuple(columns),
-        partition_by=partition_by,
-        kafka_columns=tuple(kafka_columns),
+        topic=decl.topic,
+        consumer_group=decl.consumer_group or f"lake.{identifier}",
+        value_format=value_format,
+        columns=columns,
+        partition_by=_partition_by(decl.partition_by, {c.name for c in columns} | {KAFKA_COLUMNS[k][0] for k in kafka_columns}, where),
+        kafka_columns=kafka_columns,
         max_records_per_partition=bound,
-        starting_position=_parse_starting_position(merged.get("starting_position", "earliest"), where),
-        freshness=freshness,
-        unknown_fields=unknown_fields,
-        bad_records=bad_records,
-        description=str(merged.get("description", "")).strip(),
-        lag=lag,
-        maintenance=maintenance,
-        retention=retention,
+        starting_position=_parse_starting_position(decl.starting_position or "earliest"),
+        freshness=FreshnessPolicy(
+            parse_duration_s(fresh.max_snapshot_age, f"{where} freshness.max_snapshot_age"),
+            None if vt in (None, False, "none", "off") else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
+        ),
+        unknown_fields=decl.unknown_fields or "reject",
+        bad_records=_bad_records(decl.bad_records or BadRecordsDecl(), where, identifier),
+        description=(decl.description or "").strip(),
+        lag=_lag(decl.lag or LagDecl(), where),
+        maintenance=_maintenance(decl.maintenance or MaintenanceDecl(), where),
+        retention=_retention(decl.retention or RetentionDecl(), where),
+        owners=tuple(decl.owners or ()),
+        tags=tuple(sorted((decl.tags or {}).items())),
     )
-
 
 def load_table_specs(path: Path | str) -> list[TableSpec]:
     """Load and validate every table declared in the YAML file at ``path``.
@@ -426,8 +351,18 @@ def load_table_specs(path: Path | str) -> list[TableSpec]:
         raise ConfigError(f"table declarations file {path} does not exist") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    defaults = doc.get("defaults") or {}
-    specs = [_parse_table(t, defaults) for t in doc.get("tables") or []]
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: the file must be a mapping with 'defaults' and 'tables'")
+    try:
+        top = TablesFile.model_validate(doc)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, doc, str(path))) from None
+    try:
+        Defaults.model_validate(top.defaults or {})
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, top.defaults, f"{path}: defaults").replace("defaults: unknown", "defaults has unknown")) from None
+    defaults = top.defaults or {}
+    specs = [_parse_table(t, defaults) for t in top.tables]
     for attr in ("name", "identifier", "topic"):
         values = [getattr(s, attr) for s in specs]
         dupes = {v for v in values if values.count(v) > 1}
@@ -439,7 +374,6 @@ def load_table_specs(path: Path | str) -> list[TableSpec]:
         raise ConfigError(f"{path}: every table and dead-letter table needs its own identifier, repeated: {sorted(clashes)}")
     return specs
 
-
 def find_table(specs: list[TableSpec], name: str) -> TableSpec:
     """The declared table whose ``name`` or ``identifier`` is ``name`` (``flights`` or ``nyc.flights``).
 
@@ -450,7 +384,6 @@ def find_table(specs: list[TableSpec], name: str) -> TableSpec:
         if name in (spec.name, spec.identifier):
             return spec
     raise ConfigError(f"unknown table {name!r}; declared: {[s.name for s in specs]}")
-
 
 def parse_table_spec(raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> TableSpec:
     """Validate one table declaration (a ``tables:`` entry, as a dict) merged over ``defaults``.

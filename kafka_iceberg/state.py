@@ -36,7 +36,17 @@ Snapshot summary keys (all values are strings, as Iceberg requires):
                            ``{"partition", "start", "end", "reason", "accepted_ms",
                            "commit_id"}``; carried forward by every later snapshot so the
                            gap stays visible (absent while there is none)
+``kafka.replay-of``        JSON ``{"original", "topic", "from_snapshot", "start", "end"}`` on
+                           every snapshot a replay commits (offsets per partition)
 =========================  ==================================================================
+
+A dead-letter table's snapshots carry ``kafka.commit-id`` and ``kafka.dead-letter-of`` (the
+identifier of the table whose records they quarantine).
+
+This module is the whole contract: every key is a named constant below, :func:`ingest_summary`
+and :func:`dead_letter_summary` write summaries, and :func:`state_at`, :func:`batch_ranges`,
+:func:`int_map`, :func:`dead_letter_ref` and :func:`recorded_replay` read them. Other modules
+and docs refer here instead of spelling keys out.
 
 The functions here are pure: they take :class:`SnapshotInfo` values, which the catalog
 layer builds from pyiceberg snapshots.
@@ -61,6 +71,8 @@ KEY_QUARANTINED = "kafka.quarantined"
 KEY_QUARANTINE_KINDS = "kafka.quarantine-kinds"
 KEY_DEAD_LETTER = "kafka.dead-letter"
 KEY_SCHEMA_CHANGES = "kafka.schema-changes"
+KEY_REPLAY_OF = "kafka.replay-of"
+KEY_DEAD_LETTER_OF = "kafka.dead-letter-of"
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,35 @@ def dead_letter_ref(snapshot: SnapshotInfo) -> dict | None:
     """The ``kafka.dead-letter`` pointer of a snapshot: ``{"table", "snapshot-id", "branch"}`` or None."""
     raw = snapshot.summary.get(KEY_DEAD_LETTER)
     return json.loads(raw) if raw else None
+
+
+def dead_letter_pointer(table: str, snapshot_id: int, branch: str) -> str:
+    """The ``kafka.dead-letter`` value: which dead-letter snapshot (on which branch) holds a batch's
+    quarantined records."""
+    return _compact({"table": table, "snapshot-id": snapshot_id, "branch": branch})
+
+
+def dead_letter_summary(commit_id: str, of_table: str) -> dict[str, str]:
+    """The snapshot summary of a dead-letter table's snapshot: the run and the table it quarantines for."""
+    return {KEY_COMMIT_ID: commit_id, KEY_DEAD_LETTER_OF: of_table}
+
+
+def replay_summary(replay_of: Mapping) -> dict[str, str]:
+    """The ``kafka.replay-of`` summary entry of a replay snapshot (``replay_of`` is JSON-ready)."""
+    return {KEY_REPLAY_OF: _compact(dict(replay_of))}
+
+
+def recorded_replay(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> dict | None:
+    """The ``kafka.replay-of`` record of the newest snapshot in ``head``'s ancestry that has one, or None."""
+    for snap in ancestors(snapshots, head):
+        raw = snap.summary.get(KEY_REPLAY_OF)
+        if raw:
+            return json.loads(raw)
+    return None
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ and it is rebuilt in full from the tables' current snapshots on every materializ
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg.settings import load_settings
-from lake_assets.tables import SQLITE_POOL
+from lake_assets.vocabulary import commit_pool
 from resources import IcebergCatalogResource
 
 FLIGHTS = AssetKey(["lake", "nyc", "flights"])
@@ -38,15 +37,6 @@ def hourly_delay_sql(catalog: str) -> str:
     """
 
 
-@asset(
-    key=AssetKey(["lake", "analytics", "hourly_departure_delay"]),
-    deps=[FLIGHTS, WEATHER],
-    group_name="analytics",
-    kinds={"iceberg", "spark"},
-    # it commits too: on SQLite it shares the tables' pool (one committing process at a time)
-    pool=SQLITE_POOL if load_settings().catalog.is_sqlite else None,
-    description="Hourly departure delay by origin airport joined with that hour's weather (Spark SQL over the Iceberg tables).",
-)
 def hourly_departure_delay(
     context: AssetExecutionContext, pyspark: PySparkResource, catalog: IcebergCatalogResource
 ) -> MaterializeResult:
@@ -71,3 +61,17 @@ def hourly_departure_delay(
             "iceberg_table": MetadataValue.text(TARGET),
         }
     )
+
+
+def hourly_departure_delay_asset(sqlite_catalog: bool = True):
+    """The downstream asset ``lake/analytics/hourly_departure_delay``; ``sqlite_catalog`` puts it in
+    the tables' shared pool (it commits too, and SQLite admits one committing process at a time)."""
+    return asset(
+        key=AssetKey(["lake", "analytics", "hourly_departure_delay"]),
+        deps=[FLIGHTS, WEATHER],
+        group_name="analytics",
+        kinds={"iceberg", "spark"},
+        pool=commit_pool(sqlite_catalog),
+        description="Hourly departure delay by origin airport joined with that hour's weather (Spark SQL over the "
+                    "Iceberg tables).",
+    )(hourly_departure_delay)

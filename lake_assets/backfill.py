@@ -4,7 +4,7 @@ One micro-batch reads at most ``max_records_per_partition`` (the *bound*) offset
 partition. A table whose largest per-partition offset lag (high watermark minus committed
 offset) is ``L`` records therefore needs ``ceil(L / bound)`` micro-batches to catch up
 (:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many new
-micro-batch slots of the table asset (:data:`lake_assets.tables.MICRO_BATCHES`); the asset's
+micro-batch slots of the table asset (:data:`lake_assets.vocabulary.MICRO_BATCHES`); the asset's
 ``BackfillPolicy.multi_run(1)`` makes it one run per slot, i.e. one run per micro-batch. It
 shows under *Runs -> Backfills* in the UI like any other backfill.
 
@@ -19,9 +19,9 @@ Launchers, all through Dagster's backfill machinery:
 
 - the lag sensor (``sensors/lag.py``) returns ``AddDynamicPartitionsRequest`` plus
   ``RunRequest.for_asset_graph_subset``; the sensor daemon turns that into a backfill;
-- the command line: ``python -m lake_assets.backfill --table flights`` (``make backfill
-  TABLE=flights``), which adds the slots and submits the same backfill to the instance at
-  ``$DAGSTER_HOME`` (:func:`main`);
+- the command line: ``lake backfill --table flights`` (``make backfill TABLE=flights``), which
+  adds the slots and submits the same backfill to the instance at ``$DAGSTER_HOME``
+  (:func:`backfill_command`);
 - the UI: the table's *Materialize* dialog, with several new partitions -> *Launch backfill*.
 
 The backfill daemon (part of ``dagster dev``; ``dagster-daemon run`` in production) launches
@@ -35,24 +35,19 @@ argument of ``RunRequest.for_asset_graph_subset``), ``PartitionBackfill.from_ass
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Mapping, Sequence
 
-from dagster import DagsterInstance, RunRequest, RunsFilter
+from dagster import DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import IN_PROGRESS, MICRO_BATCHES, table_key
-
-TABLE_TAG = "lake/table"
-"""Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
+from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
 
 MAX_BACKFILL_BATCHES = 100
 """Most micro-batches (runs) one backfill holds. A larger backlog is caught up by a backfill of
@@ -213,57 +208,39 @@ def backfill_url(ui_url: str, backfill_id: str) -> str:
     return f"{ui_url.rstrip('/')}/runs/b/{backfill_id}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m lake_assets.backfill --table NAME [--batches N] [--force] [--wait SECONDS]``.
+def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool, wait_s: float | None,
+                     kafka=None) -> int:
+    """``lake backfill``: submit a backfill of micro-batches for ``spec`` to the instance at ``$DAGSTER_HOME``.
 
-    Submits a backfill of micro-batches for one declared table to the Dagster instance at
-    ``$DAGSTER_HOME``: ``--batches`` slots, or by default as many as its current lag needs
-    (:func:`plan_catch_up`, up to :data:`MAX_BACKFILL_BATCHES`). Refuses (exit 2) when the
-    table is unknown, has no lag and no ``--batches`` was given, or is already being
-    materialized (unless ``--force``). With ``--wait`` it polls until the backfill ends (the
-    backfill daemon must run) and exits 0 only if it completed successfully. Prints the
-    backfill id and its UI link (``DAGSTER_UI_URL``).
+    ``batches`` slots, or by default as many as the table's lag needs (:func:`plan_catch_up`,
+    up to :data:`MAX_BACKFILL_BATCHES`). Returns 0 when submitted (and, with ``wait_s``, when it
+    completed successfully within ``wait_s`` seconds; the backfill daemon must run) or when
+    there is no lag; 1 when the waited-for backfill failed or is still running; 2 when refused
+    (``batches`` outside 1..1000, or the table is being materialized and not ``force``).
+    ``kafka``: the :class:`~kafka_iceberg.kafka_client.KafkaMetadata` to read watermarks with
+    (default: one for ``settings``). Prints the backfill id and its UI link (``DAGSTER_UI_URL``). Raises
+    ``BrokerUnavailableError``/``CatalogUnavailableError`` (the CLI's exit 3).
     """
-    import os
-
     from kafka_iceberg.catalog import load_catalog, read_state
     from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
     from kafka_iceberg.planning import offset_lag
-    from kafka_iceberg.settings import load_settings
-    from kafka_iceberg.errors import ConfigError
-    from kafka_iceberg.spec import find_table, load_table_specs
 
-    parser = argparse.ArgumentParser(prog="python -m lake_assets.backfill", description=main.__doc__.splitlines()[0])
-    parser.add_argument("--table", required=True, help="declared table name or identifier (flights or nyc.flights)")
-    parser.add_argument("--batches", type=int, help="micro-batches (runs) to backfill; default: what the lag needs")
-    parser.add_argument("--force", action="store_true", help="submit even if a run or backfill of the table is in progress")
-    parser.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the backfill to end")
-    args = parser.parse_args(argv)
-
-    settings = load_settings()
-    specs = load_table_specs(settings.tables_file)
-    try:
-        spec = find_table(specs, args.table)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
     state = read_state(load_catalog(settings.catalog), spec.identifier)
+    kafka = kafka or KafkaMetadata(KafkaConfig.from_settings(settings))
     lag = offset_lag(kafka.watermarks(spec.topic), state.offsets)
     plan = plan_catch_up(spec, lag, has_state=bool(state.offsets))
-    if args.batches is None and plan.max_partition_lag == 0:
+    if batches is None and plan.max_partition_lag == 0:
         print(f"{spec.identifier}: no lag; nothing to backfill (pass --batches N to add slots anyway)")
-        return 2
-    batches = args.batches if args.batches is not None else plan.batches
+        return 0
+    batches = plan.batches if batches is None else batches
     if not 1 <= batches <= 1000:
-        print("--batches must be between 1 and 1000", file=sys.stderr)
+        print("lake: bad input: --batches must be between 1 and 1000", file=sys.stderr)
         return 2
-    os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))  # as make demo and make dev
-    Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
-    instance = DagsterInstance.get()
+    settings.dagster_home.mkdir(parents=True, exist_ok=True)  # DAGSTER_HOME, default $LAKE_HOME/dagster as make dev
+    instance = DagsterInstance.from_config(str(settings.dagster_home))
     busy = table_in_progress(instance, spec)
-    if busy and not args.force:
-        print(f"{spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
+    if busy and not force:
+        print(f"lake: bad input: {spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
         return 2
     keys = new_slot_keys(batches, int(time.time() * 1000))
     reason = (f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
@@ -274,24 +251,45 @@ def main(argv: list[str] | None = None) -> int:
         title=f"catch up {spec.identifier}: {batches} micro-batches",
         description=reason,
     )
-    ui = os.environ.get("DAGSTER_UI_URL") or "http://127.0.0.1:3000"
+    ui = settings.dagster_ui_url
     print(f"backfill {backfill_id}: {spec.identifier}, {batches} micro-batch runs, slots {keys[0]} .. {keys[-1]}")
     print(f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}")
-    if args.wait is None:
-        return 0
-    deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
-        backfill = instance.get_backfill(backfill_id)
-        if backfill is not None and backfill.status not in ACTIVE_BACKFILL_STATUSES:
-            print(f"backfill {backfill_id}: {backfill.status.value}")
-            return 0 if backfill.status == BulkActionStatus.COMPLETED_SUCCESS else 1
-        time.sleep(2)
-    print(f"backfill {backfill_id} still running after {args.wait:.0f} s (is the daemon running? make dev)", file=sys.stderr)
+    return 0 if wait_s is None else wait_for_backfill(instance, backfill_id, batches, wait_s)
+
+
+def wait_for_backfill(instance: DagsterInstance, backfill_id: str, runs: int, wait_s: float) -> int:
+    """Poll the backfill every 2 s for up to ``wait_s`` seconds, with a progress bar of its ``runs``
+    finished runs on a terminal (``rich``; nothing when stderr is not a TTY). Returns 0 when it
+    completed successfully, 1 when it ended otherwise or is still running."""
+    from dagster._core.storage.tags import BACKFILL_ID_TAG
+    from rich.progress import Progress
+
+    deadline = time.monotonic() + wait_s
+    finished = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+    with Progress(disable=not sys.stderr.isatty(), transient=True) as progress:
+        task = progress.add_task(f"backfill {backfill_id}", total=runs)
+        while time.monotonic() < deadline:
+            done = instance.get_runs_count(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}, statuses=finished))
+            progress.update(task, completed=done)
+            backfill = instance.get_backfill(backfill_id)
+            if backfill is not None and backfill.status not in ACTIVE_BACKFILL_STATUSES:
+                print(f"backfill {backfill_id}: {backfill.status.value}")
+                return 0 if backfill.status == BulkActionStatus.COMPLETED_SUCCESS else 1
+            time.sleep(2)
+    print(f"backfill {backfill_id} still running after {wait_s:.0f} s (is the daemon running? make dev)", file=sys.stderr)
     return 1
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lake_assets.backfill --table NAME [--batches N] [--force] [--wait SECONDS]``:
+    the same as ``lake backfill`` (:func:`backfill_command`; exit codes of :mod:`kafka_iceberg.cli`)."""
+    from kafka_iceberg.cli import main as lake
+
+    return lake(["backfill", *(sys.argv[1:] if argv is None else argv)])
+
+
 __all__ = [
-    "ACTIVE_BACKFILL_STATUSES", "CatchUpPlan", "MAX_BACKFILL_BATCHES", "TABLE_TAG", "backfill_run_request",
+    "ACTIVE_BACKFILL_STATUSES", "CatchUpPlan", "backfill_command", "wait_for_backfill", "MAX_BACKFILL_BATCHES", "TABLE_TAG", "backfill_run_request",
     "backfill_subset", "backfill_url", "main", "new_slot_keys", "plan_catch_up", "submit_backfill", "table_in_progress",
 ]
 

@@ -1,32 +1,35 @@
-"""The Dagster code location: one asset and two checks per declared table, one downstream asset."""
+"""The composition root of the Dagster code location: one asset and two checks per declared table,
+the quarantine check, the downstream asset, the replay job, the sensors and the schedules.
+
+The only module that imports :mod:`sensors` and :mod:`schedules`; they take their shared names
+from :mod:`lake_assets.vocabulary`, never from an asset module. Settings are read once
+(:func:`kafka_iceberg.settings.load_settings`: the environment, no connection) and the resources
+built once from them; loading the code location opens no catalog and no broker connection, so a
+catalog or broker outage leaves the UI and the sensors up (the sensors' ticks report the outage).
+"""
 
 from __future__ import annotations
 
-import os
-
-from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor, multiprocess_executor
+from dagster import AssetSelection, Definitions, ExecutorDefinition, define_asset_job, in_process_executor, multiprocess_executor
 
 import schedules
 import sensors
-from kafka_iceberg.settings import load_settings
-from kafka_iceberg.spec import load_table_specs
-from lake_assets.analytics import hourly_departure_delay
+from kafka_iceberg.settings import Settings, load_settings
+from kafka_iceberg.spec import TableSpec, load_table_specs
+from lake_assets.analytics import hourly_departure_delay_asset
 from lake_assets.quality import quarantine_check
 from lake_assets.replay import replay_job
 from lake_assets.tables import table_asset, table_checks, topic_asset
 from resources import default_resources
 
-settings = load_settings()
-specs = load_table_specs(settings.tables_file)
 
-
-def _executor():
-    # SQLite admits one committing process: run steps in one process (and one Spark session).
-    # With a PostgreSQL catalog, LAKE_DAGSTER_EXECUTOR=multiprocess or k8s runs tables in parallel.
-    choice = os.environ.get("LAKE_DAGSTER_EXECUTOR", "in_process")
-    if choice == "multiprocess":
+def executor(settings: Settings) -> ExecutorDefinition:
+    """The executor of every job, from ``LAKE_DAGSTER_EXECUTOR``: ``in_process`` (default; SQLite
+    admits one committing process, so steps share one process and one Spark session), or with a
+    PostgreSQL catalog ``multiprocess`` or ``k8s`` (dagster-k8s) to run tables in parallel."""
+    if settings.dagster_executor == "multiprocess":
         return multiprocess_executor
-    if choice == "k8s":
+    if settings.dagster_executor == "k8s":
         from dagster_k8s import k8s_job_executor
 
         return k8s_job_executor
@@ -39,16 +42,25 @@ ingest_all = define_asset_job(
     description="One micro-batch of every table, then the downstream assets, then all checks.",
 )
 
-defs = Definitions(
-    assets=[
-        *(topic_asset(s) for s in specs),
-        *(table_asset(s, sqlite_catalog=settings.catalog.is_sqlite) for s in specs),
-        hourly_departure_delay,
-    ],
-    asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
-    jobs=[ingest_all, replay_job(sqlite_catalog=settings.catalog.is_sqlite)],
-    sensors=sensors.all_sensors(specs),
-    schedules=schedules.all_schedules(specs, sqlite_catalog=settings.catalog.is_sqlite),
-    resources=default_resources(settings),
-    executor=_executor(),
-)
+
+def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
+    """The code location's definitions for the declared tables ``specs``. Opens no connection."""
+    sqlite = settings.catalog.is_sqlite
+    return Definitions(
+        assets=[
+            *(topic_asset(s) for s in specs),
+            *(table_asset(s, sqlite_catalog=sqlite) for s in specs),
+            hourly_departure_delay_asset(sqlite_catalog=sqlite),
+        ],
+        asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
+        jobs=[ingest_all, replay_job(sqlite_catalog=sqlite)],
+        sensors=sensors.all_sensors(specs),
+        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite),
+        resources=default_resources(settings),
+        executor=executor(settings),
+    )
+
+
+settings = load_settings()
+specs = load_table_specs(settings.tables_file)
+defs = build_definitions(settings, specs)

@@ -8,7 +8,8 @@ from kafka_iceberg import checks
 from kafka_iceberg.alerts import alert_on_check, pick_measure
 from kafka_iceberg.catalog import load_table, metadata_view
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import check_result, table_key
+from lake_assets.tables import check_result
+from lake_assets.vocabulary import table_key
 from resources import IcebergCatalogResource
 
 

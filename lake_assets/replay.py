@@ -26,7 +26,7 @@ from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.replay import ReplayRequest, ReplayResult, run_replay
 from kafka_iceberg.spec import find_table, load_table_specs
-from lake_assets.tables import IN_PROGRESS, SQLITE_POOL
+from lake_assets.vocabulary import IN_PROGRESS, commit_pool
 from resources import IcebergCatalogResource, KafkaResource, settings_for
 
 
@@ -103,7 +103,7 @@ def replay_job(sqlite_catalog: bool = True):
 
     @op(
         name="replay_and_validate",
-        pool=SQLITE_POOL if sqlite_catalog else None,
+        pool=commit_pool(sqlite_catalog),
         out={},
         description="Replay a table's Kafka offset range into a new table or a replay_ branch, then validate it.",
     )

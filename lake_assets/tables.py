@@ -3,7 +3,7 @@
 Thin by design: the asset calls :func:`kafka_iceberg.pipeline.run_micro_batch` and turns
 its result into materialization metadata; the checks call :mod:`kafka_iceberg.checks`.
 
-Every table asset is partitioned by :data:`MICRO_BATCHES`, a dynamic partitions definition
+Every table asset is partitioned by :data:`lake_assets.vocabulary.MICRO_BATCHES`, a dynamic partitions definition
 shared by all tables. A partition key is a micro-batch *slot*, not an offset range: a run of
 any slot ingests the table's next bounded micro-batch from its committed offsets (the Kafka
 offsets in the Iceberg snapshot summary decide what is read), so slots run in any order
@@ -20,13 +20,10 @@ from datetime import datetime, timezone
 from dagster import (
     AssetCheckResult,
     BackfillPolicy,
-    DynamicPartitionsDefinition,
     AssetCheckSeverity,
     AssetExecutionContext,
-    AssetKey,
     AssetSpec,
     BetaWarning,
-    DagsterRunStatus,
     MaterializeResult,
     MetadataValue,
     RunsFilter,
@@ -43,21 +40,8 @@ from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.recovery import commit_token
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
+from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool, topic_key
 from resources import IcebergCatalogResource, KafkaResource, settings_for
-
-
-def _key_part(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def topic_key(spec: TableSpec) -> AssetKey:
-    """Asset key of the source topic: ``kafka/<topic>`` (dots become underscores)."""
-    return AssetKey(["kafka", _key_part(spec.topic)])
-
-
-def table_key(spec: TableSpec) -> AssetKey:
-    """Asset key of the table: ``lake/<namespace>/<table>``."""
-    return AssetKey(["lake", *spec.identifier.split(".")])
 
 
 def topic_asset(spec: TableSpec) -> AssetSpec:
@@ -109,22 +93,6 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
     if result.group_commit_error:
         md["consumer_group_commit_error"] = MetadataValue.text(result.group_commit_error)
     return md
-
-
-MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
-"""The partitions of every table asset: micro-batch slots (keys from
-:func:`lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
-demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
-can hold every table plus the unpartitioned downstream asset."""
-
-SQLITE_POOL = "lake_sqlite_catalog"
-"""The one concurrency pool of every committing step on a SQLite catalog."""
-
-
-def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
-    """Dagster concurrency pool of a table asset: one per table, or one shared by all tables on a
-    SQLite catalog (SQLite admits one committing process at a time). Limits: dagster.yaml."""
-    return SQLITE_POOL if sqlite_catalog else f"lake_table_{_key_part(spec.identifier)}"
 
 
 def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
@@ -182,9 +150,8 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True):
         if result.schema_changes:
             alert_schema_change(spec, result.schema_changes)
         md = materialization_metadata(result)
-        table = load_table(catalog.load(), spec.identifier)
-        if table is not None and table.current_snapshot() is not None:
-            md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
+        if result.total_records is not None:
+            md["dagster/row_count"] = MetadataValue.int(result.total_records)
         return MaterializeResult(metadata=md)
 
     _materialize.__name__ = f"ingest_{spec.name}"
@@ -258,9 +225,8 @@ def table_checks(spec: TableSpec) -> list:
     return [_duplicate_free, _freshness]
 
 
-IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
-"""Run statuses during which a run may still write."""
-
+# IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool and topic_key live in
+# lake_assets.vocabulary; they stay importable from here for existing callers.
 __all__ = ["IN_PROGRESS", "MICRO_BATCHES", "SQLITE_POOL", "alert_schema_change", "check_result", "table_asset", "table_checks",
            "table_key", "table_pool", "topic_asset", "topic_key",
            "materialization_metadata"]

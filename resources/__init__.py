@@ -1,19 +1,29 @@
 """Dagster resources: Kafka, Spark (dagster-pyspark) and the Iceberg catalog.
 
-Every field's default comes from :func:`kafka_iceberg.settings.load_settings`, that is
-from an environment variable with a documented default (docs/configuration.md), so the
-same code runs against the dev broker and SQLite catalog on a laptop and against a real
-Kafka cluster and a PostgreSQL catalog in production.
+Built once, by the composition root (:mod:`lake_assets.definitions`), from one
+:class:`~kafka_iceberg.settings.Settings` (:func:`kafka_iceberg.settings.load_settings`: every
+variable with a documented default, docs/configuration.md), so the same code runs against the dev
+broker and SQLite catalog on a laptop and against a real Kafka cluster and a PostgreSQL catalog in
+production.
+
+Building them opens no connection: the catalog is opened (and its JDBC tables created) when a run
+starts its Spark session or calls :meth:`IcebergCatalogResource.load`, so a catalog or broker
+outage never keeps the code location, the UI or the sensors from loading. Secret-bearing values
+(``KAFKA_CLIENT_CONFIG`` with ``sasl.password``, ``LAKE_CATALOG_URI`` with the database password)
+are passed as ``EnvVar`` when they come from the process environment: the UI shows the variable's
+name, and the Spark resource's visible ``spark_config`` carries no JDBC password.
 """
 
 
 import dataclasses
 import json
+import os
+import sys
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg.catalog import load_catalog, prepare_spark_environment, spark_conf
+from kafka_iceberg.catalog import load_catalog, spark_conf
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.settings import CatalogSettings, Settings, catalog_from_uri, load_settings
 
@@ -74,26 +84,71 @@ def settings_for(kafka: KafkaResource, catalog: IcebergCatalogResource) -> Setti
     )
 
 
+class LakeSparkResource(PySparkResource):
+    """dagster-pyspark's ``PySparkResource`` for the lake: the session it starts when a run begins
+    also gets the JDBC catalog's credentials from ``catalog`` (resolved at run time, so never in
+    the visible ``spark_config``), and the catalog is opened first (``open_retry_s`` seconds of
+    retries while it is locked or unreachable; it creates the JDBC catalog tables if missing).
+
+    Raises (at run start): ``CatalogUnavailableError`` when the catalog stays unreachable.
+    """
+
+    catalog: IcebergCatalogResource
+    open_retry_s: float = 60.0
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        from pyspark.sql import SparkSession
+
+        cat = self.catalog.catalog_settings()
+        os.environ.setdefault("SPARK_LOCAL_IP", str(self.spark_config.get("spark.driver.host", "127.0.0.1")))
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        load_catalog(cat, self.open_retry_s)  # creates the directory and the JDBC catalog tables if missing
+        secret = {_password_key(cat.name): cat.jdbc_password} if cat.jdbc_password else {}
+        builder = SparkSession.builder
+        for key, value in {**self.spark_config, **secret}.items():
+            builder = builder.config(key, value)
+        self._spark_session = builder.getOrCreate()
+
+
+def _password_key(catalog_name: str) -> str:
+    return f"spark.sql.catalog.{catalog_name}.jdbc.password"
+
+
+def _from_env_or(settings: Settings, name: str, value: str):
+    """``EnvVar(name)`` when ``settings`` read ``name`` from the process environment, else ``value``."""
+    return EnvVar(name) if name in settings.from_process_env else value
+
+
 def default_resources(settings: Settings | None = None) -> dict[str, object]:
-    """The resources of the code location, configured from the environment.
+    """The resources of the code location, configured from ``settings`` (default: the environment).
 
     Keys: ``kafka`` (:class:`KafkaResource`), ``catalog`` (:class:`IcebergCatalogResource`),
-    ``pyspark`` (dagster-pyspark's ``PySparkResource`` with the Iceberg runtime jar, the JDBC
-    catalog and ``SPARK_MASTER``, default ``local[*]``).
+    ``pyspark`` (:class:`LakeSparkResource` with the Iceberg runtime jar, the JDBC catalog and
+    ``SPARK_MASTER``, default ``local[*]``). Opens no connection.
+
+    Raises:
+        ConfigError: a JDBC driver jar is missing (see :func:`kafka_iceberg.catalog.spark_conf`).
     """
     settings = settings or load_settings()
-    prepare_spark_environment(settings)
     catalog = settings.catalog
     uri = catalog.sqlalchemy_uri.replace("postgresql+psycopg2://", "postgresql://")
+    catalog_resource = IcebergCatalogResource(
+        name=catalog.name, uri=_from_env_or(settings, "LAKE_CATALOG_URI", uri), warehouse=catalog.warehouse)
+    visible_conf = {k: v for k, v in spark_conf(settings).items() if k != _password_key(catalog.name)}
     return {
         "kafka": KafkaResource(
             bootstrap_servers=settings.kafka_bootstrap_servers,
-            client_config_json=json.dumps(settings.kafka_client_config),
+            client_config_json=_from_env_or(settings, "KAFKA_CLIENT_CONFIG", json.dumps(settings.kafka_client_config)),
             timeout_s=settings.kafka_timeout_s,
         ),
-        "catalog": IcebergCatalogResource(name=catalog.name, uri=uri, warehouse=catalog.warehouse),
-        "pyspark": PySparkResource(spark_config=spark_conf(settings)),
+        "catalog": catalog_resource,
+        "pyspark": LakeSparkResource(spark_config=visible_conf, catalog=catalog_resource,
+                                     open_retry_s=settings.catalog_retry_s),
     }
 
 
-__all__ = ["IcebergCatalogResource", "KafkaResource", "PySparkResource", "default_resources", "settings_for"]
+__all__ = ["IcebergCatalogResource", "KafkaResource", "LakeSparkResource", "PySparkResource", "default_resources", "settings_for"]

@@ -14,7 +14,7 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg import maintenance
 from kafka_iceberg.catalog import load_table, metadata_view
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import table_key, table_pool
+from lake_assets.vocabulary import table_key, table_pool
 from resources import IcebergCatalogResource
 
 

@@ -47,14 +47,18 @@ import pyarrow as pa
 import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from kafka_iceberg import demo_data, devbroker
-from kafka_iceberg.catalog import get_spark, load_catalog, metadata_view
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.pipeline import BatchResult, TableWriter
-from kafka_iceberg.planning import split_ranges
-from kafka_iceberg.settings import CHECKOUT, Settings, load_settings
-from kafka_iceberg.spec import TableSpec, _parse_table
-from kafka_iceberg.state import ingest_summary, state_at
+# the dev tools (devtools/) are not installed: import them, and this checkout's packages, from the
+# repository root (python puts scripts/, not the checkout, on sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from devtools import demo_data, devbroker  # noqa: E402
+from kafka_iceberg.catalog import get_spark, load_catalog, metadata_view  # noqa: E402
+from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata  # noqa: E402
+from kafka_iceberg.pipeline import BatchResult, TableWriter  # noqa: E402
+from kafka_iceberg.planning import split_ranges  # noqa: E402
+from kafka_iceberg.settings import CHECKOUT, Settings, load_settings  # noqa: E402
+from kafka_iceberg.spec import TableSpec, _parse_table  # noqa: E402
+from kafka_iceberg.state import ingest_summary, state_at  # noqa: E402
 
 PARTITIONS = 4
 TOPIC = "bench.flights"

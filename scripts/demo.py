@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagster import DagsterInstance  # noqa: E402
 
-from kafka_iceberg import demo_data, devbroker, duck  # noqa: E402
+from devtools import demo_data, devbroker, duck  # noqa: E402
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state  # noqa: E402
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata  # noqa: E402
 from kafka_iceberg.planning import offset_lag  # noqa: E402

@@ -2,14 +2,14 @@
 lake of its own under ``$LAKE_HOME/rehearsal``. Prints a table of scenario, faults injected,
 records produced, records in the table, records quarantined, duplicates and records lost;
 exits 1 if any scenario failed. Options: ``--kills N``, ``--only kills,sink_outage,...``,
-``--seed S`` (see :mod:`kafka_iceberg.rehearsal`)."""
+``--seed S`` (see :mod:`devtools.rehearsal`)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kafka_iceberg.rehearsal import main  # noqa: E402
+from devtools.rehearsal import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,7 @@ from kafka_iceberg.catalog import read_state
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.retention import PartitionRetention, evaluate
 from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import table_key
+from lake_assets.vocabulary import table_key
 from resources import IcebergCatalogResource, KafkaResource
 
 

@@ -18,9 +18,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from kafka_iceberg import devbroker
+from devtools import devbroker
+from devtools.demo_data import create_topic
 from kafka_iceberg.catalog import get_spark, load_catalog
-from kafka_iceberg.demo_data import create_topic
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.pipeline import TableWriter
 from kafka_iceberg.settings import load_settings

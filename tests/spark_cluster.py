@@ -17,9 +17,9 @@ from pathlib import Path
 import pyspark
 
 # The dev tooling these deployment tests use, imported in this one place (re-exported):
-from kafka_iceberg import devpostgres, duck  # noqa: F401
-from kafka_iceberg.demo_data import produce  # noqa: F401
-from kafka_iceberg.devbroker import free_port
+from devtools import devpostgres, duck  # noqa: F401
+from devtools.demo_data import produce  # noqa: F401
+from devtools.devbroker import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 

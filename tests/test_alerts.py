@@ -137,7 +137,7 @@ def test_timeout_returns_false(slack, caplog):
 
 
 def test_unreachable_server_returns_false(caplog):
-    from kafka_iceberg.devbroker import free_port
+    from devtools.devbroker import free_port
 
     port = free_port()  # a port with nothing listening
     sink = AlertSink.from_env({"SLACK_BOT_TOKEN": TOKEN, "SLACK_API_BASE_URL": f"http://127.0.0.1:{port}/api/"})

@@ -25,8 +25,8 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._daemon.sensor import execute_sensor_iteration
 
+from devtools.demo_data import produce
 from kafka_iceberg.catalog import read_state
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.pipeline import run_micro_batch
 from lake_assets.backfill import MAX_BACKFILL_BATCHES, TABLE_TAG, new_slot_keys, plan_catch_up

@@ -12,9 +12,9 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
+from devtools.demo_data import produce
 from kafka_iceberg.catalog import load_table, metadata_view
 from kafka_iceberg.checks import duplicate_free, quarantine
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.state import KEY_QUARANTINED, KEY_READ, KEY_RECORDS, KEY_SCHEMA_CHANGES, dead_letter_ref, int_map

@@ -7,7 +7,7 @@ import time
 
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, materialize
 
-from kafka_iceberg.demo_data import produce
+from devtools.demo_data import produce
 from lake_assets.tables import MICRO_BATCHES, table_asset, table_checks, table_key, topic_asset
 from resources import default_resources
 from tests.helpers import event_records, make_spec

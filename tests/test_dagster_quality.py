@@ -7,8 +7,8 @@ import json
 
 from dagster import DagsterInstance, materialize
 
+from devtools.demo_data import produce
 from kafka_iceberg.alerts import pick_measure
-from kafka_iceberg.demo_data import produce
 from lake_assets.quality import quarantine_check
 from lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset
 from resources import default_resources

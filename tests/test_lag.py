@@ -7,55 +7,138 @@ import uuid
 from dagster import DagsterInstance, build_sensor_context
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
-from kafka_iceberg.demo_data import produce
-from kafka_iceberg.lag import LagSample, LagWindow, evaluate, partition_status, time_lag_s
+from devtools.demo_data import produce
+from kafka_iceberg.lag import MAX_POINTS, LagHistory, LagRules, observation, time_lag_s
 from kafka_iceberg.pipeline import run_micro_batch
 from lake_assets.backfill import submit_backfill
 from lake_assets.tables import MICRO_BATCHES, table_key
 from resources import default_resources
-from sensors.lag import TABLE_TAG, lag_sensor
-from tests.helpers import event_records, make_spec
+from sensors.lag import TABLE_TAG, lag_sensor, should_trigger
+from tests.helpers import BASE_TS_MS, event_records, make_spec
 
 
-def window(*rows, last_commit_ms=None):
-    """rows: (observed s, committed, high) for partition 0."""
-    w = LagWindow(size=10)
-    for t, c, h in rows:
-        w.add(LagSample(t * 1000, {0: c}, {0: h}, last_commit_ms if last_commit_ms is not None else t * 1000))
-    return w
+def simulate(spec, hours, rate_per_s, run_s, stop=(None, None), stuck_from=None):
+    """Drive the lag rules and the trigger with a simulated clock (seconds), one partition.
+
+    A producer writes ``rate_per_s`` records per second; the sensor ticks every ``lag.interval``;
+    a triggered run takes ``run_s`` and commits up to ``max_records_per_partition`` records of
+    what was there when it started, or fails (counted as a failed attempt) from ``stuck_from``.
+    No run starts while ``stop[0] <= t < stop[1]``. The cursor round-trips through JSON each tick,
+    as in the sensor. Returns the timeline, the alerts (level changes), the number of runs and
+    the final evaluation and history."""
+    rules, interval = LagRules.of(spec.lag), spec.lag.interval_s
+    committed, last_commit_ms, failed, run, runs = 0, None, 0, None, 0
+    cursor, timeline, alerts, t = None, [], [], 0.0
+    while t < hours * 3600:
+        high = int(rate_per_s * t)
+        if run and t >= run[0]:
+            if stuck_from is not None and run[0] >= stuck_from:
+                failed += 1
+            else:
+                committed, last_commit_ms, failed = run[1], int(run[0] * 1000), 0
+            run = None
+        history = LagHistory.from_json(cursor)
+        evaluation = history.observe(observation(int(t * 1000), {0: committed}, {0: high}, last_commit_ms, failed), rules)
+        cursor = history.to_json()
+        timeline.append((t, evaluation.status))
+        if evaluation.level_changed:
+            alerts.append((t, evaluation.status))
+        stopped = stop[0] is not None and stop[0] <= t < (stop[1] or float("inf"))
+        if run is None and not stopped and should_trigger(spec, evaluation, last_commit_ms, int(t * 1000)):
+            run, runs = (t + run_s, min(high, committed + spec.max_records_per_partition)), runs + 1
+        t += interval
+    return timeline, alerts, runs, evaluation, history
 
 
-def test_burrow_rules():
-    # lag reached zero inside the window
-    assert partition_status(window((0, 10, 20), (10, 20, 20), (20, 25, 30)).samples, 0) == "OK"
-    # committed offset not moving while lag stays above zero
-    assert partition_status(window((0, 10, 20), (10, 10, 25), (20, 10, 30), last_commit_ms=15_000).samples, 0) == "STALL"
-    # committed moves but lag grows in every interval
-    assert partition_status(window((0, 10, 20), (10, 15, 30), (20, 20, 45)).samples, 0) == "WARN"
-    # committed moves and lag shrinks
-    assert partition_status(window((0, 10, 50), (10, 30, 55), (20, 50, 60)).samples, 0) == "OK"
-    # no commit for longer than the window spans
-    stopped = window((100, 10, 20), (110, 10, 25), (120, 10, 30), last_commit_ms=0)
-    assert partition_status(stopped.samples, 0) == "STOP"
-    assert evaluate(stopped).status == "STOP" and evaluate(stopped).total_offset_lag == 20
+def first(timeline, status, after=0.0):
+    return next((t for t, s in timeline if s == status and t >= after), None)
+
+
+LOW_TRAFFIC = {"max_offset_lag": 10_000, "max_interval": "15m", "interval": "30s", "grace": "5m"}
+
+
+def test_low_traffic_table_stays_ok_for_a_day_and_posts_nothing():
+    spec = make_spec("low", "t.low", lag=LOW_TRAFFIC)
+    timeline, alerts, runs, last, history = simulate(spec, 24, rate_per_s=1 / 60, run_s=60)
+    assert {s for _, s in timeline} == {"OK"} and alerts == []
+    assert runs >= 24 * 60 / 16, "one micro-batch per max_interval, every one of them silent"
+    assert last.total_offset_lag <= 17 and len(history.points) <= MAX_POINTS
+
+
+def test_stopped_sink_reaches_stop_within_max_interval_plus_grace_and_recovers():
+    spec = make_spec("stopped", "t.stopped", lag=LOW_TRAFFIC)
+    rules = LagRules.of(spec.lag)
+    timeline, alerts, _, _, _ = simulate(spec, 6, rate_per_s=1 / 60, run_s=60, stop=(2 * 3600, 4 * 3600))
+    last_commit = max(t for t, s in timeline if t < 2 * 3600) - rules.max_interval_s  # no later than this
+    stop_at = first(timeline, "STOP")
+    assert 2 * 3600 < stop_at <= 2 * 3600 + rules.max_interval_s + rules.grace_s + spec.lag.interval_s
+    assert stop_at > last_commit
+    assert [s for _, s in alerts] == ["STOP", "OK"], "one ERROR when it stops, one recovery; nothing in between"
+    assert alerts[1][0] < 4 * 3600 + 300
+
+
+def test_time_lag_is_not_capped_by_any_window_and_history_stays_bounded():
+    spec = make_spec("capped", "t.capped", lag=LOW_TRAFFIC)
+    _, _, _, last, history = simulate(spec, 12, rate_per_s=1, run_s=60, stop=(3600, None))
+    # at 1 record/s the oldest unread record arrived offset-lag seconds ago: about 11 hours
+    assert last.max_time_lag_s > 11 * 3600
+    assert abs(last.max_time_lag_s - last.total_offset_lag) <= spec.lag.interval_s
+    assert len(history.points) <= MAX_POINTS and len(history.to_json()) < 5000
+
+
+def test_sink_that_cannot_keep_up_reaches_warn_not_error():
+    spec = make_spec("slow", "t.slow", max_records_per_partition=5000,
+                     lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s", "window": 5})
+    timeline, alerts, runs, last, _ = simulate(spec, 1, rate_per_s=100, run_s=60)  # 5000 per 65 s < 6500
+    assert first(timeline, "WARN") is not None and first(timeline, "WARN") < 10 * 65
+    assert {s for _, s in timeline} == {"OK", "WARN"}
+    assert [s for _, s in alerts] == ["WARN"], "one WARN while it holds"
+    assert "grew across the last 5 commits" in last.reason
+
+
+def test_sink_stuck_on_one_batch_reaches_stall():
+    spec = make_spec("stuck", "t.stuck", lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s"})
+    timeline, alerts, _, last, _ = simulate(spec, 3, rate_per_s=10, run_s=60, stuck_from=3600)
+    stall_at = first(timeline, "STALL")
+    assert 3600 < stall_at <= 3600 + 3 * 70
+    assert first(timeline, "STOP") is None and last.status == "STALL"
+    assert [s for _, s in alerts] == ["STALL"]
+
+
+def test_steady_load_with_runs_longer_than_any_window_stays_ok():
+    spec = make_spec("steady", "t.steady", max_records_per_partition=100_000,
+                     lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s", "window": 5})
+    timeline, alerts, runs, _, _ = simulate(spec, 6, rate_per_s=100, run_s=120)  # 12,000 records per run
+    assert {s for _, s in timeline} == {"OK"} and alerts == []
+    assert runs >= 6 * 3600 / 130, "a micro-batch at the normal cadence is no alert"
+
+
+def test_unbounded_retention_never_warns():
+    from kafka_iceberg.planning import Watermarks
+    from kafka_iceberg.retention import RetentionPolicy, evaluate as retention_status
+
+    policy, statuses = RetentionPolicy(), set()
+    for hour in range(48):  # a table 99% behind, its oldest unread record ever older
+        now_ms = BASE_TS_MS + hour * 3_600_000
+        status, parts = retention_status({0: Watermarks(0, 10_000 + hour)}, {0: 1}, -1, {0: BASE_TS_MS}, now_ms, policy)
+        statuses.add(status)
+        assert parts[0].headroom_s is None
+    assert statuses == {"OK"}
+    bounded, _ = retention_status({0: Watermarks(0, 10_000)}, {0: 1}, 7 * 86_400_000, {0: BASE_TS_MS}, BASE_TS_MS, policy)
+    assert bounded == "ERROR", "with bounded retention the same table is about to lose data"
 
 
 def test_time_lag_is_interpolated_from_high_watermark_history():
-    w = window((0, 0, 100), (10, 0, 200), (20, 150, 300))
+    points = [(0, {0: 100}), (10_000, {0: 200}), (20_000, {0: 300})]
     # offset 150 became the high watermark halfway between t=0 (100) and t=10 (200): 15 s ago
-    assert time_lag_s(w.samples, 0) == 15.0
-    assert time_lag_s(window((0, 300, 300)).samples, 0) == 0.0
-    # older than the window: a lower bound, the window's age
-    assert time_lag_s(window((0, 0, 100), (30, 50, 200)).samples, 0) == 30.0
+    assert time_lag_s(points, 0, 150, 20_000) == 15.0
+    assert time_lag_s(points, 0, 300, 20_000) == 0.0
+    # older than the first point: a lower bound, that point's age
+    assert time_lag_s(points, 0, 50, 30_000) == 30.0
 
 
-def test_window_round_trips_through_the_cursor_and_stays_bounded():
-    w = LagWindow(size=3)
-    for i in range(5):
-        w.add(LagSample(i, {0: i}, {0: i + 1}, None))
-    restored = LagWindow.from_json(w.to_json(), size=3)
-    assert [s.observed_ms for s in restored.samples] == [2, 3, 4]
-    assert LagWindow.from_json("not json", size=3).samples == []
+def test_unreadable_cursor_starts_an_empty_history():
+    assert LagHistory.from_json("not json").points == [] and LagHistory.from_json(None).status == "OK"
 
 
 def _tick(sensor_def, instance, resources, cursor):
@@ -91,12 +174,7 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
         assert request.asset_selection == [table_key(spec)] and not request.requires_backfill_daemon()
         assert request.tags[TABLE_TAG] == spec.identifier and "offset lag 500" in request.tags["lake/trigger"]
         assert spike.asset_events[0].metadata["offset_lag"].value == 500
-    assert len(slack.messages) == 2, "one message per table"
-    for spec, message in zip(specs, slack.messages):
-        text = message["text"]
-        assert f"WARN {spec.identifier} (sensor {spec.name}_lag)" in text
-        assert "offset_lag = 500 records (threshold 300)" in text and "lag spike" in text
-        assert f"/assets/lake/test/{spec.name}" in text
+    assert slack.messages == [], "a run at the normal cadence is no alert"
 
     # the first table's requested run is in progress (as the daemon launches it: tagged);
     # the second table's is a backfill launched from the UI (no tags): neither asks again
@@ -107,7 +185,6 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
     submit_backfill(instance, second, ["ui-1", "ui-2"], tags={})
     busy = [_tick(s, instance, resources, spike.cursor) for s, spike in zip(sensors, spikes)]
     assert [b.run_requests for b in busy] == [[], []]
-    assert len(slack.messages) == 2
 
     run_micro_batch(spark, settings, first, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     (running,) = instance.get_runs()
@@ -119,11 +196,10 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
     produce(kafka_config, topic, event_records(range(600, 1000)))
     again = _tick(sensors[0], instance, resources, caught_up.cursor)
     assert len(again.run_requests) == 1 and "offset lag 400" in again.run_requests[0].tags["lake/trigger"]
-    assert again.run_requests[0].partition_key != spikes[0].run_requests[0].partition_key, "a new slot"
-    assert len(slack.messages) == 3 and "offset_lag = 400 records" in slack.messages[-1]["text"]
+    assert slack.messages == [] and all(b.asset_events[0].metadata["status"].value == "OK" for b in busy + [again])
 
 
-def test_lag_status_change_to_error_posts_one_slack_alert(
+def test_lag_level_changes_post_one_slack_alert_each(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory, slack, slack_alerts
 ):
     topic = topic_factory(unique, partitions=1)
@@ -135,15 +211,21 @@ def test_lag_status_change_to_error_posts_one_slack_alert(
     instance = DagsterInstance.ephemeral()
     sensor_def = lag_sensor(spec)
     first = _tick(sensor_def, instance, resources, None)
-    assert first.asset_events[0].metadata["status"].value == "OK", "one sample cannot show a trend"
-    assert slack.messages == []
+    assert first.asset_events[0].metadata["status"].value == "OK", "fresh lag within the cadence is normal"
+    for _ in range(2):  # two runs of the table fail on the same batch after its last commit
+        instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()), tags={TABLE_TAG: spec.identifier},
+                                    status=DagsterRunStatus.FAILURE))
     second = _tick(sensor_def, instance, resources, first.cursor)
-    status = second.asset_events[0].metadata["status"].value
-    assert status in ("STALL", "STOP"), status
+    assert second.asset_events[0].metadata["status"].value == "STALL"
     (message,) = slack.messages
     text = message["text"]
-    assert spec.identifier in text and "lag_status" in text and status in text
+    assert f"ERROR {spec.identifier}" in text and "lag_status = STALL (was OK)" in text and "2 runs failed" in text
     assert f"/assets/lake/test/{unique}" in text
     third = _tick(sensor_def, instance, resources, second.cursor)
-    assert third.asset_events[0].metadata["status"].value == status
-    assert len(slack.messages) == 1, "only a change of status alerts"
+    assert third.asset_events[0].metadata["status"].value == "STALL"
+    assert len(slack.messages) == 1, "a status that holds posts nothing"
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    recovered = _tick(sensor_def, instance, resources, third.cursor)
+    assert recovered.asset_events[0].metadata["status"].value == "OK"
+    assert len(slack.messages) == 2 and "OK " + spec.identifier in slack.messages[-1]["text"]
+    assert "lag_status = OK (was STALL)" in slack.messages[-1]["text"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from dagster import Definitions
 
+from devtools.demo_data import produce
 from kafka_iceberg.checks import duplicate_free
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.state import state_at

@@ -79,6 +79,38 @@ def snap(sid, parent, summary=None, ts=0):
     return SnapshotInfo(sid, parent, ts, summary or {})
 
 
+def test_a_replay_plan_stops_at_its_end_and_needs_no_readable_start_once_done():
+    # the one planner serves replay: it never reads past the stop, even below the high watermark
+    p = plan_batch(table="db.r", topic="t", base_snapshot_id=None, committed={0: 40}, initial_offsets={1: 0},
+                   watermarks={0: Watermarks(0, 500), 1: Watermarks(50, 500)}, bound=100, stop_at={0: 60, 1: 0})
+    assert p.start_offsets == {0: 40, 1: 0} and p.end_offsets == {0: 60, 1: 0}
+    with pytest.raises(DataLossError):  # partition 1 still has offsets to read below its log start
+        plan_batch(table="db.r", topic="t", base_snapshot_id=None, committed={}, initial_offsets={1: 0},
+                   watermarks={1: Watermarks(50, 500)}, bound=100, stop_at={1: 70})
+
+
+def test_the_batch_summary_carries_the_base_state_forward():
+    from kafka_iceberg.batch.plan import ingest_target
+    from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
+    from kafka_iceberg.batch.write import batch_summary
+    from kafka_iceberg.state import KEY_GAPS, KEY_MAX_TIMESTAMPS, KEY_OFFSETS, KEY_QUARANTINED, KEY_READ, \
+        KEY_RECORDS, KEY_REPLAY_OF, IngestState
+
+    spec = make_spec("t", "events.t")
+    base = IngestState("events.t", {0: 10, 1: 20}, {0: 1000, 1: 5000}, 7, accepted_gaps=({"partition": 1},))
+    offsets = plan({0: 10, 1: 20}, {0: (0, 15), 1: (0, 20)})
+    stats = (PartitionStats(0, records=4, quarantined=1, max_offset=14, max_timestamp_ms=2000, bytes=40),)
+    batch = ReadBatch(None, (), stats, {"malformed": 1})
+    write_plan = WritePlan(ingest_target(spec), offsets, base, extra_summary={KEY_REPLAY_OF: "{}", KEY_RECORDS: "x"})
+    summary = batch_summary(spec, write_plan, batch, "run-1")
+    assert json.loads(summary[KEY_OFFSETS]) == {"0": 15, "1": 20}
+    assert json.loads(summary[KEY_MAX_TIMESTAMPS]) == {"0": 2000, "1": 5000}, "partition 1 carries its max forward"
+    assert summary[KEY_RECORDS] == "3", "the ingest state keys win over extra properties"
+    assert json.loads(summary[KEY_READ]) == {"0": 4} and json.loads(summary[KEY_QUARANTINED]) == {"0": 1}
+    assert json.loads(summary[KEY_GAPS]) == [{"partition": 1}] and summary[KEY_REPLAY_OF] == "{}"
+    assert batch_summary(spec, write_plan, batch, "run-1") == summary, "pure: same inputs, same summary"
+
+
 def test_state_is_read_from_the_nearest_ingest_ancestor():
     s1 = ingest_summary(topic="t", offsets={0: 10, 1: 4}, batch={0: (0, 10), 1: (0, 4)},
                         max_timestamps={0: 1000, 1: 900}, commit_id="r1", records=14)
@@ -194,7 +226,7 @@ def test_catalog_uri_spellings():
 
 
 def test_demo_records_carry_event_time_in_ms_since_epoch():
-    from kafka_iceberg.demo_data import load_frame, to_records
+    from devtools.demo_data import load_frame, to_records
 
     weather = load_frame("weather").head(3)
     records = list(to_records("weather", weather))

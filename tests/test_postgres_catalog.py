@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from kafka_iceberg import devpostgres, duck
+from devtools import devpostgres, duck
+from devtools.demo_data import produce
 from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.catalog import catalog_conf, load_catalog, load_table
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.settings import load_settings
 from tests.helpers import event_records, make_spec, spec_dict
@@ -24,7 +24,7 @@ from tests.helpers import event_records, make_spec, spec_dict
 
 @pytest.fixture(scope="module")
 def postgres_uri():
-    """A private PostgreSQL 15 server on a free loopback port (:mod:`kafka_iceberg.devpostgres`); yields its URI."""
+    """A private PostgreSQL 15 server on a free loopback port (:mod:`devtools.devpostgres`); yields its URI."""
     try:
         server = devpostgres.create()
     except CatalogUnavailableError as exc:

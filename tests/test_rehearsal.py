@@ -2,7 +2,7 @@
 
 Each scenario runs on a broker and a catalog of its own (a second noida-db, a fresh
 ``LAKE_HOME``), with producers writing while faults are injected, and ends with the
-reconciliation of every produced record (see :mod:`kafka_iceberg.rehearsal`).
+reconciliation of every produced record (see :mod:`devtools.rehearsal`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kafka_iceberg import devbroker
-from kafka_iceberg.rehearsal import Lake, Rehearsal, format_table
+from devtools import devbroker
+from devtools.rehearsal import Lake, Rehearsal, format_table
 
 pytestmark = pytest.mark.rehearsal
 

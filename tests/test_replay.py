@@ -11,11 +11,10 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from kafka_iceberg import faults
+from devtools.demo_data import produce
 from kafka_iceberg.catalog import load_table
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import DataLossError
-from kafka_iceberg.pipeline import TableWriter, run_micro_batch
+from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.recovery import BRANCH_PREFIX
 from kafka_iceberg.replay import (
     KEY_REPLAY_OF,
@@ -52,9 +51,14 @@ def ingest_everything(spark, settings, spec, kafka, catalog) -> list[int]:
     raise AssertionError("the table did not catch up")
 
 
-def replay(spark, settings, spec, kafka, catalog, **request):
+def replay(spark, settings, spec, kafka, catalog, crash_hook=None, **request):
+    hook = {} if crash_hook is None else {"crash_hook": crash_hook}
     return run_replay(spark, settings, spec, ReplayRequest(**request), kafka=kafka, catalog=catalog,
-                      commit_id=f"replay-{uuid.uuid4()}")
+                      commit_id=f"replay-{uuid.uuid4()}", **hook)
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a crash hook: like a kill, the write path does not clean up after it."""
 
 
 def rows_by_offset(spark, identifier: str, *, branch: str | None = None, snapshot_id: int | None = None) -> dict:
@@ -183,13 +187,10 @@ def test_a_replay_that_fails_midway_resumes_without_duplicates(
     # leaving what a SIGKILL leaves: the attempt branch and an unpublished snapshot with its files
     def crash(point):
         if point == "after_write":
-            raise RuntimeError("simulated crash after_write")
+            raise SimulatedCrash(point)
 
-    monkeypatch.setattr(faults, "crash_point", crash)
-    monkeypatch.setattr(TableWriter, "_abandon", lambda self, branch, exc: None)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        replay(spark, settings, spec, kafka, catalog, **args)
-    monkeypatch.undo()
+    with pytest.raises(SimulatedCrash):
+        replay(spark, settings, spec, kafka, catalog, crash_hook=crash, **args)
     view = current_view(catalog, tspec)
     assert [b for b in view.refs if b.startswith(BRANCH_PREFIX)], "the dead attempt left its branch"
     assert state_at(view.snapshots, view.main).offsets == {0: 40, 1: 40}, "nothing of the dead batch is visible"

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from dagster import DagsterInstance, build_sensor_context
 
-from kafka_iceberg.demo_data import produce
+from devtools.demo_data import produce
 from kafka_iceberg.errors import DataLossError, LakeError
 from kafka_iceberg.pipeline import TableWriter, run_micro_batch
 from kafka_iceberg.planning import Watermarks

@@ -70,8 +70,6 @@ def test_hundred_tables_load_as_hundred_assets(tmp_path):
     assert result["sensors"] >= 2 * N_TABLES  # a lag and a retention sensor per table
 
 
-@pytest.mark.xfail(strict=True, reason="resources.default_resources() opens the catalog at load time "
-                   "(prepare_spark_environment -> load_catalog); see docs/deployment.md")
 def test_code_location_loads_with_the_catalog_down(tmp_path):
     tables = hundred_tables(tmp_path / "tables.yaml", "down", n=3)
     closed = free_port()

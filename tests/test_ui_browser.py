@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kafka_iceberg import devbroker
-from kafka_iceberg.demo_data import FLIGHTS, WEATHER, create_topic, load_frame, produce, to_records
+from devtools import devbroker
+from devtools.demo_data import FLIGHTS, WEATHER, create_topic, load_frame, produce, to_records
 from kafka_iceberg.settings import CHECKOUT
 
 CHROMIUM = "/usr/bin/chromium"

@@ -13,15 +13,15 @@ import uuid
 
 import pytest
 
-from kafka_iceberg import duck
-from kafka_iceberg.devbroker import free_port
+from devtools import duck
+from devtools.devbroker import free_port
+from devtools.demo_data import produce
+from devtools.rehearsal import kill_group
 from kafka_iceberg.catalog import load_table
 from kafka_iceberg.checks import duplicate_free
-from kafka_iceberg.demo_data import produce
 from kafka_iceberg.errors import CommitConflictError, DataLossError, MalformedRecordError, TopicNotFoundError
 from kafka_iceberg.pipeline import run_micro_batch
 from kafka_iceberg.recovery import BRANCH_PREFIX
-from kafka_iceberg.rehearsal import kill_group
 from kafka_iceberg.spec import parse_table_spec
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (
@@ -114,13 +114,14 @@ def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id
     code = textwrap.dedent(
         f"""
         import json, sys
+        from devtools.faults import env_crash_hook
         from kafka_iceberg.catalog import get_spark
         from kafka_iceberg.pipeline import run_micro_batch
         from kafka_iceberg.settings import load_settings
         from kafka_iceberg.spec import parse_table_spec
         settings = load_settings()
         spec = parse_table_spec(json.loads(sys.argv[1]))
-        run_micro_batch(get_spark(settings), settings, spec, commit_id={commit_id!r})
+        run_micro_batch(get_spark(settings), settings, spec, commit_id={commit_id!r}, crash_hook=env_crash_hook())
         """
     )
     env = {
@@ -354,3 +355,42 @@ def test_transaction_markers_and_aborted_records_are_skipped(
     assert time.monotonic() - t0 < settings.read_timeout_s, "the reader must not wait for offsets that never come"
     assert result.records == 60 and result.offsets == {0: high} and result.total_lag == 0
     assert_exactly(spark, settings, spec, catalog, set(range(60)))
+
+
+def test_a_micro_batch_loads_table_metadata_at_phase_boundaries_and_an_empty_one_starts_no_spark_job(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    from kafka_iceberg.batch.plan import plan_ingest
+    from kafka_iceberg.pipeline import connect, prepare, run_batch
+
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(100)))
+    spec = make_spec(unique, topic)
+    dlq = spec.bad_records.dead_letter_identifier
+    lake = connect(spark, settings, kafka, catalog)
+    _, history = prepare(lake, spec)
+    assert run_batch(lake, spec, plan_ingest(lake, spec, history), f"first-{unique}").records == 100
+
+    produce(kafka_config, topic, event_records(range(100, 150)))
+    lake.metadata_loads.clear()
+    _, history = prepare(lake, spec)
+    result = run_batch(lake, spec, plan_ingest(lake, spec, history), f"second-{unique}")
+    assert result.records == 50 and result.total_records == 150
+    # the table and its dead-letter table once before planning, the table after the append and after the publish
+    assert lake.metadata_loads == [spec.identifier, dlq, spec.identifier, spec.identifier]
+
+    group = f"empty-batch-{unique}"
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup(group, "a micro-batch with nothing to read")
+    try:
+        lake.metadata_loads.clear()
+        _, history = prepare(lake, spec)
+        result = run_batch(lake, spec, plan_ingest(lake, spec, history), f"third-{unique}")
+        assert not result.committed and result.total_lag == 0
+        assert lake.metadata_loads == [spec.identifier, dlq]
+        assert list(tracker.getJobIdsForGroup(group)) == [], "planned from the catalog and the broker alone"
+        spark.range(3).count()
+        assert list(tracker.getJobIdsForGroup(group)), "a Spark job in this thread is seen (the check can fail)"
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert_exactly(spark, settings, spec, catalog, set(range(150)))

@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka_iceberg.devbroker import free_port
+from devtools.devbroker import free_port
 from kafka_iceberg.errors import CatalogUnavailableError
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")

@@ -5,7 +5,7 @@ Run by ``make rehearse`` (``scripts/rehearse.py``, full size) and by the tests m
 ``rehearsal`` (a smaller size, part of ``make test``). Each scenario gets its own topic and
 table on a broker and catalog of its own, so faults never touch anything else.
 
-The sink is a separate process (``python -m kafka_iceberg.rehearsal sink ...``) running micro-batches
+The sink is a separate process (``python -m devtools.rehearsal sink ...``) running micro-batches
 of one table with its own Spark, exactly like a materialization: it can be SIGKILLed as a
 process group (driver, JVM and Python workers at once), stopped, and restarted.
 
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kafka_iceberg import devbroker, duck
+from devtools import devbroker, duck
+from devtools.demo_data import create_topic
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
 from kafka_iceberg.checks import freshness
-from kafka_iceberg.demo_data import create_topic
-from kafka_iceberg.faults import CRASH_POINTS
+from kafka_iceberg.batch.context import CRASH_POINTS
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.settings import CHECKOUT, Settings, load_settings
@@ -177,6 +177,7 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
     on stderr)."""
     from kafka_iceberg.catalog import get_spark
     from kafka_iceberg.errors import LakeError
+    from devtools.faults import env_crash_hook
     from kafka_iceberg.pipeline import run_micro_batch
 
     settings = load_settings()
@@ -188,7 +189,8 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
         target = {p: w.high for p, w in kafka.watermarks(spec.topic).items()}
         while True:
             n += 1
-            result = run_micro_batch(spark, settings, spec, commit_id=f"{commit_prefix}-{n}", kafka=kafka)
+            result = run_micro_batch(spark, settings, spec, commit_id=f"{commit_prefix}-{n}", kafka=kafka,
+                                     crash_hook=env_crash_hook())
             print(json.dumps({"records": result.records, "quarantined": result.quarantined, "lag": result.total_lag,
                               "committed": result.committed}), flush=True)
             if mode == "catch-up" and all(result.offsets.get(p, 0) >= high for p, high in target.items()):
@@ -247,7 +249,7 @@ class Lake:
         if crash_at:
             more["LAKE_CRASH_AT"] = crash_at
         return subprocess.Popen(
-            [sys.executable, "-m", "kafka_iceberg.rehearsal", "sink", json.dumps(declaration), mode,
+            [sys.executable, "-m", "devtools.rehearsal", "sink", json.dumps(declaration), mode,
              f"rehearsal-{uuid.uuid4().hex[:8]}"],
             env=self.env(**more), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             cwd=str(CHECKOUT),
@@ -597,10 +599,10 @@ class Rehearsal:
         return ScenarioResult("catalog locked (SQLite)", 2, tally, checks, "", time.monotonic() - t0)
 
     def postgres_outage(self, down_s: float = 8.0, long_s: float = 30.0, rate: float = 150.0) -> ScenarioResult:
-        """The same lake on a PostgreSQL catalog (a private server from :mod:`kafka_iceberg.devpostgres`),
+        """The same lake on a PostgreSQL catalog (a private server from :mod:`devtools.devpostgres`),
         stopped mid-run: down shorter than the retry budget, the run reconnects and commits; down
         longer, it fails with CatalogUnavailableError and publishes nothing; the next run catches up."""
-        from kafka_iceberg import devpostgres
+        from devtools import devpostgres
 
         t0 = time.monotonic()
         server = devpostgres.create(Path(tempfile.mkdtemp(prefix="lake-rehearsal-pg-")))
@@ -766,9 +768,9 @@ SCENARIOS = ("kills", "sink_outage", "broker_outage", "catalog_lock", "postgres_
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kafka_iceberg.rehearsal [--kills N] [--only a,b] [--seed S]``: run the rehearsal on a
+    """``python -m devtools.rehearsal [--kills N] [--only a,b] [--seed S]``: run the rehearsal on a
     fresh lake under ``$LAKE_HOME/rehearsal`` with a broker of its own; print the table; exit 1 on
-    any failure. ``python -m kafka_iceberg.rehearsal sink DECLARATION MODE COMMIT_PREFIX`` is the
+    any failure. ``python -m devtools.rehearsal sink DECLARATION MODE COMMIT_PREFIX`` is the
     sink process."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sink":

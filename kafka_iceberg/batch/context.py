@@ -1,0 +1,122 @@
+"""What every phase of a micro-batch works with: the Spark session, the catalog, the cluster,
+the crash hook, and the few table operations the phases share (each retried on a transient
+catalog error where that is safe).
+
+Table metadata (snapshots and refs, a :class:`~kafka_iceberg.catalog.TableMetadataView`) is
+loaded only through :meth:`Lake.history`, which counts the loads in ``metadata_loads``; the
+phases call it at their boundaries, never per helper call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kafka_iceberg.catalog import (
+    TableMetadataView,
+    ensure_dead_letter_table,
+    ensure_table,
+    load_table,
+    metadata_view,
+    with_catalog_retry,
+)
+from kafka_iceberg.errors import LakeError
+from kafka_iceberg.kafka_client import KafkaMetadata
+from kafka_iceberg.settings import Settings
+from kafka_iceberg.spec import TableSpec
+
+log = logging.getLogger(__name__)
+
+CRASH_POINTS = ("after_branch", "after_read", "after_write", "after_publish")
+"""Where a micro-batch calls its crash hook, in write-path order: attempt branch created; records
+read from Kafka; data files written and committed to the attempt branch (not published); the
+target ref fast-forwarded (branch not dropped, consumer group not mirrored)."""
+
+CrashHook = Callable[[str], None]
+
+
+def no_crash(point: str) -> None:
+    """The default crash hook: does nothing."""
+
+
+_ENSURED: set[tuple] = set()  # (spark app id, catalog uri, identifier) whose DDL ran in this process
+
+
+@dataclass
+class Lake:
+    """The connections one micro-batch (or replay) uses.
+
+    Args:
+        spark: a SparkSession configured by :func:`kafka_iceberg.catalog.spark_conf`.
+        settings: runtime settings (catalog, timeouts, task sizing).
+        kafka: cluster metadata client (watermarks, timestamp lookups, group commits).
+        catalog: pyiceberg catalog on the same JDBC database as Spark's.
+        crash_hook: called with each of :data:`CRASH_POINTS` as the batch passes it (tests and
+            the rehearsal inject one that kills the process; default: nothing).
+    """
+
+    spark: object
+    settings: Settings
+    kafka: KafkaMetadata
+    catalog: object
+    crash_hook: CrashHook = no_crash
+    metadata_loads: list[str] = field(default_factory=list)  # identifiers, one entry per load
+
+    @property
+    def catalog_name(self) -> str:
+        """The Spark catalog name (``lake``)."""
+        return self.settings.catalog.name
+
+    def retry(self, what: str, fn, before_retry=None):
+        """:func:`~kafka_iceberg.catalog.with_catalog_retry` with the settings' budget."""
+        return with_catalog_retry(what, fn, self.settings.catalog_retry_s, before_retry=before_retry)
+
+    def history(self, identifier: str) -> TableMetadataView:
+        """Load the table's snapshots and refs from the catalog (retried while it is unavailable).
+
+        Raises:
+            LakeError: the table does not exist. CatalogUnavailableError: the retries ran out.
+        """
+        view = self.find(identifier)
+        if view is None:
+            raise LakeError(f"table {identifier} does not exist in catalog {self.catalog.name}")
+        return view
+
+    def find(self, identifier: str) -> TableMetadataView | None:
+        """Like :meth:`history`, but None when the table does not exist."""
+        def load():
+            self.metadata_loads.append(identifier)
+            table = load_table(self.catalog, identifier)
+            return None if table is None else metadata_view(table)
+
+        return self.retry(f"load metadata of {identifier}", load)
+
+    def sql(self, what: str, statement: str, before_retry=None):
+        """Run one Spark SQL statement, retried on a transient catalog error."""
+        return self.retry(what, lambda: self.spark.sql(statement), before_retry=before_retry)
+
+    def ensure_tables(self, spec: TableSpec) -> None:
+        """Create the table (and, under ``bad_records.policy: quarantine``, its dead-letter table)
+        from its declaration if missing, checking an existing one; once per process and table.
+
+        Raises:
+            ConfigError: an existing table does not match its declaration.
+        """
+        key = (self.spark.sparkContext.applicationId, self.settings.catalog.jdbc_uri, spec.identifier, spec)
+        if key in _ENSURED:
+            return
+        self.retry(f"table {spec.identifier}: create or check the table",
+                   lambda: ensure_table(self.spark, self.settings, spec))
+        if spec.bad_records.policy == "quarantine":
+            self.ensure_dead_letter_table(spec)
+        _ENSURED.add(key)
+
+    def ensure_dead_letter_table(self, spec: TableSpec) -> None:
+        """Create ``spec``'s dead-letter table if missing (see :func:`catalog.ensure_dead_letter_table`)."""
+        self.retry(f"table {spec.identifier}: create the dead-letter table",
+                   lambda: ensure_dead_letter_table(self.spark, self.settings, spec))
+
+    def forget_tables(self, spec: TableSpec) -> None:
+        """Forget that :meth:`ensure_tables` ran for ``spec`` (its table vanished)."""
+        _ENSURED.difference_update({k for k in _ENSURED if k[2] == spec.identifier})

@@ -1,0 +1,144 @@
+"""The read phase: the plan's offset ranges from Kafka into one classified, persisted Spark
+DataFrame with per-partition statistics (:class:`ReadBatch`).
+
+Schema evolution (``unknown_fields: evolve``) happens here, before classification, so the
+batch is classified against the columns it will be written with.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import functions as F
+
+from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
+from kafka_iceberg.errors import LakeError, MalformedRecordError
+from kafka_iceberg.planning import BatchPlan, split_ranges
+from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
+from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.transform import PROBLEM, classify, new_fields, value_columns
+
+log = logging.getLogger(__name__)
+
+
+def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> ReadBatch:
+    """Read, evolve the schema if declared, classify and count the planned records.
+
+    The returned ``classified`` frame is persisted; the caller unpersists it.
+
+    Raises:
+        MalformedRecordError: a bad record under ``bad_records.policy: fail``.
+        LakeError: a record outside its planned range (a reader bug).
+        DataLossError, ReadTimeoutError (wrapped in a Spark error; see ``errors.from_task_exception``).
+    """
+    raw = raw_records(lake, spec.identifier, plan.offsets).persist()
+    classified = None
+    try:
+        changes = evolve_schema(lake, spec, raw, commit_id) if spec.unknown_fields == "evolve" else ()
+        columns = tuple(_value_columns(lake, plan.target.identifier))
+        classified = classify(raw, spec, list(columns)).persist()
+        stats = partition_stats(classified)
+        check_read(plan.offsets, stats)
+        kinds = quarantine_kinds(classified) if any(s.quarantined for s in stats) else {}
+        if kinds and spec.bad_records.policy == "fail":
+            raise first_bad_record(spec, classified)
+        return ReadBatch(classified, columns, stats, kinds, tuple(changes))
+    except BaseException:
+        if classified is not None:
+            classified.unpersist()
+        raise
+    finally:
+        raw.unpersist()
+
+
+def raw_records(lake: Lake, table: str, offsets: BatchPlan):
+    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL`, one
+    task per range piece of at most ``max_records_per_task`` offsets."""
+    pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
+    rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
+    ranges_df = lake.spark.createDataFrame(rows, "topic STRING, partition INT, start BIGINT, end BIGINT")
+    if rows:
+        ranges_df = ranges_df.repartition(len(rows))
+    reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s)
+    return ranges_df.mapInArrow(reader, RAW_SCHEMA_DDL)
+
+
+def partition_stats(classified) -> tuple[PartitionStats, ...]:
+    """Records, bad records, max offset, max timestamp and key + value bytes per partition (one Spark job)."""
+    rows = classified.groupBy("partition").agg(
+        F.count(F.lit(1)).alias("records"),
+        F.count(F.col(PROBLEM)).alias("quarantined"),
+        F.max("offset").alias("max_offset"),
+        F.max("timestamp_ms").alias("max_timestamp_ms"),
+        F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
+    ).collect()
+    return tuple(sorted(
+        (PartitionStats(int(r["partition"]), int(r["records"]), int(r["quarantined"]), int(r["max_offset"]),
+                        r["max_timestamp_ms"], int(r["bytes"] or 0)) for r in rows),
+        key=lambda s: s.partition,
+    ))
+
+
+def check_read(offsets: BatchPlan, stats) -> None:
+    """Every record read lies inside its planned range (a reader bug would otherwise duplicate).
+
+    Raises:
+        LakeError: a partition read outside its range.
+    """
+    planned = {r.partition: r for r in offsets.ranges}
+    for s in stats:
+        r = planned.get(s.partition)
+        if r is None or s.max_offset >= r.end or s.records > r.size:
+            raise LakeError(
+                f"table {offsets.table}: read {s.records} records up to offset {s.max_offset} "
+                f"from partition {s.partition}, outside the planned range {r}"
+            )
+
+
+def quarantine_kinds(classified) -> dict[str, int]:
+    """Bad records per problem kind (``malformed``, ``schema``, ...)."""
+    rows = (classified.where(F.col(PROBLEM).isNotNull()).groupBy(F.col(f"{PROBLEM}.kind").alias("kind"))
+            .agg(F.count(F.lit(1)).alias("n")).collect())
+    return {r["kind"]: int(r["n"]) for r in rows}
+
+
+def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
+    """The error for the lowest bad ``(partition, offset)`` of the batch."""
+    row = (classified.where(F.col(PROBLEM).isNotNull()).orderBy("partition", "offset")
+           .select("topic", "partition", "offset", F.col(f"{PROBLEM}.kind").alias("kind"),
+                   F.col(f"{PROBLEM}.reason").alias("reason")).first())
+    return MalformedRecordError(spec.identifier, row["topic"], row["partition"], row["offset"],
+                                f"{row['kind']}: {row['reason']}")
+
+
+def _value_columns(lake: Lake, identifier: str):
+    qualified = f"{lake.catalog_name}.{identifier}"
+    return lake.retry(f"table {identifier}: read the table schema",
+                      lambda: value_columns(lake.spark.table(qualified).schema))
+
+
+def evolve_schema(lake: Lake, spec: TableSpec, raw, commit_id: str) -> list[dict]:
+    """Schema evolution (``unknown_fields: evolve``): add an optional column for every new
+    top-level field of a primitive type in this batch (``ALTER TABLE ... ADD COLUMN``), before the
+    batch is written. Fields that cannot be added stay unknown and their records are
+    quarantined. Returns the columns added as ``{"column", "type"}``."""
+    fields = new_fields(lake.spark, raw, _value_columns(lake, spec.identifier))
+    added = []
+    for f in fields:
+        if f.type is None:
+            log.warning("table %s: new field %r is not added: %s; its records are quarantined",
+                        spec.identifier, f.name, f.why_not)
+            continue
+        comment = f"added by schema evolution from topic {spec.topic} in run {commit_id}".replace("'", "")
+        sql = (f"ALTER TABLE {lake.catalog_name}.{spec.identifier} ADD COLUMN `{f.name}` {f.type.upper()} "
+               f"COMMENT '{comment}'")
+
+        def exists(name=f.name):
+            return True if any(c.name == name for c in _value_columns(lake, spec.identifier)) else None
+
+        if exists() is None:
+            lake.sql(f"table {spec.identifier}: add column {f.name}", sql, before_retry=exists)
+        log.warning("table %s: schema evolved: added optional column %s %s", spec.identifier, f.name, f.type)
+        added.append({"column": f.name, "type": f.type})
+    return added

@@ -1,0 +1,132 @@
+"""The write phase: the attempt branch, the snapshot summary, and the append of a batch's rows
+(good rows to the table, bad ones to the dead-letter table) to that branch, unpublished.
+
+Every append reconciles: the new snapshot's ``added-records`` must equal the records the
+read phase counted for it, or nothing is published.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
+from kafka_iceberg.catalog import TableMetadataView
+from kafka_iceberg.errors import LakeError
+from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.state import (
+    KEY_DEAD_LETTER,
+    dead_letter_pointer,
+    dead_letter_summary,
+    ingest_summary,
+)
+from kafka_iceberg.transform import dead_letter_rows, table_rows
+
+
+def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str) -> dict[str, str]:
+    """The snapshot summary of one batch (pure; see :mod:`kafka_iceberg.state`): the base state
+    carried forward with this batch's offsets, timestamps, counts and gaps. ``batch`` is None
+    for a commit that reads nothing (accept-gap, or a new table recording its start)."""
+    stats = batch.stats if batch is not None else ()
+    max_ts = max_timestamps(plan.base.max_timestamps, stats)
+    ranges = plan.offsets.ranges
+    read = {s.partition: s.records for s in stats}
+    summary = ingest_summary(
+        topic=spec.topic,
+        offsets={**plan.base.offsets, **plan.offsets.end_offsets},
+        batch={r.partition: (r.start, r.end) for r in ranges},
+        max_timestamps=max_ts,
+        commit_id=commit_id,
+        records=batch.records if batch is not None else 0,
+        accepted_gaps=[*plan.base.accepted_gaps, *plan.new_gaps],
+        read={p: read.get(p, 0) for p in sorted({r.partition for r in ranges})},
+        quarantined={s.partition: s.quarantined for s in stats if s.quarantined},
+        quarantine_kinds=batch.quarantine_kinds if batch is not None else {},
+        schema_changes=list(batch.schema_changes) if batch is not None else [],
+    )
+    return {**plan.extra_summary, **summary}  # the ingest state keys win
+
+
+def max_timestamps(previous: Mapping[int, int], stats) -> dict[int, int]:
+    """Per partition, the larger of the previous max record timestamp and this batch's (ms since epoch)."""
+    out = dict(previous)
+    for s in stats:
+        if s.max_timestamp_ms is not None and s.max_timestamp_ms >= 0:
+            out[s.partition] = max(out.get(s.partition, s.max_timestamp_ms), s.max_timestamp_ms)
+    return out
+
+
+def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | None) -> int:
+    """Create ``branch`` at ``at_snapshot`` (``main`` of an empty table); returns its head snapshot id.
+    Loads the table's metadata only for an empty table (Iceberg then makes an empty snapshot)."""
+    as_of = f" AS OF VERSION {at_snapshot}" if at_snapshot is not None else ""
+
+    def created():
+        return lake.history(identifier).refs.get(branch)
+
+    lake.sql(f"table {identifier}: create branch {branch}",
+             f"ALTER TABLE {lake.catalog_name}.{identifier} CREATE BRANCH `{branch}`{as_of}", before_retry=created)
+    head = at_snapshot if at_snapshot is not None else created()
+    if head is None:
+        raise LakeError(f"table {identifier}: branch {branch} was not created")
+    return head
+
+
+def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, summary: Mapping[str, str],
+           expected: int, what: str) -> tuple[int, TableMetadataView]:
+    """Append ``rows`` to ``branch`` as one snapshot carrying ``summary``; returns its id and the
+    table's metadata loaded after the append (one load).
+
+    A retry happens only while the branch still points at ``branch_base`` (the append did not
+    land), so the rows are never appended twice.
+
+    Raises:
+        LakeError: the branch vanished, no snapshot was made, or its ``added-records`` is not
+            ``expected`` (``what`` names those records; nothing is published).
+    """
+    def write():
+        writer = rows.writeTo(f"{lake.catalog_name}.{identifier}.branch_{branch}")
+        for key, value in summary.items():
+            writer = writer.option(f"snapshot-property.{key}", value)
+        writer.append()
+
+    def landed(view: TableMetadataView | None = None):
+        head = (view or lake.history(identifier)).refs.get(branch)
+        if head is None:
+            raise LakeError(f"table {identifier}: attempt branch {branch} disappeared during the write")
+        return head if head != branch_base else None
+
+    lake.retry(f"table {identifier}: append to branch {branch}", write, before_retry=landed)
+    view = lake.history(identifier)
+    head = landed(view)
+    if head is None:
+        raise LakeError(f"table {identifier}: the append to branch {branch} made no snapshot")
+    added = int(view.snapshots[head].summary.get("added-records", "0"))
+    if added != expected:
+        raise LakeError(
+            f"table {identifier}: micro-batch does not reconcile: snapshot {head} of {identifier} "
+            f"added {added} rows but {expected} records were {what}; nothing was published"
+        )
+    return head, view
+
+
+def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, branch: str, branch_base: int,
+                  commit_id: str) -> WrittenAttempt:
+    """Write the batch to the attempt ``branch`` (created at ``branch_base``): bad records first to the
+    same-named branch of the dead-letter table (when the target has one), then the good rows
+    with the summary, which points at that dead-letter snapshot.
+
+    Raises:
+        LakeError: a write did not reconcile. CatalogUnavailableError: retries ran out.
+    """
+    summary = batch_summary(spec, plan, batch, commit_id)
+    dlq, dlq_snapshot = plan.target.dead_letter_table, None
+    if batch.quarantined and dlq is not None:
+        lake.ensure_dead_letter_table(spec)
+        dlq_base = create_branch(lake, dlq, branch, lake.history(dlq).main)
+        dlq_snapshot, _ = append(lake, dlq, branch, dlq_base, dead_letter_rows(batch.classified, commit_id),
+                                 dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined")
+        summary[KEY_DEAD_LETTER] = dead_letter_pointer(dlq, dlq_snapshot, branch)
+    rows = table_rows(batch.classified, spec, list(batch.columns))
+    snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added")
+    return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)

@@ -1,0 +1,246 @@
+"""The schema of ``tables.yaml``: pydantic models, one per section, every one ``extra="forbid"``.
+
+:mod:`kafka_iceberg.spec` validates the file with these models and turns each table into a
+:class:`~kafka_iceberg.spec.TableSpec`. :func:`json_schema` is the published JSON Schema
+(``docs/tables.schema.json``, written by ``lake validate --json-schema``), so editors can check
+the file as it is typed. Adding a declaration field means adding it to :class:`TableDecl`
+(and to :class:`Defaults` when it may be defaulted); the JSON Schema follows.
+
+Durations are a number of seconds or a string like ``90s``, ``15m``, ``6h``, ``2d``; they are
+kept as written here and converted to seconds by :func:`kafka_iceberg.spec.parse_duration_s`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal, Optional, Union
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DURATION_PATTERN = r"^\d+(\.\d+)?\s*(ms|s|m|h|d)$"
+Duration = Union[float, str]
+IDENTIFIER_PATTERN = r"^[a-z_][a-z0-9_]*$"
+OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
+TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]{1,63}$")
+TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _duration(value: Any) -> Any:
+    if isinstance(value, str) and not re.match(DURATION_PATTERN, value.strip()):
+        raise ValueError(f"{value!r} is not a duration like 90s, 15m, 6h or 2d")
+    return value
+
+
+def check_cron(value: str) -> str:
+    """``value`` if it is a valid five-field cron expression (checked with croniter); else ValueError."""
+    if len(value.split()) != 5 or not croniter.is_valid(value):
+        raise ValueError(f"{value!r} is not a valid five-field cron expression (minute hour day month weekday)")
+    return value
+
+
+class FormatDecl(_Section):
+    """``format:`` how record values are encoded."""
+
+    type: str = Field("json", description="Value format; supported: json.")
+
+
+class ColumnDecl(_Section):
+    """One ``schema:`` entry: a column of the record value."""
+
+    name: str = Field(pattern=IDENTIFIER_PATTERN)
+    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, binary or decimal(p,s)")
+    required: bool = False
+    doc: Optional[str] = Field(None, description="Column documentation, shown in the Dagster UI's column schema.")
+
+
+class FreshnessDecl(_Section):
+    """``freshness:`` thresholds of the freshness check and the asset's Dagster FreshnessPolicy."""
+
+    max_snapshot_age: Duration = "1d"
+    max_valid_through_age: Union[Duration, None, bool] = Field(None, description="none/off/null disables it")
+
+    v_d = field_validator("max_snapshot_age")(_duration)
+
+    @field_validator("max_valid_through_age")
+    @classmethod
+    def _vt(cls, v: Any) -> Any:
+        return v if v in (None, False, "none", "off") else _duration(v)
+
+
+class LagDecl(_Section):
+    """``lag:`` the lag sensor's trigger and status rules (docs/operations.md#lag-status)."""
+
+    max_offset_lag: int = Field(10_000, ge=1)
+    max_interval: Duration = "15m"
+    grace: Duration = "5m"
+    window: int = Field(5, ge=2)
+    interval: Duration = "30s"
+
+    v_d = field_validator("max_interval", "grace", "interval")(_duration)
+
+
+class MaintenanceDecl(_Section):
+    """``maintenance:`` cron schedules (UTC) and settings of the table's maintenance jobs."""
+
+    compact: str = "0 2 * * *"
+    expire: str = "0 3 * * *"
+    remove_orphans: str = "0 4 * * 0"
+    retain_last: int = Field(100, ge=1)
+    max_snapshot_age: Duration = "7d"
+    orphan_older_than: Duration = "3d"
+    target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1)
+
+    v_c = field_validator("compact", "expire", "remove_orphans")(check_cron)
+    v_d = field_validator("max_snapshot_age", "orphan_older_than")(_duration)
+
+
+class RetentionDecl(_Section):
+    """``retention:`` thresholds of the retention-headroom sensor."""
+
+    warn_headroom: Duration = "6h"
+    error_headroom: Duration = "1h"
+    warn_ratio: float = Field(0.5, gt=0, le=1)
+    error_ratio: float = Field(0.9, gt=0, le=1)
+
+    v_d = field_validator("warn_headroom", "error_headroom")(_duration)
+
+
+class BadRecordsDecl(_Section):
+    """``bad_records:`` what happens to a record that does not fit the table."""
+
+    policy: Literal["quarantine", "fail"] = "quarantine"
+    max_quarantine_rate: float = Field(0.01, ge=0, le=1)
+    max_record_bytes: int = Field(1024 * 1024, gt=0)
+    dead_letter_table: Optional[str] = None
+
+
+def _owners(v: list[str]) -> list[str]:
+    bad = [o for o in v if not OWNER.match(o)]
+    if bad:
+        raise ValueError(f"owners {bad} must be e-mail addresses or team:<name>")
+    return v
+
+
+def _tags(v: dict[str, str]) -> dict[str, str]:
+    bad = [f"{k}={t}" for k, t in v.items() if not TAG_KEY.match(k) or not TAG_VALUE.match(str(t))]
+    if bad:
+        raise ValueError(f"tags {bad}: keys and values may hold letters, digits, '_', '.', '-' (63 at most)")
+    return v
+
+
+class _Common(_Section):
+    """Fields a table may declare and ``defaults:`` may supply."""
+
+    consumer_group: Optional[str] = None
+    format: Union[FormatDecl, str, None] = None
+    partition_by: Optional[list[str]] = None
+    kafka_columns: Optional[list[str]] = None
+    max_records_per_partition: Optional[int] = None
+    starting_position: Union[Literal["earliest", "latest"], datetime, None] = None
+    freshness: Optional[FreshnessDecl] = None
+    unknown_fields: Optional[Literal["reject", "ignore", "evolve"]] = None
+    description: Optional[str] = None
+    lag: Optional[LagDecl] = None
+    maintenance: Optional[MaintenanceDecl] = None
+    retention: Optional[RetentionDecl] = None
+    bad_records: Optional[BadRecordsDecl] = None
+    owners: Optional[list[str]] = Field(None, description="Asset owners: e-mail addresses or team:<name>.")
+    tags: Optional[dict[str, str]] = Field(None, description="Asset tags (merged over the defaults' tags).")
+
+    v_o = field_validator("owners")(lambda v: v if v is None else _owners(v))
+    v_t = field_validator("tags")(lambda v: v if v is None else _tags(v))
+
+
+class Defaults(_Common):
+    """``defaults:`` merged under every table (a table's own value wins; ``tags`` merge)."""
+
+    columns: Optional[list[ColumnDecl]] = Field(None, alias="schema")
+
+
+class TableDecl(_Common):
+    """One ``tables:`` entry: a Kafka topic that becomes an Iceberg table (one Dagster asset)."""
+
+    name: str = Field(pattern=IDENTIFIER_PATTERN, description="Short name; names the sensors (<name>_lag).")
+    identifier: str = Field(description="Iceberg namespace.table, lower_snake_case.")
+    topic: str = Field(min_length=1)
+    columns: list[ColumnDecl] = Field(alias="schema", min_length=1)
+
+
+class TablesFile(_Section):
+    """The whole ``tables.yaml`` (each table is validated on its own, merged over the defaults)."""
+
+    defaults: Optional[dict[str, Any]] = None
+    tables: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class _TablesFileSchema(_Section):
+    """``tables.yaml`` for the published JSON Schema."""
+
+    defaults: Optional[Defaults] = None
+    tables: list[TableDecl] = Field(default_factory=list)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of ``tables.yaml`` (draft 2020-12)."""
+    schema = _TablesFileSchema.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "tables.yaml: Kafka topics ingested into Iceberg tables (see docs/tables.md)"
+    return schema
+
+
+def describe(error: ValidationError, raw: Any, where: str) -> str:
+    """One line per problem of a pydantic ``error`` for the declaration ``raw``, e.g.
+    ``table t: freshness has unknown keys ['max_age']`` or ``table t: lag.window: must be >= 2``."""
+    unknown: dict[tuple, list[str]] = {}
+    lines = []
+    for e in error.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "json-or-python"))))
+        if e["type"] == "extra_forbidden":
+            unknown.setdefault(loc[:-1], []).append(str(loc[-1]))
+            continue
+        lines.append(f"{where}: {_message(e, _path(loc, raw))}")
+    for parent, keys in unknown.items():
+        what = _path(parent, raw) if parent else ""
+        lines.insert(0, f"{where}: {what + ' has ' if what else ''}unknown keys {sorted(keys)}")
+    return "; ".join(lines)
+
+
+def _path(loc: tuple, raw: Any) -> str:
+    out, node = [], raw
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            entry = node[part] if isinstance(node, list) and part < len(node) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            out[-1:] = [f"{out[-1] if out else ''} entry {name!r}" if name else f"{out[-1] if out else ''} entry {part}"]
+        else:
+            out.append(str(part))
+        node = node.get(part) if isinstance(node, dict) and isinstance(part, str) else (
+            node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
+    return ".".join(out)
+
+
+_MESSAGES = {"int_parsing": "must be a whole number", "int_type": "must be a whole number",
+             "int_from_float": "must be a whole number", "float_parsing": "must be a number", "float_type": "must be a number"}
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _message(e: dict, path: str) -> str:
+    """``path`` and what is wrong with it, e.g. ``bad_records needs max_quarantine_rate <= 1, got 2``."""
+    kind, got, ctx = e["type"], e.get("input"), e.get("ctx") or {}
+    if kind in _MESSAGES:
+        return f"{path} {_MESSAGES[kind]}, got {got!r}"
+    if kind in _BOUNDS:
+        limit = next(iter(ctx.values()), "?")
+        parent, _, leaf = path.rpartition(".")
+        return f"{parent + ' needs ' if parent else ''}{leaf} {_BOUNDS[kind]} {limit}, got {got!r}"
+    if kind == "literal_error":
+        return f"{path} must be one of {ctx.get('expected')}, got {got!r}"
+    if kind == "missing":
+        return f"'{path}' is required"
+    return f"{path}: {e['msg'].removeprefix('Value error, ')}"

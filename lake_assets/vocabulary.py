@@ -1,0 +1,66 @@
+"""The Dagster layer's shared vocabulary: asset keys, the micro-batch partitions, concurrency pools,
+run tags and run statuses.
+
+Asset modules (:mod:`lake_assets.tables`, ``analytics``, ``quality``, ``replay``), the backfill
+library (:mod:`lake_assets.backfill`), the sensors and the schedules all import these names from
+here, so sensors and schedules never import an asset module, and the composition root
+(:mod:`lake_assets.definitions`) is the only module that imports sensors and schedules. This
+module imports nothing from the project but :class:`kafka_iceberg.spec.TableSpec`.
+"""
+
+from __future__ import annotations
+
+from dagster import AssetKey, DagsterRunStatus, DynamicPartitionsDefinition
+
+from kafka_iceberg.spec import TableSpec
+
+
+def key_part(name: str) -> str:
+    """``name`` as one asset-key or pool-name component: every character other than a letter, a
+    digit or ``_`` becomes ``_`` (``nycflights13.flights`` -> ``nycflights13_flights``)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def topic_key(spec: TableSpec) -> AssetKey:
+    """Asset key of the source topic: ``kafka/<topic>`` (dots become underscores)."""
+    return AssetKey(["kafka", key_part(spec.topic)])
+
+
+def table_key(spec: TableSpec) -> AssetKey:
+    """Asset key of the table: ``lake/<namespace>/<table>``."""
+    return AssetKey(["lake", *spec.identifier.split(".")])
+
+
+MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
+"""The partitions of every table asset: micro-batch slots (keys from
+:func:`lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
+demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
+can hold every table plus the unpartitioned downstream asset."""
+
+SQLITE_POOL = "lake_sqlite_catalog"
+"""The one concurrency pool of every committing step on a SQLite catalog."""
+
+
+def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
+    """Dagster concurrency pool of a table asset: one per table (``lake_table_<namespace>_<table>``),
+    or :data:`SQLITE_POOL` shared by all tables on a SQLite catalog (SQLite admits one committing
+    process at a time). Limits: dagster.yaml."""
+    return SQLITE_POOL if sqlite_catalog else f"lake_table_{key_part(spec.identifier)}"
+
+
+def commit_pool(sqlite_catalog: bool) -> str | None:
+    """Pool of a committing step that is not one table's micro-batch (the downstream asset, the
+    replay op): :data:`SQLITE_POOL` on SQLite, else ``None`` (no pool)."""
+    return SQLITE_POOL if sqlite_catalog else None
+
+
+TABLE_TAG = "lake/table"
+"""Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
+
+IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+"""Run statuses during which a run may still write."""
+
+__all__ = [
+    "IN_PROGRESS", "MICRO_BATCHES", "SQLITE_POOL", "TABLE_TAG", "commit_pool", "key_part", "table_key", "table_pool",
+    "topic_key",
+]

@@ -1,0 +1,78 @@
+"""The code location loads while the catalog and the broker are unreachable, shows no secret, and
+its sensors report the outage.
+
+Both endpoints are loopback ports nobody listens on: a PostgreSQL catalog URI (with a password) and
+a SASL broker (with a password in ``KAFKA_CLIENT_CONFIG``). ``LAKE_CATALOG_RETRY_S`` is 600 s, so
+a load that opened the catalog with its retry would hang far past the subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import build_sensor_context
+from dagster._core.remote_representation.external_data import RepositorySnap
+from dagster._serdes import serialize_value
+
+from devtools.devbroker import free_port
+from kafka_iceberg.errors import CatalogUnavailableError
+from kafka_iceberg.settings import CHECKOUT, load_settings
+from kafka_iceberg.spec import load_table_specs
+from tests.helpers import make_spec
+
+KAFKA_SECRET = "kafka-s3cret-pw"
+DB_SECRET = "db-s3cret-pw"
+
+
+@pytest.fixture
+def unreachable_env(tmp_path, monkeypatch) -> dict[str, str]:
+    """The environment of a code location whose catalog and broker are both down."""
+    env = {
+        "LAKE_HOME": str(tmp_path / "lake"),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "KAFKA_CLIENT_CONFIG": json.dumps({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                           "sasl.username": "lake", "sasl.password": KAFKA_SECRET}),
+        "LAKE_CATALOG_URI": f"postgresql://lake:{DB_SECRET}@127.0.0.1:{free_port()}/lake",
+        "LAKE_CATALOG_RETRY_S": "600",
+        "LAKE_KAFKA_TIMEOUT_S": "2",
+    }
+    (tmp_path / "dagster").mkdir()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def test_code_location_loads_with_catalog_and_broker_down(unreachable_env):
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("dagster")), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=CHECKOUT, env={**os.environ, **unreachable_env}, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Validation successful for code location lake_assets.definitions" in out.stdout + out.stderr
+
+
+def test_the_ui_snapshot_holds_no_secret(unreachable_env):
+    from lake_assets.definitions import build_definitions
+
+    settings = load_settings()
+    defs = build_definitions(settings, load_table_specs(settings.tables_file))
+    snapshot = serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
+    assert "KAFKA_CLIENT_CONFIG" in snapshot and "LAKE_CATALOG_URI" in snapshot  # shown by name
+    assert KAFKA_SECRET not in snapshot
+    assert DB_SECRET not in snapshot
+
+
+def test_lag_sensor_reports_the_catalog_outage(unreachable_env):
+    from resources import default_resources
+    from sensors.lag import lag_sensor
+
+    resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("kafka", "catalog")}
+    sensor = lag_sensor(make_spec("outage", "outage.topic"))
+    with pytest.raises(CatalogUnavailableError, match="cannot open Iceberg catalog lake"):
+        sensor(build_sensor_context(resources=resources))
