@@ -7,6 +7,7 @@ through the translated ``spark.sql.catalog.<name>.*`` settings, and each sees th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -162,6 +163,21 @@ def test_legacy_uri_config_gives_todays_spark_settings(uri):
     from kafka_iceberg.settings import catalog_from_uri
 
     cat = catalog_from_uri("lake", uri, "file:///data/lake/warehouse")
-    assert cat.config.spark_properties() == catalog_conf(cat)
+    assert cat.config.spark_properties() == jdbc_catalog_conf_before_the_switch(cat)
+    assert catalog_conf(cat) == cat.config.spark_properties()
+    assert catalog_conf(dataclasses.replace(cat, config=None)) == cat.config.spark_properties()  # settings without a config
     py = cat.config.pyiceberg_properties()
     assert (py["uri"], py["warehouse"]) == (cat.sqlalchemy_uri, cat.warehouse)
+
+
+def jdbc_catalog_conf_before_the_switch(cat) -> dict[str, str]:
+    """kafka_iceberg.catalog.catalog_conf as it was before it used the catalog config (JDBC only)."""
+    prefix = f"spark.sql.catalog.{cat.name}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "jdbc", f"{prefix}.uri": cat.jdbc_uri,
+            f"{prefix}.jdbc.schema-version": "V1", f"{prefix}.jdbc.init-catalog-tables": "false",
+            f"{prefix}.warehouse": cat.warehouse, f"{prefix}.cache-enabled": "false"}
+    if cat.jdbc_user:
+        conf[f"{prefix}.jdbc.user"] = cat.jdbc_user
+    if cat.jdbc_password:
+        conf[f"{prefix}.jdbc.password"] = cat.jdbc_password
+    return conf

