@@ -1,7 +1,8 @@
 """The Iceberg catalog, seen from Spark (writes) and from pyiceberg (metadata reads).
 
-Spark talks to Iceberg's ``JdbcCatalog`` through the Iceberg Spark runtime jar; pyiceberg's
-``SqlCatalog`` opens the same JDBC tables under the same catalog name. The write path uses
+Spark talks to the catalog (Iceberg's ``JdbcCatalog``, REST, Glue, Hive or Nessie; one configuration,
+:mod:`kafka_iceberg.catalog_config`) through the Iceberg Spark runtime jar; pyiceberg opens the same
+catalog under the same catalog name. The write path uses
 Spark for everything that changes a table (DDL, data commits, branch and maintenance
 procedures) and pyiceberg for cheap metadata reads (snapshots, summaries, refs).
 """
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError, ServerError, ServiceUnavailableError
 from pyiceberg.table import Table
 
+from kafka_iceberg.catalog_config import CatalogConfig
 from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
 from kafka_iceberg.settings import CatalogSettings, Settings
 from kafka_iceberg.spec import TableSpec
@@ -67,28 +69,16 @@ def jdbc_driver_jars(cat: CatalogSettings) -> list[str]:
     return [cat.jdbc_driver_jar] + [j for j in JDBC_DRIVER_JARS if j != cat.jdbc_driver_jar and Path(j).exists()]
 
 
+def catalog_config(cat: CatalogSettings) -> CatalogConfig:
+    """``cat.config``, or for settings built without one the sql catalog of ``cat``'s SQLAlchemy uri."""
+    return cat.config or CatalogConfig(cat.name, {"type": "sql", "uri": cat.sqlalchemy_uri, "warehouse": cat.warehouse})
+
+
 def catalog_conf(cat: CatalogSettings) -> dict[str, str]:
-    """The ``spark.sql.catalog.<name>.*`` settings for one JDBC catalog. They are runtime SQL
-    settings, so a running session can register another catalog with ``spark.conf.set``."""
-    prefix = f"spark.sql.catalog.{cat.name}"
-    conf = {
-        prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "jdbc",
-        f"{prefix}.uri": cat.jdbc_uri,
-        f"{prefix}.jdbc.schema-version": "V1",
-        # pyiceberg creates the catalog tables (prepare_spark_environment). Iceberg's own
-        # initialization of *existing* tables leaves a SQLite read transaction open on a
-        # pooled connection, which blocks every other process's commit (SQLITE_BUSY).
-        f"{prefix}.jdbc.init-catalog-tables": "false",
-        f"{prefix}.warehouse": cat.warehouse,
-        # a micro-batch must see the latest metadata at every step, not a cached table
-        f"{prefix}.cache-enabled": "false",
-    }
-    if cat.jdbc_user:
-        conf[f"{prefix}.jdbc.user"] = cat.jdbc_user
-    if cat.jdbc_password:
-        conf[f"{prefix}.jdbc.password"] = cat.jdbc_password
-    return conf
+    """The ``spark.sql.catalog.<name>.*`` settings of the catalog, any type
+    (:meth:`CatalogConfig.spark_properties`). They are runtime SQL settings, so a running session
+    can register another catalog with ``spark.conf.set``."""
+    return catalog_config(cat).spark_properties()
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
@@ -98,11 +88,13 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     Debian JDBC driver, ``LAKE_SPARK_JARS``) and ``LAKE_SPARK_CONF`` on top.
 
     Raises:
-        ConfigError: the JDBC driver jar is missing (install the Debian package; see README).
+        ConfigError: a sql/jdbc catalog's JDBC driver jar is missing (install the Debian package; see README).
     """
     cat = settings.catalog
-    if not Path(cat.jdbc_driver_jar).exists():
+    is_jdbc = catalog_config(cat).type == "sql"
+    if is_jdbc and not Path(cat.jdbc_driver_jar).exists():
         raise ConfigError(f"{cat.jdbc_driver_jar} is missing: apt-get install libxerial-sqlite-jdbc-java libpostgresql-jdbc-java")
+    drivers = jdbc_driver_jars(cat) if is_jdbc else [j for j in JDBC_DRIVER_JARS if Path(j).exists()]
     conf = {
         "spark.master": settings.spark_master,
         "spark.app.name": "kafka-iceberg-lake",
@@ -111,7 +103,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
         "spark.driver.host": settings.spark_local_ip,
         "spark.driver.bindAddress": settings.spark_local_ip,
-        "spark.jars": ",".join([iceberg_runtime_jar(), *jdbc_driver_jars(cat), *settings.spark_extra_jars]),
+        "spark.jars": ",".join([iceberg_runtime_jar(), *drivers, *settings.spark_extra_jars]),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
@@ -151,14 +143,15 @@ def get_spark(settings: Settings):
     return spark
 
 
-def load_catalog(cat: CatalogSettings, retry_s: float = 0.0) -> SqlCatalog:
-    """pyiceberg's view of the same JDBC catalog (same catalog name, same database).
+def load_catalog(cat: CatalogSettings, retry_s: float = 0.0) -> Catalog:
+    """pyiceberg's view of the same catalog (same catalog name): :meth:`CatalogConfig.load`, any
+    type, with its ``s3.*`` properties (a ``SqlCatalog`` for sql/jdbc).
 
-    ``retry_s``: seconds to keep retrying while the database is locked or unreachable
+    ``retry_s``: seconds to keep retrying while the catalog is locked or unreachable
     (see :func:`with_catalog_retry`); 0 tries once.
 
     Raises:
-        CatalogUnavailableError: the catalog database cannot be opened.
+        CatalogUnavailableError: the catalog (database or REST/HTTP server) cannot be opened.
     """
     if retry_s > 0:
         return with_catalog_retry(f"open catalog {cat.name}", lambda: load_catalog(cat), retry_s)
@@ -166,24 +159,37 @@ def load_catalog(cat: CatalogSettings, retry_s: float = 0.0) -> SqlCatalog:
         Path(cat.sqlalchemy_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     if cat.warehouse.startswith("file://"):
         Path(cat.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    cfg = catalog_config(cat)
     try:
-        return SqlCatalog(cat.name, uri=cat.sqlalchemy_uri, warehouse=cat.warehouse)
-    except Exception as exc:  # sqlalchemy.exc.OperationalError and friends
-        raise CatalogUnavailableError(f"cannot open Iceberg catalog {cat.name} at {cat.sqlalchemy_uri}: {exc}") from exc
+        return cfg.load()
+    except Exception as exc:  # sqlalchemy.exc.OperationalError, requests' ConnectionError, HTTP 5xx and friends
+        raise CatalogUnavailableError(f"cannot open Iceberg catalog {cat.name} at {_no_password(cfg.properties.get('uri', cfg.type))}: {exc}") from exc
 
 
-def load_table(catalog: SqlCatalog, identifier: str) -> Table | None:
+def _no_password(uri: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", uri)
+
+
+def is_unavailable_error(exc: BaseException) -> bool:
+    """True when ``exc`` from pyiceberg says the catalog cannot be reached (SQLAlchemy errors,
+    HTTP connection errors, REST 5xx), rather than a bad request."""
+    if isinstance(exc, (ServerError, ServiceUnavailableError, ConnectionError, TimeoutError)):
+        return True
+    return type(exc).__module__.startswith(("sqlalchemy", "requests", "urllib3"))
+
+
+def load_table(catalog: Catalog, identifier: str) -> Table | None:
     """The table, freshly loaded from the catalog, or ``None`` when it does not exist.
 
     Raises:
-        CatalogUnavailableError: the catalog database cannot be queried.
+        CatalogUnavailableError: the catalog (database or REST/HTTP server) cannot be queried.
     """
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
         return None
     except Exception as exc:
-        if type(exc).__module__.startswith("sqlalchemy"):
+        if is_unavailable_error(exc):
             raise CatalogUnavailableError(f"cannot read table {identifier} from catalog {catalog.name}: {exc}") from exc
         raise
 
@@ -214,7 +220,7 @@ def metadata_view(table: Table) -> TableMetadataView:
     return TableMetadataView(snaps, refs, table.metadata_location)
 
 
-def read_state(catalog: SqlCatalog, identifier: str) -> IngestState:
+def read_state(catalog: Catalog, identifier: str) -> IngestState:
     """The table's current ingest state (committed offsets and more, from ``main``'s snapshot
     summaries); :meth:`IngestState.empty` for a table that does not exist yet.
 

@@ -111,16 +111,16 @@ def delete_orphan_files(spark, qualified_table: str, older_than_ms: int) -> list
     """Delete files under the table location that no snapshot references and that were last
     modified before ``older_than_ms`` (ms since epoch). Returns their locations.
 
-    Runs Iceberg's ``SparkActions.deleteOrphanFiles`` action through the JVM gateway.
+    Runs Iceberg's ``SparkActions.deleteOrphanFiles`` action through the JVM gateway. A table on
+    object storage (location not ``file:``) is listed through its FileIO's prefix listing
+    (``usePrefixListing``), since Hadoop has no ``s3://`` filesystem without hadoop-aws.
     """
     jvm = spark._jvm
     jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, qualified_table)
-    result = (
-        jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
-        .deleteOrphanFiles(jtable)
-        .olderThan(int(older_than_ms))
-        .execute()
-    )
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(jtable)
+    if not str(jtable.location()).startswith(("file:", "/")):
+        action = action.usePrefixListing(True)
+    result = action.olderThan(int(older_than_ms)).execute()
     it = result.orphanFileLocations().iterator()
     out = []
     while it.hasNext():

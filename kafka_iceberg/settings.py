@@ -121,6 +121,22 @@ def catalog_from_uri(name: str, uri: str, warehouse: str) -> CatalogSettings:
     raise ConfigError(f"LAKE_CATALOG_URI scheme {parsed.scheme!r} is not supported; use sqlite:// or postgresql://")
 
 
+def resolve_catalog(env: dict[str, str], name: str, uri: str, warehouse: str) -> CatalogSettings:
+    """The catalog named ``name``: from ``LAKE_CATALOG_PROPERTIES``, ``PYICEBERG_CATALOG__<NAME>__*`` and
+    ``LAKE_CATALOG_SECRETS_DIR`` in ``env`` when any is set (a sql catalog without a warehouse gets
+    ``warehouse``), else from the legacy ``uri`` (:func:`catalog_from_uri`).
+
+    Raises:
+        ConfigError: see :func:`kafka_iceberg.catalog_config.catalog_config_from_env` and :func:`catalog_from_uri`.
+    """
+    config = catalog_config_from_env(env, name)  # LAKE_CATALOG_PROPERTIES & co. win over LAKE_CATALOG_URI
+    if config is None:
+        return catalog_from_uri(name, uri, warehouse)
+    if config.warehouse is None and config.type == "sql":
+        config = CatalogConfig(name, {**config.properties, "warehouse": warehouse})
+    return config.to_catalog_settings()
+
+
 def _json_env(env: dict[str, str], key: str) -> dict[str, str]:
     raw = env.get(key, "").strip()
     if not raw:
@@ -147,9 +163,9 @@ def _number(env: dict[str, str], key: str, default: float) -> float:
     return value
 
 
-SECRET_BEARING = ("KAFKA_CLIENT_CONFIG", "LAKE_CATALOG_URI")
+SECRET_BEARING = ("KAFKA_CLIENT_CONFIG", "LAKE_CATALOG_URI", "LAKE_CATALOG_PROPERTIES", "LAKE_CATALOG_SECRETS_DIR")
 """Variables that may hold a secret (``sasl.password`` in the librdkafka properties, the database
-password in the catalog URI)."""
+password in a catalog URI), plus ``PYICEBERG_CATALOG__*`` (credentials of the catalog config)."""
 
 DAGSTER_EXECUTORS = ("in_process", "multiprocess", "k8s")
 """Values of ``LAKE_DAGSTER_EXECUTOR``: the executor of the code location's jobs."""
@@ -177,14 +193,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
     warehouse = env.get("LAKE_WAREHOUSE") or f"file://{lake_home / 'warehouse'}"
     catalog_uri = env.get("LAKE_CATALOG_URI") or f"sqlite:///{lake_home / 'catalog.db'}"
-    catalog_name = env.get("LAKE_CATALOG_NAME", "lake")
-    config = catalog_config_from_env(env, catalog_name)  # LAKE_CATALOG_PROPERTIES & co. win over LAKE_CATALOG_URI
-    if config is not None:
-        if config.warehouse is None and config.type == "sql":
-            config = CatalogConfig(catalog_name, {**config.properties, "warehouse": warehouse})
-        catalog = config.to_catalog_settings()
-    else:
-        catalog = catalog_from_uri(catalog_name, catalog_uri, warehouse)
+    catalog = resolve_catalog(env, env.get("LAKE_CATALOG_NAME", "lake"), catalog_uri, warehouse)
     jars = tuple(j for j in env.get("LAKE_SPARK_JARS", "").split(",") if j.strip())
     return Settings(
         lake_home=lake_home,
@@ -207,5 +216,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         dagster_executor=_choice(env, "LAKE_DAGSTER_EXECUTOR", "in_process", DAGSTER_EXECUTORS),
         dagster_ui_url=env.get("DAGSTER_UI_URL", "http://127.0.0.1:3000"),
         dagster_home_dir=Path(env["DAGSTER_HOME"]).resolve() if env.get("DAGSTER_HOME") else None,
-        from_process_env=frozenset(k for k in env if k in SECRET_BEARING) if from_process else frozenset(),
+        from_process_env=frozenset(k for k in env if k in SECRET_BEARING or k.startswith("PYICEBERG_CATALOG__"))
+        if from_process else frozenset(),
     )

@@ -14,6 +14,8 @@ from resources import IcebergCatalogResource
 FLIGHTS = AssetKey(["lake", "nyc", "flights"])
 WEATHER = AssetKey(["lake", "nyc", "weather"])
 TARGET = "analytics.hourly_departure_delay"
+SOURCE_TABLES = frozenset({"nyc.flights", "nyc.weather"})
+"""Identifiers of the declared tables this asset reads; without both, the code location omits it."""
 
 
 def hourly_delay_sql(catalog: str) -> str:

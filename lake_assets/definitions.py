@@ -1,5 +1,6 @@
 """The composition root of the Dagster code location: one asset and two checks per declared table,
-the quarantine check, the downstream asset, the replay job, the sensors and the schedules.
+the quarantine check, the demo's downstream asset and ``ingest_all`` (when the demo's tables are
+declared), the replay job, the sensors and the schedules.
 
 The only module that imports :mod:`sensors` and :mod:`schedules`; they take their shared names
 from :mod:`lake_assets.vocabulary`, never from an asset module. Settings are read once
@@ -16,7 +17,7 @@ import schedules
 import sensors
 from kafka_iceberg.settings import Settings, load_settings
 from kafka_iceberg.spec import TableSpec, load_table_specs
-from lake_assets.analytics import hourly_departure_delay_asset
+from lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset
 from lake_assets.liveness import liveness_executor
 from lake_assets.quality import quarantine_check
 from lake_assets.replay import replay_job
@@ -46,17 +47,22 @@ ingest_all = define_asset_job(
 
 
 def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
-    """The code location's definitions for the declared tables ``specs``. Opens no connection."""
+    """The code location's definitions for the declared tables ``specs``. Opens no connection.
+
+    The demo's downstream asset and ``ingest_all`` are included only when ``specs`` declare the
+    demo's source tables (:data:`lake_assets.analytics.SOURCE_TABLES`), so a user's own tables file
+    gets only its own assets."""
     sqlite = settings.catalog.is_sqlite
+    demo = SOURCE_TABLES <= {s.identifier for s in specs}
     return Definitions(
         assets=[
             *(topic_asset(s) for s in specs),
             *(table_asset(s, sqlite_catalog=sqlite, tables_file=settings.tables_file, catalog_name=settings.catalog.name)
               for s in specs),
-            hourly_departure_delay_asset(sqlite_catalog=sqlite),
+            *([hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else []),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
-        jobs=[ingest_all, replay_job(sqlite_catalog=sqlite)],
+        jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite)],
         sensors=sensors.all_sensors(specs),
         schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite),
         resources=default_resources(settings),

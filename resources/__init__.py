@@ -9,9 +9,11 @@ production.
 Building them opens no connection: the catalog is opened (and its JDBC tables created) when a run
 starts its Spark session or calls :meth:`IcebergCatalogResource.load`, so a catalog or broker
 outage never keeps the code location, the UI or the sensors from loading. Secret-bearing values
-(``KAFKA_CLIENT_CONFIG`` with ``sasl.password``, ``LAKE_CATALOG_URI`` with the database password)
-are passed as ``EnvVar`` when they come from the process environment: the UI shows the variable's
-name, and the Spark resource's visible ``spark_config`` carries no JDBC password.
+(``KAFKA_CLIENT_CONFIG`` with ``sasl.password``, ``LAKE_CATALOG_URI`` with the database password,
+``LAKE_CATALOG_PROPERTIES``) are passed as ``EnvVar`` when they come from the process environment:
+the UI shows the variable's name. The catalog's credentials (``PYICEBERG_CATALOG__<NAME>__*``,
+``LAKE_CATALOG_SECRETS_DIR``) are read when a run starts, so the Spark resource's visible
+``spark_config`` carries no password, key or token.
 """
 
 
@@ -23,9 +25,10 @@ import sys
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg.catalog import load_catalog, spark_conf
+from kafka_iceberg.catalog import catalog_conf, load_catalog, spark_conf
+from kafka_iceberg.catalog_config import SECRET_KEYS
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.settings import CatalogSettings, Settings, catalog_from_uri, load_settings
+from kafka_iceberg.settings import CatalogSettings, Settings, load_settings, resolve_catalog
 from resources.slack import LakeSlackResource
 
 
@@ -52,24 +55,36 @@ class KafkaResource(ConfigurableResource):
 
 
 class IcebergCatalogResource(ConfigurableResource):
-    """The Iceberg JDBC catalog: SQLite by default, PostgreSQL by URI.
+    """The Iceberg catalog: the JDBC catalog of ``uri`` (SQLite by default, PostgreSQL), or any
+    catalog of ``LAKE_CATALOG_PROPERTIES`` (:mod:`kafka_iceberg.catalog_config`).
 
     ``name``: ``LAKE_CATALOG_NAME`` (default ``lake``; Spark SQL names tables
     ``lake.<namespace>.<table>``). ``uri``: ``LAKE_CATALOG_URI`` (default
     ``sqlite:///$LAKE_HOME/catalog.db``; ``postgresql://user:pw@host:5432/db`` for
     PostgreSQL). ``warehouse``: ``LAKE_WAREHOUSE`` (default ``file://$LAKE_HOME/warehouse``).
+    ``properties_json``: ``LAKE_CATALOG_PROPERTIES``. The catalog is resolved when a run uses it,
+    as :func:`kafka_iceberg.settings.load_settings` does, so its credentials
+    (``PYICEBERG_CATALOG__<NAME>__*``, ``LAKE_CATALOG_SECRETS_DIR``) come from the run's environment.
     """
 
     name: str
     uri: str
     warehouse: str
+    properties_json: str = ""
 
     def catalog_settings(self) -> CatalogSettings:
-        """Both spellings (JDBC for Spark, SQLAlchemy for pyiceberg) of this catalog."""
-        return catalog_from_uri(self.name, self.uri, self.warehouse)
+        """The catalog config and, for a JDBC catalog, both spellings (JDBC for Spark, SQLAlchemy for pyiceberg).
+
+        Raises:
+            ConfigError: a malformed catalog configuration.
+        """
+        env = {k: v for k, v in os.environ.items() if v.strip()}
+        if self.properties_json.strip():
+            env["LAKE_CATALOG_PROPERTIES"] = self.properties_json
+        return resolve_catalog(env, self.name, self.uri, self.warehouse)
 
     def load(self):
-        """pyiceberg's ``SqlCatalog`` on this catalog."""
+        """pyiceberg's catalog (``pyiceberg.catalog.Catalog``) on this catalog."""
         return load_catalog(self.catalog_settings())
 
 
@@ -108,15 +123,17 @@ class LakeSparkResource(PySparkResource):
         os.environ.setdefault("SPARK_LOCAL_IP", str(self.spark_config.get("spark.driver.host", "127.0.0.1")))
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         load_catalog(cat, self.open_retry_s)  # creates the directory and the JDBC catalog tables if missing
-        secret = {_password_key(cat.name): cat.jdbc_password} if cat.jdbc_password else {}
+        secret = {k: v for k, v in catalog_conf(cat).items() if _is_secret_key(k, cat.name)}
         builder = SparkSession.builder
         for key, value in {**self.spark_config, **secret}.items():
             builder = builder.config(key, value)
         self._spark_session = builder.getOrCreate()
 
 
-def _password_key(catalog_name: str) -> str:
-    return f"spark.sql.catalog.{catalog_name}.jdbc.password"
+def _is_secret_key(spark_key: str, catalog_name: str) -> bool:
+    """True for ``spark.sql.catalog.<name>.<credential property>`` (``jdbc.password``, ``s3.secret-access-key``, ...)."""
+    prefix = f"spark.sql.catalog.{catalog_name}."
+    return spark_key.startswith(prefix) and spark_key[len(prefix):] in SECRET_KEYS
 
 
 def _from_env_or(settings: Settings, name: str, value: str):
@@ -137,10 +154,14 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
     """
     settings = settings or load_settings()
     catalog = settings.catalog
-    uri = catalog.sqlalchemy_uri.replace("postgresql+psycopg2://", "postgresql://")
+    from_properties = any(k == "LAKE_CATALOG_PROPERTIES" or k.startswith("PYICEBERG_CATALOG__")
+                          or k == "LAKE_CATALOG_SECRETS_DIR" for k in settings.from_process_env)
+    # a properties catalog is resolved from the run's environment; its uri here could hold a password
+    uri = "" if from_properties else catalog.sqlalchemy_uri.replace("postgresql+psycopg2://", "postgresql://")
     catalog_resource = IcebergCatalogResource(
-        name=catalog.name, uri=_from_env_or(settings, "LAKE_CATALOG_URI", uri), warehouse=catalog.warehouse)
-    visible_conf = {k: v for k, v in spark_conf(settings).items() if k != _password_key(catalog.name)}
+        name=catalog.name, uri=_from_env_or(settings, "LAKE_CATALOG_URI", uri), warehouse=catalog.warehouse,
+        properties_json=_from_env_or(settings, "LAKE_CATALOG_PROPERTIES", ""))
+    visible_conf = {k: v for k, v in spark_conf(settings).items() if not _is_secret_key(k, catalog.name)}
     return {
         "kafka": KafkaResource(
             bootstrap_servers=settings.kafka_bootstrap_servers,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.request
 
 from kafka_iceberg.catalog import get_spark, load_catalog, load_table, metadata_view, qualified
 from kafka_iceberg.checks import duplicate_free
@@ -22,11 +21,11 @@ from kafka_iceberg.spec import parse_table_spec
 
 
 def executor_tasks(spark) -> dict[str, int]:
-    """Completed tasks per executor id, from the driver's monitoring REST API (``driver`` excluded)."""
-    sc = spark.sparkContext
-    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/executors"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return {e["id"]: e["completedTasks"] for e in json.load(resp) if e["id"] != "driver"}
+    """Completed tasks per executor id, from the driver's application status store (what the UI and
+    its REST API show), ``driver`` excluded."""
+    executors = spark.sparkContext._jsc.sc().statusStore().executorList(False)
+    summaries = [executors.apply(i) for i in range(executors.size())]
+    return {str(e.id()): int(e.completedTasks()) for e in summaries if str(e.id()) != "driver"}
 
 
 def main(raw_spec: str, commit_id: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyspark
 
 # The dev tooling these deployment tests use, imported in this one place (re-exported):
-from devtools import duck  # noqa: F401
+from devtools import devpostgres, duck  # noqa: F401
 from devtools.demo_data import produce  # noqa: F401
 from devtools.devbroker import free_port
 
@@ -35,7 +35,8 @@ class StandaloneCluster:
     def alive_workers(self) -> int:
         """Workers the master lists as ALIVE (its JSON status page)."""
         try:
-            with urllib.request.urlopen(f"{self.webui}/json/", timeout=2) as resp:
+            no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with no_proxy.open(f"{self.webui}/json/", timeout=5) as resp:
                 status = json.load(resp)
         except OSError:
             return 0

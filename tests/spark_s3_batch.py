@@ -3,9 +3,9 @@
 Usage: ``python -m tests.spark_s3_batch`` with the catalog in ``LAKE_CATALOG_PROPERTIES`` and
 ``PYICEBERG_CATALOG__LAKE__*`` and the jars in ``LAKE_SPARK_JARS``. Creates ``lake.db.events``, appends
 1,000 rows with a snapshot property, uploads ``ORPHAN_KEY`` (written by no snapshot) with boto3, then runs
-Iceberg's orphan-file action twice: as recovery runs it (:func:`kafka_iceberg.recovery.delete_orphan_files`)
-and with ``usePrefixListing(true)``. Prints one JSON line: ``{"spark_count", "metadata_location",
-"recovery_error", "prefix_listing_deleted"}``.
+Iceberg's orphan-file action as recovery runs it (:func:`kafka_iceberg.recovery.delete_orphan_files`, which
+lists an object-storage table by prefix). Prints one JSON line: ``{"spark_count", "metadata_location",
+"recovery_error", "recovery_deleted"}``.
 """
 
 from __future__ import annotations
@@ -50,18 +50,15 @@ def main() -> None:
     s3.put_object(Bucket=bucket, Key=orphan_key, Body=b"not referenced by any snapshot")
     cutoff = int(time.time() * 1000) + 60_000
     try:
-        delete_orphan_files(spark, "lake.db.events", cutoff)
+        deleted = delete_orphan_files(spark, "lake.db.events", cutoff)  # as recovery runs it
         recovery_error = None
     except Exception as exc:  # noqa: BLE001 - reported to the test
         lines = str(exc).strip().splitlines()
-        recovery_error = next((ln.strip() for ln in lines if "Exception:" in ln), lines[0] if lines else repr(exc))[:300]
+        deleted, recovery_error = [], next((ln.strip() for ln in lines if "Exception:" in ln), lines[0] if lines else repr(exc))[:300]
     jvm = spark._jvm
     table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, "lake.db.events")
-    result = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(table)
-              .usePrefixListing(True).olderThan(cutoff).execute())
-    deleted = [str(p) for p in result.orphanFileLocations()]
     print(json.dumps({"spark_count": count, "metadata_location": str(table.operations().current().metadataFileLocation()),
-                      "recovery_error": recovery_error, "prefix_listing_deleted": deleted}))
+                      "recovery_error": recovery_error, "recovery_deleted": deleted}))
     spark.stop()
 
 

@@ -7,6 +7,7 @@ through the translated ``spark.sql.catalog.<name>.*`` settings, and each sees th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -152,3 +153,31 @@ def test_one_config_drives_pyiceberg_and_spark(spark, tmp_path, unique):
     assert spark.table(f"{name}.db.events").count() == 7
     spark.sql(f"INSERT INTO {name}.db.events VALUES (7), (8)")
     assert catalog.load_table("db.events").scan().to_arrow().num_rows == 9
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////data/lake/catalog.db", "postgresql://lake:pw@db.svc:5432/iceberg"])
+def test_legacy_uri_config_gives_todays_spark_settings(uri):
+    """``LAKE_CATALOG_URI`` alone yields a config whose Spark settings equal kafka_iceberg.catalog.catalog_conf's,
+    so catalog.py can switch to ``cat.config.spark_properties()`` without changing a JDBC deployment."""
+    from kafka_iceberg.catalog import catalog_conf
+    from kafka_iceberg.settings import catalog_from_uri
+
+    cat = catalog_from_uri("lake", uri, "file:///data/lake/warehouse")
+    assert cat.config.spark_properties() == jdbc_catalog_conf_before_the_switch(cat)
+    assert catalog_conf(cat) == cat.config.spark_properties()
+    assert catalog_conf(dataclasses.replace(cat, config=None)) == cat.config.spark_properties()  # settings without a config
+    py = cat.config.pyiceberg_properties()
+    assert (py["uri"], py["warehouse"]) == (cat.sqlalchemy_uri, cat.warehouse)
+
+
+def jdbc_catalog_conf_before_the_switch(cat) -> dict[str, str]:
+    """kafka_iceberg.catalog.catalog_conf as it was before it used the catalog config (JDBC only)."""
+    prefix = f"spark.sql.catalog.{cat.name}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "jdbc", f"{prefix}.uri": cat.jdbc_uri,
+            f"{prefix}.jdbc.schema-version": "V1", f"{prefix}.jdbc.init-catalog-tables": "false",
+            f"{prefix}.warehouse": cat.warehouse, f"{prefix}.cache-enabled": "false"}
+    if cat.jdbc_user:
+        conf[f"{prefix}.jdbc.user"] = cat.jdbc_user
+    if cat.jdbc_password:
+        conf[f"{prefix}.jdbc.password"] = cat.jdbc_password
+    return conf

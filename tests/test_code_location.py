@@ -76,3 +76,44 @@ def test_lag_sensor_reports_the_catalog_outage(unreachable_env):
     sensor = lag_sensor(make_spec("outage", "outage.topic"))
     with pytest.raises(CatalogUnavailableError, match="cannot open Iceberg catalog lake"):
         sensor(build_sensor_context(resources=resources))
+
+
+S3_SECRET = "s3-s3cret-key"
+
+
+def test_catalog_properties_reach_runs_and_their_credentials_stay_hidden(tmp_path, monkeypatch):
+    """A catalog from ``LAKE_CATALOG_PROPERTIES`` plus credentials in ``PYICEBERG_CATALOG__LAKE__*``: the
+    UI snapshot shows the variables by name only, and a run's catalog resource resolves the same config,
+    credentials included, for pyiceberg and for its Spark session."""
+    from dagster import build_resources
+
+    from kafka_iceberg.catalog import catalog_conf
+    from lake_assets.definitions import build_definitions
+    from resources import default_resources
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": "s3://lake-bucket/warehouse",
+             "s3.endpoint": f"http://127.0.0.1:{free_port()}", "s3.region": "us-east-1", "s3.path-style-access": "true"}
+    env = {"LAKE_HOME": str(tmp_path / "lake"), "DAGSTER_HOME": str(tmp_path / "dagster"),
+           "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}", "LAKE_CATALOG_PROPERTIES": json.dumps(props),
+           "PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID": "lake-key",
+           "PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY": S3_SECRET}
+    monkeypatch.delenv("LAKE_CATALOG_URI", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings()
+    defs = build_definitions(settings, load_table_specs(settings.tables_file))
+    snapshot = serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
+    assert "LAKE_CATALOG_PROPERTIES" in snapshot
+    assert S3_SECRET not in snapshot
+
+    resources = default_resources(settings)
+    assert not any(S3_SECRET in str(v) for v in resources["pyspark"].spark_config.values())
+    with build_resources({"catalog": resources["catalog"]}) as built:
+        cat = built.catalog.catalog_settings()
+        assert cat.config.properties["s3.secret-access-key"] == S3_SECRET  # the run resolves the credentials
+        assert cat.warehouse == "s3://lake-bucket/warehouse"
+        assert catalog_conf(cat)["spark.sql.catalog.lake.s3.secret-access-key"] == S3_SECRET
+        assert catalog_conf(cat)["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+        loaded = built.catalog.load()  # pyiceberg gets the s3.* properties
+        assert loaded.properties["s3.endpoint"] == props["s3.endpoint"]
+        assert loaded.properties["s3.secret-access-key"] == S3_SECRET

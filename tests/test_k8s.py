@@ -14,6 +14,7 @@ import kubernetes
 import pytest
 import yaml
 from dagster._config import validate_config
+from dagster._core.instance.config import dagster_instance_config
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
@@ -50,6 +51,35 @@ def chart_run_launcher_config(values: dict) -> dict:
         "run_k8s_config": {snake[k]: v for k, v in run_k8s.items()},
         "fail_pod_on_run_failure": launcher["failPodOnRunFailure"],
     }
+
+
+def chart_instance_config(values: dict) -> dict:
+    """The instance ``dagster.yaml`` the chart renders into its ``<release>-dagster-instance`` ConfigMap
+    (storage, run coordinator, run launcher, concurrency, run monitoring)."""
+    pg = values["postgresql"]
+    daemon = values["dagsterDaemon"]
+    concurrency = values["concurrency"]
+    return {
+        "storage": {"postgres": {"postgres_db": {
+            "username": pg["postgresqlUsername"], "password": {"env": "DAGSTER_PG_PASSWORD"},
+            "hostname": pg["postgresqlHost"], "db_name": pg["postgresqlDatabase"], "port": pg["service"]["port"],
+            "params": pg["postgresqlParams"], "scheme": pg["postgresqlScheme"]}}},
+        "run_coordinator": {"module": "dagster.core.run_coordinator", "class": daemon["runCoordinator"]["type"],
+                            "config": daemon["runCoordinator"]["config"]["queuedRunCoordinator"]},
+        "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": chart_run_launcher_config(values)},
+        "concurrency": {"pools": {"default_limit": concurrency["pools"]["defaultLimit"]},
+                        "runs": {"max_concurrent_runs": concurrency["runs"]["maxConcurrentRuns"]}},
+        "run_monitoring": {"enabled": daemon["runMonitoring"]["enabled"],
+                           "free_slots_after_run_end_seconds": daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"]},
+        "telemetry": {"enabled": False},
+    }
+
+
+def test_chart_instance_config_is_a_valid_dagster_yaml(values, tmp_path):
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(chart_instance_config(values)))
+    config, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError when invalid
+    assert config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
+    assert config["concurrency"]["pools"]["default_limit"] == 1
 
 
 def render_run_job(values: dict, run_id: str = "0f1e2d3c") -> dict:

