@@ -639,6 +639,14 @@ def run(args, tmp: Path, summary: dict) -> None:
     if not args.skip_snapshots:
         summary["c"] = part_c(spark, settings, config, kafka, catalog, df, args.levels, args.commit_batch)
 
+    section("(d) upsert: a 10% update / 2% delete micro-batch of Debezium change events (devtools/cdc_bench)")
+    from devtools import cdc_bench
+
+    d = summary["d"] = cdc_bench.upsert_throughput(spark, settings.catalog.name, min(n, 200_000))
+    say(f"table of {d['rows']:,} rows loaded by {d['load_changes_per_s']:,} changes/s; then {d['changes']:,} changes "
+        f"({d['records_read']:,} records with tombstones) in {d['change_s']:.2f} s: {d['changes_per_s']:,} changes/s, "
+        f"{d['delete_files']} delete files")
+
 
 def print_summary(args, summary: dict, started: float) -> None:
     section("summary")
@@ -657,6 +665,10 @@ def print_summary(args, summary: dict, started: float) -> None:
     for r in summary.get("c", []):
         say(f"(c) commit at {r['snapshots']:>5,} snapshots   execute {r['exec_s']:>6.2f} s  publish {r['publish_s']:>5.2f} s  "
             f"metadata.json {r['meta_bytes']:>10,} B")
+    if "d" in summary:
+        d = summary["d"]
+        say(f"(d) upsert, 10% upd / 2% del   {d['changes_per_s']:>10,} changes/s  ({d['changes']:,} changes to a "
+            f"{d['rows']:,}-row table in {d['change_s']:.2f} s)")
     say(f"machine                        nproc {os.cpu_count()}, python {sys.version.split()[0]}, "
         f"Spark master {settings.spark_master if settings else '?'}, load average now {_load()}")
     say(f"total runtime                  {time.perf_counter() - started:.0f} s")
