@@ -639,7 +639,7 @@ def run(args, tmp: Path, summary: dict) -> None:
     if not args.skip_snapshots:
         summary["c"] = part_c(spark, settings, config, kafka, catalog, df, args.levels, args.commit_batch)
 
-    section("(d) upsert: a 10% update / 2% delete micro-batch of Debezium change events (devtools/cdc_bench)")
+    section("(d) upsert: a 10% update / 2% delete micro-batch of change events (cdc_bench)")
     from devtools import cdc_bench
 
     d = summary["d"] = cdc_bench.upsert_throughput(spark, settings.catalog.name, min(n, 200_000))
