@@ -194,6 +194,14 @@ def run(args, tmp: Path, summary: dict) -> None:
 def _mib(b: int) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
+    section("(d) upsert: a 10% update / 2% delete micro-batch of change events (cdc_bench)")
+    from devtools import cdc_bench
+
+    d = summary["d"] = cdc_bench.upsert_throughput(spark, settings.catalog.name, min(n, 200_000))
+    say(f"table of {d['rows']:,} rows loaded by {d['load_changes_per_s']:,} changes/s; then {d['changes']:,} changes "
+        f"({d['records_read']:,} records with tombstones) in {d['change_s']:.2f} s: {d['changes_per_s']:,} changes/s, "
+        f"{d['delete_files']} delete files")
+
 
 def print_summary(args, summary: dict, started: float) -> None:
     section("summary (goal: figure  |  reference or goal)")
@@ -236,6 +244,10 @@ def print_summary(args, summary: dict, started: float) -> None:
         if b10 and b10["jvm_peak"] and b10["workers_peak"]:
             say(f"  ratio 10x records: JVM {rate(b['jvm_peak'], b10['jvm_peak']):.2f}, workers "
                 f"{rate(b['workers_peak'], b10['workers_peak']):.2f}  |  goal: far below 10")
+    if "d" in summary:
+        d = summary["d"]
+        say(f"(d) upsert, 10% upd / 2% del   {d['changes_per_s']:>10,} changes/s  ({d['changes']:,} changes to a "
+            f"{d['rows']:,}-row table in {d['change_s']:.2f} s)")
     say(f"machine                        nproc {os.cpu_count()}, Spark master {settings.spark_master if settings else '?'}, "
         f"load average now {_load()}")
     say(f"total runtime                  {time.perf_counter() - started:.0f} s")
