@@ -73,16 +73,7 @@ def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMeta
             return CheckOutcome(passed, f"table {spec.identifier}: {summary}", figures)
     history = ancestors(view.snapshots, view.main)
     overlaps = overlapping_batches(history)
-    part, off = spec.kafka_column("partition"), spec.kafka_column("offset")
-    dup = spark.sql(
-        f"SELECT `{part}` AS p, `{off}` AS o, count(*) AS n FROM {qualified_table} "
-        f"GROUP BY `{part}`, `{off}` HAVING count(*) > 1"
-    ).cache()
-    try:
-        dup_rows = dup.selectExpr("coalesce(sum(n - 1), 0) AS extra").collect()[0]["extra"]
-        dup_examples = [(r["p"], r["o"], r["n"]) for r in dup.orderBy("p", "o").limit(sample).collect()]
-    finally:
-        dup.unpersist()
+    dup_rows, dup_examples = _duplicate_offsets(spark, qualified_table, spec, sample)
     files = spark.sql(
         f"SELECT file_path, count(*) AS n FROM {qualified_table}.files GROUP BY file_path HAVING count(*) > 1"
     ).collect()
@@ -102,18 +93,30 @@ def duplicate_free(spark, qualified_table: str, spec: TableSpec, view: TableMeta
         "duplicate_file_examples": [r["file_path"] for r in files[:sample]],
         "duplicate_keys": dup_keys,
     }
-    problems = []
-    if overlaps:
-        problems.append(f"{len(overlaps)} overlapping snapshot offset ranges")
-    if dup_rows:
-        problems.append(f"{dup_rows} duplicate (partition, offset) records")
-    if files:
-        problems.append(f"{len(files)} data files referenced twice")
-    if dup_keys:
-        problems.append(f"{dup_keys} keys ({', '.join(spec.upsert.key)}) in more than one row")
+    problems = [text for count, text in (
+        (len(overlaps), f"{len(overlaps)} overlapping snapshot offset ranges"),
+        (dup_rows, f"{dup_rows} duplicate (partition, offset) records"),
+        (len(files), f"{len(files)} data files referenced twice"),
+        (dup_keys, f"{dup_keys} keys ({', '.join(spec.upsert.key) if spec.upsert else ''}) in more than one row"),
+    ) if count]
     if problems:
         return CheckOutcome(False, f"table {spec.identifier} has duplicates: " + "; ".join(problems), figures)
     return CheckOutcome(True, f"no duplicates over {len(history)} snapshots", figures)
+
+
+def _duplicate_offsets(spark, qualified_table: str, spec: TableSpec, sample: int) -> tuple[int, list[tuple]]:
+    """Records that are extra copies of a (partition, offset), and up to ``sample`` (partition, offset,
+    copies) examples (one Spark aggregation over two columns of the current snapshot)."""
+    part, off = spec.kafka_column("partition"), spec.kafka_column("offset")
+    dup = spark.sql(
+        f"SELECT `{part}` AS p, `{off}` AS o, count(*) AS n FROM {qualified_table} "
+        f"GROUP BY `{part}`, `{off}` HAVING count(*) > 1"
+    ).cache()
+    try:
+        dup_rows = dup.selectExpr("coalesce(sum(n - 1), 0) AS extra").collect()[0]["extra"]
+        return int(dup_rows), [(r["p"], r["o"], r["n"]) for r in dup.orderBy("p", "o").limit(sample).collect()]
+    finally:
+        dup.unpersist()
 
 
 def freshness(

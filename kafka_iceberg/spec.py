@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from pydantic import ValidationError
 
 from kafka_iceberg.cdc import UpsertSpec, upsert_spec
@@ -295,7 +294,6 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
     if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
         raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
     fmt = parse_format(decl.format, where, "format")
-    value_format = fmt.type
     key_format = None if decl.key_format is None else parse_format(decl.key_format, where, "key_format")
     from_registry = decl.columns == "from_registry"
     if from_registry and not fmt.uses_registry:
@@ -315,7 +313,7 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         identifier=identifier,
         topic=decl.topic,
         consumer_group=decl.consumer_group or f"lake.{identifier}",
-        value_format=value_format,
+        value_format=fmt.type,
         columns=columns,
         partition_by=_partition_by(decl.partition_by, None if from_registry else
                                    {c.name for c in columns} | {KAFKA_COLUMNS[k][0] for k in kafka_columns}, where),

@@ -92,6 +92,15 @@ def replay_metadata(result: ReplayResult, catalog_name: str) -> dict[str, object
     return md
 
 
+def _request(config: ReplayConfig) -> ReplayRequest:
+    """The :class:`ReplayRequest` of the job's Launchpad config (raises ``ReplayError`` on bad input)."""
+    return ReplayRequest.from_strings(
+        from_offsets=config.from_offsets, from_time=config.from_time, from_snapshot=config.from_snapshot,
+        to_offsets=config.to_offsets, to_time=config.to_time, into=config.into, branch=config.branch,
+        validate=config.validate_against_original, max_records_per_partition=config.max_records_per_partition,
+    )
+
+
 def replay_job(sqlite_catalog: bool = True):
     """The ``replay`` job: one op that replays, validates, and records the target table.
 
@@ -121,11 +130,7 @@ def replay_job(sqlite_catalog: bool = True):
             spec = find_table(specs, config.table)
         except ConfigError as exc:
             raise Failure(str(exc)) from None
-        request = ReplayRequest.from_strings(
-            from_offsets=config.from_offsets, from_time=config.from_time, from_snapshot=config.from_snapshot,
-            to_offsets=config.to_offsets, to_time=config.to_time, into=config.into, branch=config.branch,
-            validate=config.validate_against_original, max_records_per_partition=config.max_records_per_partition,
-        )
+        request = _request(config)
         pycatalog = catalog.load()
         result = run_replay(
             pyspark.spark_session, settings, spec, request,

@@ -78,31 +78,7 @@ def run_failure_alert(context: RunFailureSensorContext) -> Alert:
     unmaterialized: list = []
     error_line = ""
     try:
-        instance = context.instance
-        planned: dict = {}
-        for rec in instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records:
-            ev = rec.event_log_entry.dagster_event
-            if ev is not None and ev.asset_key is not None:
-                planned.setdefault(ev.step_key, []).append(ev.asset_key)
-        materialized = {
-            rec.event_log_entry.dagster_event.asset_key
-            for rec in instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
-            if rec.event_log_entry.dagster_event is not None
-        }
-        selection = set(run.asset_selection or ()) or {k for keys in planned.values() for k in keys}
-        step_failures = context.get_step_failure_events()
-        for ev in step_failures:
-            for key in planned.get(ev.step_key, []):
-                if key in selection and key not in failed_keys:
-                    failed_keys.append(key)
-            if not error_line and ev.event_specific_data is not None:
-                error_line = _root_error_line(getattr(ev.event_specific_data, "error", None))
-        unmaterialized = sorted(
-            (k for k in selection if k not in materialized and k not in failed_keys), key=lambda k: k.path
-        )
-        if not failed_keys and not step_failures:
-            # the run failed outside any step (launch, resource init): every asset is suspect
-            failed_keys, unmaterialized = unmaterialized, []
+        failed_keys, unmaterialized, error_line = _failed_assets(context)
     except Exception as e:  # noqa: BLE001 - degrade the alert, never fail the sensor
         log.warning("could not read the event log of run %s: %s", run.run_id, e)
     if not error_line:
@@ -129,6 +105,37 @@ def run_failure_alert(context: RunFailureSensorContext) -> Alert:
         run_id=run.run_id,
         extra=extra,
     )
+
+
+def _failed_assets(context: RunFailureSensorContext) -> tuple[list, list, str]:
+    """(asset keys whose step failed, asset keys not materialized, the first step error line) of the
+    failed run, from its event log (see :func:`run_failure_alert`). Raises what the event log raises."""
+    run, instance = context.dagster_run, context.instance
+    planned: dict = {}
+    for rec in instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records:
+        ev = rec.event_log_entry.dagster_event
+        if ev is not None and ev.asset_key is not None:
+            planned.setdefault(ev.step_key, []).append(ev.asset_key)
+    materialized = {
+        rec.event_log_entry.dagster_event.asset_key
+        for rec in instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+        if rec.event_log_entry.dagster_event is not None
+    }
+    selection = set(run.asset_selection or ()) or {k for keys in planned.values() for k in keys}
+    step_failures = context.get_step_failure_events()
+    failed_keys: list = []
+    error_line = ""
+    for ev in step_failures:
+        for key in planned.get(ev.step_key, []):
+            if key in selection and key not in failed_keys:
+                failed_keys.append(key)
+        if not error_line and ev.event_specific_data is not None:
+            error_line = _root_error_line(getattr(ev.event_specific_data, "error", None))
+    unmaterialized = sorted((k for k in selection if k not in materialized and k not in failed_keys), key=lambda k: k.path)
+    if not failed_keys and not step_failures:
+        # the run failed outside any step (launch, resource init): every asset is suspect
+        failed_keys, unmaterialized = unmaterialized, []
+    return failed_keys, unmaterialized, error_line
 
 
 def make_run_failure_alert_sensor(
