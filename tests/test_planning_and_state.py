@@ -144,7 +144,7 @@ def test_attempt_branch_names_round_trip():
 
 def test_the_shipped_table_declarations_load():
     specs = load_table_specs(load_settings(env={}).tables_file)
-    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather", "nyc.plane_days"}
+    assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather", "nyc.plane_days", "nyc.planes"}
     formats = {s.name: (s.format.type, s.format.subject(s.topic), s.columns_from_registry) for s in specs}
     assert formats["weather"] == ("avro", "nycflights13.weather-value", False)
     assert formats["plane_days"] == ("avro", "nycflights13.planes-value", True) and formats["flights"][0] == "json"
@@ -152,6 +152,10 @@ def test_the_shipped_table_declarations_load():
     flights = next(s for s in specs if s.name == "flights")
     assert flights.kafka_columns == ("topic", "partition", "offset", "timestamp", "key", "headers")
     assert flights.freshness.max_valid_through_age_s is None
+    # the demo's event time is 2013 by design: no valid-through bound on the replayed tables
+    assert next(s for s in specs if s.name == "plane_days").freshness.max_valid_through_age_s is None
+    planes = next(s for s in specs if s.name == "planes")
+    assert planes.upsert is not None and planes.upsert.key == ("tailnum",) and planes.upsert.cdc == "debezium"
 
 
 @pytest.mark.parametrize(
