@@ -58,9 +58,13 @@ def dagster_ui(tmp_path, broker, kafka_config):
     dagster_home.mkdir(parents=True)
     shutil.copy(CHECKOUT / "dagster.yaml", dagster_home / "dagster.yaml")
     declared = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    # the two JSON-fed tables the downstream asset joins (the demo's Avro, nested and CDC tables need
+    # a registry and PostgreSQL, which this test does not start); weather is produced as JSON here
+    declared["tables"] = [t for t in declared["tables"] if t["name"] in ("flights", "weather")]
     for table in declared["tables"]:
         if table["name"] == "weather":
             table["max_records_per_partition"] = WEATHER_BOUND
+            table["format"] = {"type": "json"}
     tables_file = tmp_path / "tables.yaml"
     tables_file.write_text(yaml.safe_dump(declared, sort_keys=False))
     port = devbroker.free_port()
