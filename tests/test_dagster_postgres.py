@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -59,9 +60,10 @@ def test_sensor_backfill_and_pools_on_postgres_storage(
 ):
     for k, v in lake_env.items():
         monkeypatch.setenv(k, v)
-    # tests/backfill_location.py may be cached from a test that set a Slack token (the resource then
-    # holds EnvVar("SLACK_BOT_TOKEN")); an empty token resolves and means "alerts are only logged"
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "")
+    # tests/backfill_location.py reads its table and resources from the environment at import: load it
+    # anew, not the module another test (test_backfill) imported with its own table and Slack token
+    for name in [n for n in sys.modules if n.split(".")[-1] == "backfill_location"]:
+        monkeypatch.delitem(sys.modules, name)
     topic = topic_factory(unique, partitions=2)
     lag = {"max_offset_lag": 100, "max_interval": "1h"}
     monkeypatch.setenv("LAKE_TEST_TABLE_JSON", json.dumps(spec_dict(unique, topic, max_records_per_partition=100, lag=lag)))
