@@ -23,6 +23,8 @@ import json
 
 import pyarrow as pa
 
+from kafka_iceberg.formats.wire import zigzag_varint
+
 _SENTINEL = b"\xa5lk\x5a"
 _WRAPPER = "lake_frame_"
 
@@ -36,16 +38,6 @@ def _strip_uuid(t):
             out.pop("logicalType")
         return out
     return t
-
-
-def _long(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 _RAW_UNITS = {"timestamp-millis": "ms", "timestamp-micros": "us", "timestamp-nanos": "ns",
@@ -171,7 +163,7 @@ class AvroDecoder:
 
         _, header, sync = self._modes[raw]
         data = _SENTINEL.join(bodies) + _SENTINEL
-        block = header + _long(len(bodies)) + _long(len(data)) + data + sync
+        block = header + zigzag_varint(len(bodies)) + zigzag_varint(len(data)) + data + sync
         try:
             rows = list(fastavro.reader(io.BytesIO(block), **self._OPTS))
         except Exception:  # noqa: BLE001 - any decode failure means: isolate per record

@@ -66,10 +66,11 @@ def frame(schema_id: int, payload: bytes, message_indexes: list[int] | None = No
         return head + payload
     if message_indexes == [0]:
         return head + b"\x00" + payload
-    return head + _varint(len(message_indexes)) + b"".join(_varint(i) for i in message_indexes) + payload
+    return head + zigzag_varint(len(message_indexes)) + b"".join(zigzag_varint(i) for i in message_indexes) + payload
 
 
-def _varint(n: int) -> bytes:
+def zigzag_varint(n: int) -> bytes:
+    """``n`` as a zigzag varint: Avro's ``long`` encoding, and Confluent's Protobuf message indexes."""
     n = (n << 1) ^ (n >> 63)  # zigzag
     out = bytearray()
     while n > 0x7F:
