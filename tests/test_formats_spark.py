@@ -14,19 +14,9 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from devtools import duck
-from devtools import registry as dev_registry
-from devtools.devbroker import free_port
 from devtools.formats_samples import AVRO_PLANE, avro_plane
 from kafka_iceberg.formats import frame, resolve, table_schema_from_subject
 from kafka_iceberg.formats.spark import ERROR, ERROR_KIND, classify_formatted, decode_dataframe, schema_ids_in
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("registry")
-    url = dev_registry.start(data_dir, free_port())
-    yield url
-    dev_registry.stop(data_dir)
 
 
 def _records(broker: str, topic: str, n: int) -> list[tuple[int, int, bytes]]:

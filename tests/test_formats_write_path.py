@@ -14,7 +14,6 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from devtools import duck
-from devtools import registry as dev_registry
 from devtools.demo_data import produce
 from devtools.devbroker import free_port
 from kafka_iceberg.pipeline import run_micro_batch
@@ -48,14 +47,6 @@ def plane(i: int, version: int) -> dict:
     if version == 3:
         rec["seats"] = str(rec["seats"])
     return rec
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("registry")
-    url = dev_registry.start(data_dir, free_port())
-    yield url
-    dev_registry.stop(data_dir)
 
 
 def _produce(kafka_config, registry: str, topic: str, version: int, ids) -> int:
