@@ -763,8 +763,26 @@ class Rehearsal:
         return path
 
 
-SCENARIOS = ("kills", "sink_outage", "broker_outage", "catalog_lock", "postgres_outage", "transactions", "retention_loss",
-             "backfill_from_offset")
+Scenario = Callable[[Rehearsal, argparse.Namespace], ScenarioResult]
+# name -> scenario, in the order ``make rehearse`` runs them. Scenarios that live in other devtools
+# modules register here through :data:`SCENARIO_MODULES` (each module's ``register(SCENARIOS)``).
+SCENARIOS: dict[str, Scenario] = {
+    "kills": lambda r, args: r.kills(args.kills),
+    **{name: (lambda r, args, name=name: getattr(r, name)())
+       for name in ("sink_outage", "broker_outage", "catalog_lock", "postgres_outage", "transactions",
+                    "retention_loss", "backfill_from_offset")},
+}
+SCENARIO_MODULES: tuple[str, ...] = ()
+
+
+def _load_scenarios() -> dict[str, Scenario]:
+    """:data:`SCENARIOS` plus those registered by :data:`SCENARIO_MODULES`."""
+    import importlib
+
+    scenarios = dict(SCENARIOS)
+    for module in SCENARIO_MODULES:
+        importlib.import_module(module).register(scenarios)
+    return scenarios
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -775,9 +793,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sink":
         return _sink_main(*argv[1:4])
+    scenarios = _load_scenarios()
     parser = argparse.ArgumentParser(prog="make rehearse")
     parser.add_argument("--kills", type=int, default=20, help="random SIGKILLs in the kills scenario (default 20)")
-    parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}")
+    parser.add_argument("--only", default=",".join(scenarios), help=f"comma-separated subset of {list(scenarios)}")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
     import shutil
@@ -794,10 +813,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for name in [s.strip() for s in args.only.split(",") if s.strip()]:
-            if name not in SCENARIOS:
+            if name not in scenarios:
                 parser.error(f"unknown scenario {name!r}")
             print(f"== {name}", flush=True)
-            result = rehearsal.kills(args.kills) if name == "kills" else getattr(rehearsal, name)()
+            result = scenarios[name](rehearsal, args)
             print(f"   {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s: {result.notes}", flush=True)
             results.append(result)
     finally:
