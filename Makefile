@@ -43,7 +43,7 @@ bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)
 
 dev: install dagster-home
-	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(PY) scripts/dev.py
 
 # after data loss: make accept-gap TABLE=flights REASON="retention expired during the outage of 2026-11-20"
 accept-gap: install

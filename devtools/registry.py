@@ -310,6 +310,11 @@ def make_handler(store: Store, basic_auth: str | None = None):
     return Handler
 
 
+DEV_PORT = int(os.environ.get("LAKE_DEV_REGISTRY_PORT", "18081"))
+"""Port of the stand-in registry that ``make demo`` and ``make dev`` start when
+``LAKE_SCHEMA_REGISTRY_URL`` is unset (data under ``$LAKE_HOME/registry``)."""
+
+
 def serve(data_dir: Path, port: int, host: str = "127.0.0.1", basic_auth: str | None = None) -> ThreadingHTTPServer:
     """A server (not yet serving) on ``host:port`` whose state lives in ``data_dir/registry.json``."""
     data_dir.mkdir(parents=True, exist_ok=True)

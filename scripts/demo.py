@@ -40,8 +40,7 @@ from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
 from kafka_iceberg.state import state_at  # noqa: E402
 
 MAX_ROUNDS = 20
-DEV_REGISTRY_PORT = int(os.environ.get("LAKE_DEV_REGISTRY_PORT", "18081"))
-"""Port of the stand-in Schema Registry the demo starts (when LAKE_SCHEMA_REGISTRY_URL is unset)."""
+DEV_REGISTRY_PORT = dev_registry.DEV_PORT
 DEMO_TAGS = {"lake/launched-by": "make-demo"}
 
 
