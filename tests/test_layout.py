@@ -89,3 +89,30 @@ def test_dagster_internals_are_imported_in_one_module_written_for_this_dagster()
     }
     assert importers == {"lake_assets/dagster_internals.py"}
     assert dagster.__version__ == WRITTEN_FOR  # an upgrade: re-check lake_assets/dagster_internals.py, then bump
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """Lines per production module, and lines per function (``module:qualname``, decorators included)."""
+    modules, functions = {}, {}
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            text = path.read_text()
+            modules[name] = len(text.splitlines())
+            for node in ast.walk(ast.parse(text, name)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    functions[f"{name}:{node.name}@{node.lineno}"] = node.end_lineno - first + 1
+    return modules, functions
+
+
+def test_production_modules_and_functions_stay_within_budget():
+    """issue 8's budgets: no production module over 400 lines, no function over 60."""
+    modules, functions = _sizes()
+    assert len(modules) > 40 and len(functions) > 300  # the walk found the packages
+    assert {m: n for m, n in modules.items() if n > MAX_MODULE_LINES} == {}
+    assert {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES} == {}
