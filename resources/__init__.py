@@ -116,8 +116,8 @@ class LakeSparkResource(PySparkResource):
         from pyspark.sql import SparkSession
 
         cat = self.catalog.catalog_settings()
-        export_spark_environment(str(self.spark_config.get("spark.driver.host", "127.0.0.1")),
-                                 str(self.spark_config.get("spark.pyspark.python", load_settings().pyspark_python)))
+        python = self.spark_config.get("spark.pyspark.python") or load_settings().pyspark_python
+        export_spark_environment(str(self.spark_config.get("spark.driver.host", "127.0.0.1")), str(python))
         load_catalog(cat, self.open_retry_s)  # creates the directory and the JDBC catalog tables if missing
         secret = {k: v for k, v in catalog_conf(cat).items() if _is_secret_key(k, cat.name)}
         builder = SparkSession.builder
