@@ -17,10 +17,14 @@ export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 system-deps:
 	@bash scripts/install-system-deps.sh
 
+# pip shows its own progress (downloads, then "Installing collected packages") when stdout is a terminal,
+# where an install of several minutes should not look hung; elsewhere (CI, a pipe, a log file) it stays -q.
+# ($$q is set in the recipe's own shell: inside $$(...) stdout is never the terminal.)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	q=-q; test -t 1 && q=; $(VENV)/bin/pip install $$q --upgrade pip
+	q=-q; test -t 1 && q= && echo "installing the project and its dependencies (a few minutes on a fresh machine)"; \
+	$(VENV)/bin/pip install $$q -e '.[dev]'
 	touch $@
 
 install: system-deps $(VENV)/.installed

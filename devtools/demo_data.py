@@ -81,12 +81,16 @@ def create_topic(config: KafkaConfig, topic: str, partitions: int, configs: dict
         raise BrokerUnavailableError(f"create topic {topic}: {exc}") from exc
 
 
-def produce(config: KafkaConfig, topic: str, records: Iterable[tuple[bytes, bytes, int]]) -> int:
+def produce(config: KafkaConfig, topic: str, records: Iterable[tuple[bytes, bytes, int]], total: int | None = None) -> int:
     """Produce ``records`` to ``topic`` with an idempotent producer; returns the count delivered.
+    ``total``: the records expected; when given, a progress bar of the records handed to the
+    producer is drawn on a terminal (:mod:`devtools.progress`).
 
     Raises:
         BrokerUnavailableError: any delivery failed.
     """
+    from devtools.progress import progress_bar
+
     errors: list[str] = []
 
     def on_delivery(err, _msg):
@@ -96,17 +100,21 @@ def produce(config: KafkaConfig, topic: str, records: Iterable[tuple[bytes, byte
     producer = Producer(config.client_conf(**{"enable.idempotence": True, "linger.ms": 20, "batch.size": 1_000_000,
                                               "compression.type": "lz4"}))
     n = 0
-    for key, value, ts in records:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, timestamp=ts, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        n += 1
-        if n % 20_000 == 0:
-            producer.poll(0)
-    remaining = producer.flush(config.timeout_s * 4)
+    with progress_bar() as bar:
+        task = bar.add_task(f"produce {topic}", total=total, visible=total is not None)
+        for key, value, ts in records:
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value, timestamp=ts, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            n += 1
+            if n % 20_000 == 0:
+                producer.poll(0)
+                bar.update(task, completed=n)
+        bar.update(task, completed=n, description=f"produce {topic}: flush")
+        remaining = producer.flush(config.timeout_s * 4)
     if remaining or errors:
         raise BrokerUnavailableError(f"producing to {topic}: {remaining} undelivered, errors: {errors[:3]}")
     return n
@@ -133,4 +141,4 @@ def seed(config: KafkaConfig, demo: DemoTopic) -> int:
     if held != 0:
         raise LakeError(f"topic {demo.topic} holds {held} records, expected 0 or {expected}: an interrupted seed? "
                         "delete the topic (or $LAKE_HOME with the dev broker) and run again")
-    return produce(config, demo.topic, to_records(demo.dataset, load_frame(demo.dataset)))
+    return produce(config, demo.topic, to_records(demo.dataset, load_frame(demo.dataset)), total=expected)

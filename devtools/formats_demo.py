@@ -130,7 +130,7 @@ def _seed(config: KafkaConfig, topic: str, partitions: int, expected: int, recor
         return 0
     if held:
         raise RuntimeError(f"topic {topic} holds {held} records, expected 0 or {expected}: delete it and run again")
-    return produce(config, topic, records)
+    return produce(config, topic, records, total=expected)
 
 
 def seed_weather_avro(config: KafkaConfig, url: str, topic: str = WEATHER_TOPIC, partitions: int = 3) -> int:

@@ -42,6 +42,7 @@ from typing import Callable
 
 from devtools import devbroker, duck
 from devtools.demo_data import create_topic
+from devtools.progress import progress_bar
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
 from kafka_iceberg.checks import freshness
 from kafka_iceberg.batch.context import CRASH_POINTS
@@ -811,14 +812,20 @@ def main(argv: list[str] | None = None) -> int:
     lake = Lake(home, home / "kafka", bootstrap)
     rehearsal = Rehearsal(lake, seed=args.seed)
     results = []
+    names = [s.strip() for s in args.only.split(",") if s.strip()]
     try:
-        for name in [s.strip() for s in args.only.split(",") if s.strip()]:
-            if name not in scenarios:
-                parser.error(f"unknown scenario {name!r}")
-            print(f"== {name}", flush=True)
-            result = scenarios[name](rehearsal, args)
-            print(f"   {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s: {result.notes}", flush=True)
-            results.append(result)
+        with progress_bar(transient=False) as bar:  # one line per scenario, on a terminal only (devtools.progress)
+            task = bar.add_task("rehearsal", total=len(names))
+            for name in names:
+                if name not in scenarios:
+                    parser.error(f"unknown scenario {name!r}")
+                bar.update(task, description=f"rehearsal: {name}")
+                print(f"== {name}", flush=True)
+                result = scenarios[name](rehearsal, args)
+                print(f"   {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s: {result.notes}", flush=True)
+                results.append(result)
+                bar.advance(task)
+            bar.update(task, description="rehearsal: done")
     finally:
         devbroker.stop(home / "kafka")
     print()

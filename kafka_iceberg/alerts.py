@@ -4,7 +4,7 @@ An :class:`Alert` names the table, the measure that tripped and its value, and l
 table's asset page in the Dagster UI (and to the run page when a run is involved).
 :class:`AlertSink` formats it and posts it to Slack with ``chat.postMessage``.
 
-Configuration (environment, read by :meth:`AlertSink.from_env`):
+Configuration (environment, read by :func:`kafka_iceberg.settings.slack_settings`; :meth:`AlertSink.from_env`):
 
 =====================  ============================  =========================================
 variable               default                       meaning
@@ -31,7 +31,6 @@ a network error (``URLError``) or a timeout is logged and :meth:`AlertSink.send`
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
@@ -41,12 +40,13 @@ from urllib.parse import quote
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-log = logging.getLogger(__name__)
+from kafka_iceberg.settings import slack_settings
+from kafka_iceberg.settings_models import DEFAULT_SLACK_API_BASE_URL as DEFAULT_API_BASE_URL
+from kafka_iceberg.settings_models import DEFAULT_SLACK_CHANNEL as DEFAULT_CHANNEL
+from kafka_iceberg.settings_models import DEFAULT_SLACK_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from kafka_iceberg.settings_models import DEFAULT_UI_URL, SlackSettings
 
-DEFAULT_CHANNEL = "#data-platform-alerts"
-DEFAULT_API_BASE_URL = "https://slack.com/api/"
-DEFAULT_UI_URL = "http://127.0.0.1:3000"
-DEFAULT_TIMEOUT_S = 10.0
+log = logging.getLogger(__name__)
 
 Severity = Literal["OK", "WARN", "ERROR"]
 _ICON = {"OK": ":white_check_mark:", "WARN": ":warning:", "ERROR": ":rotating_light:"}
@@ -136,31 +136,21 @@ class AlertSink:
     logger: logging.Logger = field(default=log, repr=False)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "AlertSink":
-        """An AlertSink configured from ``env`` (default ``os.environ``).
+    def from_settings(cls, slack: SlackSettings) -> "AlertSink":
+        """An AlertSink with the token, channel, API base URL, UI URL and timeout of ``slack``."""
+        token = slack.token.get_secret_value().strip() if slack.token else ""
+        return cls(token=token or None, channel=slack.channel, api_base_url=slack.api_base_url,
+                   ui_url=slack.ui_url, timeout_s=slack.timeout_s)
 
-        Reads ``SLACK_BOT_TOKEN`` (no default), ``SLACK_CHANNEL``, ``SLACK_API_BASE_URL``,
-        ``DAGSTER_UI_URL`` and ``SLACK_TIMEOUT_S`` (see the module docstring for defaults).
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "AlertSink":
+        """An AlertSink configured from ``env`` (default ``os.environ``) by
+        :func:`kafka_iceberg.settings.slack_settings`: ``SLACK_BOT_TOKEN`` (no default),
+        ``SLACK_CHANNEL``, ``SLACK_API_BASE_URL``, ``DAGSTER_UI_URL`` and ``SLACK_TIMEOUT_S``.
         Never raises: a ``SLACK_TIMEOUT_S`` that is not a positive number is logged at ERROR
         and replaced by the default, so a configuration slip cannot fail a run or a check.
         """
-        env = os.environ if env is None else env
-        token = (env.get("SLACK_BOT_TOKEN") or "").strip() or None
-        raw_timeout = env.get("SLACK_TIMEOUT_S") or str(DEFAULT_TIMEOUT_S)
-        try:
-            timeout_s = float(raw_timeout)
-            if not timeout_s > 0:
-                raise ValueError
-        except ValueError:
-            log.error("SLACK_TIMEOUT_S=%r is not a positive number of seconds; using %s", raw_timeout, DEFAULT_TIMEOUT_S)
-            timeout_s = DEFAULT_TIMEOUT_S
-        return cls(
-            token=token,
-            channel=env.get("SLACK_CHANNEL") or DEFAULT_CHANNEL,
-            api_base_url=env.get("SLACK_API_BASE_URL") or DEFAULT_API_BASE_URL,
-            ui_url=env.get("DAGSTER_UI_URL") or DEFAULT_UI_URL,
-            timeout_s=timeout_s,
-        )
+        return cls.from_settings(slack_settings(env))
 
     @property
     def configured(self) -> bool:

@@ -10,9 +10,7 @@ procedures) and pyiceberg for cheap metadata reads (snapshots, summaries, refs).
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,7 +22,7 @@ from pyiceberg.table import Table
 
 from kafka_iceberg.catalog_config import CatalogConfig
 from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
-from kafka_iceberg.settings import CatalogSettings, Settings
+from kafka_iceberg.settings import CatalogSettings, Settings, export_spark_environment
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import IngestState, SnapshotInfo, state_at
 from kafka_iceberg.upsert import UPSERT_TABLE_PROPERTIES
@@ -100,7 +98,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.app.name": "kafka-iceberg-lake",
         "spark.driver.memory": settings.spark_driver_memory,
         # executors run the task reader, so they need this interpreter and its packages
-        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.pyspark.python": settings.pyspark_python,
         "spark.driver.host": settings.spark_local_ip,
         "spark.driver.bindAddress": settings.spark_local_ip,
         "spark.jars": ",".join([iceberg_runtime_jar(), *drivers, *settings.spark_extra_jars]),
@@ -116,14 +114,14 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def prepare_spark_environment(settings: Settings) -> None:
-    """Set ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON`` (this interpreter) unless already set,
+    """Set ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON`` (default: this interpreter) unless already set
+    (:func:`~kafka_iceberg.settings.export_spark_environment`),
     and create the JDBC catalog's tables (through pyiceberg) if they do not exist yet.
 
     PySpark ships ``PYSPARK_PYTHON`` with every Python function, so Python workers import
     this project's packages from the same environment as the driver.
     """
-    os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_local_ip)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    export_spark_environment(settings.spark_local_ip, settings.pyspark_python)
     load_catalog(settings.catalog, settings.catalog_retry_s)  # creates the directory and the JDBC catalog tables if missing
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -97,7 +96,9 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 def _fail(exc: BaseException, code: int) -> int:
-    if os.environ.get("LAKE_DEBUG"):
+    from kafka_iceberg.settings import debug_enabled  # not load_settings: it may be what failed
+
+    if debug_enabled():
         traceback.print_exception(exc)
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     label = {UNREACHABLE: "unreachable", BAD_INPUT: "bad input"}.get(code, "error")
@@ -114,7 +115,7 @@ def quiet_kafka(settings):
     from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
 
     log = logging.getLogger("lake.librdkafka")
-    log.propagate, log.disabled = bool(os.environ.get("LAKE_DEBUG")), not os.environ.get("LAKE_DEBUG")
+    log.propagate, log.disabled = settings.debug, not settings.debug
     config = KafkaConfig.from_settings(settings)
     return KafkaMetadata(dataclasses.replace(config, client_config={**config.client_config, "logger": log}))
 

@@ -8,7 +8,6 @@ details); undeclared, it is ``${LAKE_SCHEMA_REGISTRY_URL}``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from kafka_iceberg.declaration import FormatDecl
@@ -18,7 +17,6 @@ VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 """Formats read through a Schema Registry (Confluent wire format); see docs/tables.md#formats."""
 REGISTRY_URL_ENV = "LAKE_SCHEMA_REGISTRY_URL"
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 
@@ -39,24 +37,17 @@ class FormatSpec:
         return self.type in REGISTRY_FORMATS
 
     def url(self, env=None) -> str:
-        """The registry URL with ``${VAR}`` replaced from ``env`` (default ``os.environ``);
-        ``${LAKE_SCHEMA_REGISTRY_URL}`` when none was declared.
+        """The registry URL with ``${VAR}`` replaced from ``env`` (default: the process environment,
+        through :func:`kafka_iceberg.settings.expand_env_references`); ``${LAKE_SCHEMA_REGISTRY_URL}``
+        when none was declared.
 
         Raises:
             ConfigError: a referenced variable is unset or empty.
         """
-        import os
+        from kafka_iceberg.settings import expand_env_references
 
-        env = os.environ if env is None else env
         raw = self.registry_url or "${%s}" % REGISTRY_URL_ENV
-
-        def sub(m):
-            value = env.get(m.group(1))
-            if not value:
-                raise ConfigError(f"format.registry_url {raw!r}: environment variable {m.group(1)} is not set")
-            return value
-
-        return _ENV_REF.sub(sub, raw).rstrip("/")
+        return expand_env_references(raw, "format.registry_url", env).rstrip("/")
 
     def subject(self, topic: str, is_key: bool = False) -> str:
         """The subject of ``topic``'s values (keys with ``is_key``) under the strategy."""

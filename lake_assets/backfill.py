@@ -302,11 +302,12 @@ def wait_for_backfill(instance: DagsterInstance, backfill_id: str, runs: int, wa
     """Poll the backfill every 2 s for up to ``wait_s`` seconds, with a progress bar of its ``runs``
     finished runs on a terminal (``rich``; nothing when stderr is not a TTY). Returns 0 when it
     completed successfully, 1 when it ended otherwise or is still running."""
+    from rich.console import Console
     from rich.progress import Progress
 
     deadline = time.monotonic() + wait_s
     finished = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
-    with Progress(disable=not sys.stderr.isatty(), transient=True) as progress:
+    with Progress(console=Console(stderr=True), disable=not sys.stderr.isatty(), transient=True) as progress:
         task = progress.add_task(f"backfill {backfill_id}", total=runs)
         while time.monotonic() < deadline:
             done = instance.get_runs_count(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}, statuses=finished))

@@ -20,36 +20,31 @@ What stays the same:
   or by a job, commits exactly one micro-batch, as before. Only runs launched by a sensor
   (tag ``dagster/sensor_name``) stream.
 
-``LAKE_STREAM_BUDGET_S`` (seconds, default 120; 0 turns streaming off) bounds a run's loop: no
-micro-batch starts after it. ``LAKE_STREAM_IDLE_S`` (seconds, default 2) is how long a run with
-no lag left waits for new records before it ends.
+``Settings.stream`` (:class:`~kafka_iceberg.settings_models.StreamSettings`) holds the two bounds:
+``budget_s`` (``LAKE_STREAM_BUDGET_S``, seconds, default 120; 0 turns streaming off) bounds a run's
+loop: no micro-batch starts after it. ``idle_s`` (``LAKE_STREAM_IDLE_S``, seconds, default 2) is how
+long a run with no lag left waits for new records before it ends.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
 
 from dagster import AssetExecutionContext, AssetMaterialization, DagsterRunStatus, MaterializeResult, MetadataValue, RunsFilter
 
 from kafka_iceberg.kafka_client import KafkaMetadata
+from kafka_iceberg.settings_models import StreamSettings
 
-BUDGET_ENV, IDLE_ENV = "LAKE_STREAM_BUDGET_S", "LAKE_STREAM_IDLE_S"
-DEFAULT_BUDGET_S, DEFAULT_IDLE_S = 120.0, 2.0
 POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
 
 
-def stream_budget_s(tags: dict[str, str], env: dict[str, str] | None = None) -> float:
+def stream_budget_s(tags: dict[str, str], budget_s: float) -> float:
     """Seconds a run with these tags may keep committing: 0 for a backfill run or a run not
-    launched by a sensor, else ``LAKE_STREAM_BUDGET_S``. Raises ValueError on a bad value."""
-    env = os.environ if env is None else env
+    launched by a sensor, else ``budget_s`` (``Settings.stream.budget_s``)."""
     if "dagster/backfill" in tags or "dagster/sensor_name" not in tags:
         return 0.0
-    budget = float(env.get(BUDGET_ENV, DEFAULT_BUDGET_S))
-    if budget < 0:
-        raise ValueError(f"{BUDGET_ENV} must be >= 0 seconds, got {budget}")
-    return budget
+    return budget_s
 
 
 def others_waiting(context: AssetExecutionContext) -> bool:
@@ -76,13 +71,14 @@ def wait_for_lag(kafka: KafkaMetadata, topic: str, committed: dict[int, int], ti
 
 
 def materialize_stream(context: AssetExecutionContext, kafka: KafkaMetadata, topic: str,
-                       one_batch: Callable[[], MaterializeResult], budget_s: float | None = None) -> MaterializeResult:
+                       one_batch: Callable[[], MaterializeResult], stream: StreamSettings) -> MaterializeResult:
     """Run ``one_batch`` (one whole micro-batch, returning its ``MaterializeResult``) once, and
-    again while records wait and the budget lasts (:func:`stream_budget_s` unless ``budget_s``).
+    again while records wait and the budget lasts (:func:`stream_budget_s` of ``stream.budget_s``;
+    ``stream.idle_s`` seconds of waiting for new records at most).
     Every commit but the last is logged as an ``AssetMaterialization`` of the run's slot; the
     last is returned. Errors of ``one_batch`` propagate (earlier commits stay committed)."""
-    budget = stream_budget_s(dict(context.run.tags)) if budget_s is None else budget_s
-    idle_s = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S))
+    budget = stream_budget_s(dict(context.run.tags), stream.budget_s)
+    idle_s = stream.idle_s
     started = time.monotonic()
     deadline = started + budget
     result, commits = one_batch(), 1
@@ -99,5 +95,5 @@ def materialize_stream(context: AssetExecutionContext, kafka: KafkaMetadata, top
     return MaterializeResult(metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)})
 
 
-__all__ = ["BUDGET_ENV", "IDLE_ENV", "committed_offsets", "materialize_stream", "others_waiting", "stream_budget_s",
+__all__ = ["committed_offsets", "materialize_stream", "others_waiting", "stream_budget_s",
            "wait_for_lag"]

@@ -43,6 +43,7 @@ from kafka_iceberg.catalog import load_table, metadata_view, qualified
 from kafka_iceberg.pipeline import BatchResult, run_micro_batch
 from kafka_iceberg.planning import offset_lag
 from kafka_iceberg.recovery import commit_token
+from kafka_iceberg.settings import Settings
 from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import state_at
 from lake_assets.streaming import materialize_stream
@@ -154,9 +155,8 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path 
 
     def _one_batch(
         context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
+        slack: LakeSlackResource, settings: Settings,
     ) -> MaterializeResult:
-        settings = settings_for(kafka, catalog)
         try:
             result = run_micro_batch(
                 pyspark.spark_session,
@@ -193,8 +193,9 @@ def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path 
         slack: LakeSlackResource,
     ) -> MaterializeResult:
         # a sensor-launched run keeps committing while lag remains (lake_assets/streaming.py)
+        settings = settings_for(kafka, catalog)  # once per run, shared by its micro-batches
         return materialize_stream(context, kafka.metadata(), spec.topic,
-                                  lambda: _one_batch(context, pyspark, kafka, catalog, slack))
+                                  lambda: _one_batch(context, pyspark, kafka, catalog, slack, settings), settings.stream)
 
     _materialize.__name__ = f"ingest_{spec.name}"
     return _materialize

@@ -19,8 +19,6 @@ the UI shows the variable's name. The catalog's credentials (``PYICEBERG_CATALOG
 
 import dataclasses
 import json
-import os
-import sys
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import PySparkResource
@@ -28,7 +26,7 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg.catalog import catalog_conf, load_catalog, spark_conf
 from kafka_iceberg.catalog_config import SECRET_KEYS
 from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.settings import CatalogSettings, Settings, load_settings, resolve_catalog
+from kafka_iceberg.settings import CatalogSettings, Settings, export_spark_environment, load_settings, run_catalog
 from resources.slack import LakeSlackResource
 
 
@@ -78,10 +76,7 @@ class IcebergCatalogResource(ConfigurableResource):
         Raises:
             ConfigError: a malformed catalog configuration.
         """
-        env = {k: v for k, v in os.environ.items() if v.strip()}
-        if self.properties_json.strip():
-            env["LAKE_CATALOG_PROPERTIES"] = self.properties_json
-        return resolve_catalog(env, self.name, self.uri, self.warehouse)
+        return run_catalog(self.name, self.uri, self.warehouse, self.properties_json)
 
     def load(self):
         """pyiceberg's catalog (``pyiceberg.catalog.Catalog``) on this catalog."""
@@ -89,7 +84,8 @@ class IcebergCatalogResource(ConfigurableResource):
 
 
 def settings_for(kafka: KafkaResource, catalog: IcebergCatalogResource) -> Settings:
-    """Runtime settings with the Kafka and catalog parts taken from the resources."""
+    """Runtime settings with the Kafka and catalog parts taken from the resources; the rest is the
+    process's :func:`~kafka_iceberg.settings.load_settings` (built once per environment)."""
     base = load_settings()
     return dataclasses.replace(
         base,
@@ -120,8 +116,8 @@ class LakeSparkResource(PySparkResource):
         from pyspark.sql import SparkSession
 
         cat = self.catalog.catalog_settings()
-        os.environ.setdefault("SPARK_LOCAL_IP", str(self.spark_config.get("spark.driver.host", "127.0.0.1")))
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        python = self.spark_config.get("spark.pyspark.python") or load_settings().pyspark_python
+        export_spark_environment(str(self.spark_config.get("spark.driver.host", "127.0.0.1")), str(python))
         load_catalog(cat, self.open_retry_s)  # creates the directory and the JDBC catalog tables if missing
         secret = {k: v for k, v in catalog_conf(cat).items() if _is_secret_key(k, cat.name)}
         builder = SparkSession.builder
@@ -171,6 +167,7 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
         "catalog": catalog_resource,
         "pyspark": LakeSparkResource(spark_config=visible_conf, catalog=catalog_resource,
                                      open_retry_s=settings.catalog_retry_s),
+        # the token is an EnvVar of the process, so the other Slack settings come from its environment too
         "slack": LakeSlackResource.from_env(),
     }
 

@@ -10,7 +10,6 @@ The sensors and asset checks take it as the ``slack`` resource and post through
 :meth:`LakeSlackResource.sink` (a :class:`kafka_iceberg.alerts.AlertSink`, which never raises).
 """
 
-import os
 from typing import Optional
 
 from dagster import EnvVar
@@ -19,6 +18,8 @@ from pydantic import Field
 from slack_sdk import WebClient
 
 from kafka_iceberg.alerts import DEFAULT_API_BASE_URL, DEFAULT_CHANNEL, DEFAULT_TIMEOUT_S, DEFAULT_UI_URL, AlertSink
+from kafka_iceberg.settings import slack_settings
+from kafka_iceberg.settings_models import SlackSettings
 
 
 class LakeSlackResource(SlackResource):
@@ -52,13 +53,16 @@ class LakeSlackResource(SlackResource):
                          ui_url=self.ui_url, timeout_s=self.timeout_s)
 
     @classmethod
+    def from_settings(cls, slack: SlackSettings) -> "LakeSlackResource":
+        """The resource configured from ``slack`` (:attr:`kafka_iceberg.settings.Settings.slack`), with
+        the token as ``EnvVar("SLACK_BOT_TOKEN")`` (no token when the variable is unset or empty)."""
+        return cls(token=EnvVar("SLACK_BOT_TOKEN") if AlertSink.from_settings(slack).configured else None,
+                   base_url=slack.api_base_url, timeout_s=slack.timeout_s, channel=slack.channel, ui_url=slack.ui_url)
+
+    @classmethod
     def from_env(cls, env: Optional[dict] = None) -> "LakeSlackResource":
-        """The resource configured as :meth:`AlertSink.from_env` reads the environment, with the
-        token as ``EnvVar("SLACK_BOT_TOKEN")`` (no token when the variable is unset or empty)."""
-        env = os.environ if env is None else env
-        sink = AlertSink.from_env(env)
-        return cls(token=EnvVar("SLACK_BOT_TOKEN") if sink.configured else None, base_url=sink.api_base_url,
-                   timeout_s=sink.timeout_s, channel=sink.channel, ui_url=sink.ui_url)
+        """:meth:`from_settings` on :func:`kafka_iceberg.settings.slack_settings` of ``env`` (default: the process's)."""
+        return cls.from_settings(slack_settings(env))
 
 
 __all__ = ["LakeSlackResource"]

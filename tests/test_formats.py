@@ -31,6 +31,7 @@ from kafka_iceberg.formats import (RegistryUnavailableError, arrow_schema, class
 from kafka_iceberg.formats import evolution
 from kafka_iceberg.formats.decode import as_struct_column
 from kafka_iceberg.formats.resolver import WriterSchema
+from kafka_iceberg.settings_models import RegistrySettings
 
 
 @pytest.fixture
@@ -270,8 +271,8 @@ def test_registry_basic_auth_comes_from_the_environment(tmp_path, monkeypatch):
     url = dev_registry.start(data_dir, free_port(), basic_auth="lake:s3cret")
     try:
         with pytest.raises(RegistryUnavailableError, match="refused"):
-            resolve(url, [1], env={})
-        monkeypatch.setenv("LAKE_SCHEMA_REGISTRY_BASIC_AUTH", "lake:s3cret")
+            resolve(url, [1], RegistrySettings())
+        monkeypatch.setenv("LAKE_SCHEMA_REGISTRY_BASIC_AUTH", "lake:s3cret")  # kafka_iceberg.settings.registry_settings
         from kafka_iceberg.formats import client_config
         c = SchemaRegistryClient(client_config(url))
         sid = c.register_schema("auth-value", Schema(_avro([{"name": "a", "type": "int"}])))

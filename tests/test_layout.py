@@ -1,6 +1,6 @@
 """The product/dev-tooling boundary: the packages pyproject installs never import ``devtools``
 (the dev broker, dev PostgreSQL, demo data, DuckDB reader and rehearsal), and ``devtools`` is
-not among the installed packages."""
+not among the installed packages; only ``kafka_iceberg/settings.py`` touches the process environment."""
 
 from __future__ import annotations
 
@@ -116,3 +116,33 @@ def test_production_modules_and_functions_stay_within_budget():
     assert len(modules) > 40 and len(functions) > 300  # the walk found the packages
     assert {m: n for m, n in modules.items() if n > MAX_MODULE_LINES} == {}
     assert {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES} == {}
+ENV_ACCESS = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+"""The ``os`` names that read or write the process environment."""
+
+ENV_READERS = {
+    "kafka_iceberg/settings.py",  # the one place: every variable, its default and unit (docs/configuration.md)
+}
+"""Product modules allowed to touch the process environment. Anything else gets its values passed
+down from :mod:`kafka_iceberg.settings` (or, for a Dagster secret, names an ``EnvVar``)."""
+
+
+def _environment_uses(path: Path) -> list[str]:
+    """``os.environ``/``os.getenv``/... (or ``from os import environ``) in ``path``, as ``line: name``."""
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in ENV_ACCESS and getattr(node.value, "id", None) == "os":
+            uses.append(f"{node.lineno}: os.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            uses += [f"{node.lineno}: from os import {a.name}" for a in node.names if a.name in ENV_ACCESS]
+    return uses
+
+
+def test_only_settings_reads_the_environment():
+    offenders = {
+        str(path.relative_to(ROOT)): uses
+        for package in PRODUCT
+        for path in (ROOT / package).rglob("*.py")
+        if (uses := _environment_uses(path)) and str(path.relative_to(ROOT)) not in ENV_READERS
+    }
+    assert offenders == {}, "read the variable in kafka_iceberg/settings.py and pass the value down"
+    assert _environment_uses(ROOT / "kafka_iceberg" / "settings.py"), "the check must see settings.py's reads"

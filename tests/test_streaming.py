@@ -10,20 +10,22 @@ from dagster import DagsterInstance, materialize
 from devtools import duck
 from devtools.demo_data import produce
 from kafka_iceberg.catalog import load_catalog
-from lake_assets.streaming import BUDGET_ENV, stream_budget_s
+from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.settings import load_settings
+from lake_assets.streaming import stream_budget_s
 from lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset
 from resources import default_resources
 from tests.helpers import event_records, make_spec
 
 
 def test_only_sensor_runs_outside_backfills_stream():
-    env = {BUDGET_ENV: "30"}
-    assert stream_budget_s({"dagster/sensor_name": "flights_lag"}, env) == 30.0
-    assert stream_budget_s({"dagster/sensor_name": "flights_lag", "dagster/backfill": "abc"}, env) == 0.0
-    assert stream_budget_s({}, env) == 0.0, "a run launched by hand or by a job commits one micro-batch"
-    assert stream_budget_s({"dagster/sensor_name": "x"}, {BUDGET_ENV: "0"}) == 0.0
-    with pytest.raises(ValueError, match=BUDGET_ENV):
-        stream_budget_s({"dagster/sensor_name": "x"}, {BUDGET_ENV: "-1"})
+    budget_s = load_settings(env={"LAKE_STREAM_BUDGET_S": "30"}).stream.budget_s
+    assert stream_budget_s({"dagster/sensor_name": "flights_lag"}, budget_s) == 30.0
+    assert stream_budget_s({"dagster/sensor_name": "flights_lag", "dagster/backfill": "abc"}, budget_s) == 0.0
+    assert stream_budget_s({}, budget_s) == 0.0, "a run launched by hand or by a job commits one micro-batch"
+    assert stream_budget_s({"dagster/sensor_name": "x"}, load_settings(env={"LAKE_STREAM_BUDGET_S": "0"}).stream.budget_s) == 0.0
+    with pytest.raises(ConfigError, match="LAKE_STREAM_BUDGET_S"):
+        load_settings(env={"LAKE_STREAM_BUDGET_S": "-1"})
 
 
 def _distinct_rows(settings, spec) -> tuple[int, int]:
@@ -35,7 +37,7 @@ def _distinct_rows(settings, spec) -> tuple[int, int]:
 
 def test_a_sensor_run_commits_until_no_lag_is_left_each_commit_a_materialization(
         settings, kafka_config, spark, unique, topic_factory, monkeypatch):
-    monkeypatch.setenv(BUDGET_ENV, "300")
+    monkeypatch.setenv("LAKE_STREAM_BUDGET_S", "300")  # read by the run's settings (settings_for)
     monkeypatch.setenv("LAKE_STREAM_IDLE_S", "0")
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(130)))

@@ -31,9 +31,10 @@ def value_schema(schema):
     return Schema(*[f for f in schema.fields if f.name not in _KAFKA_NAMES], schema_id=schema.schema_id)
 
 
-def registry_columns(spec: TableSpec) -> list[tuple[str, str, bool]]:
+def registry_columns(spec: TableSpec, registry=None) -> list[tuple[str, str, bool]]:
     """The table's columns for ``schema: from_registry``: the latest schema of the topic's value
-    subject as (name, Spark SQL type, required), then the kept Kafka metadata columns.
+    subject as (name, Spark SQL type, required), then the kept Kafka metadata columns. ``registry``:
+    the credentials (``Settings.registry``; default: the environment's).
 
     Raises:
         RegistryUnavailableError, SchemaNotFoundError: from the registry.
@@ -43,7 +44,7 @@ def registry_columns(spec: TableSpec) -> list[tuple[str, str, bool]]:
     from kafka_iceberg.formats.spark import spark_columns
 
     subject = spec.format.subject(spec.topic)
-    cols = spark_columns(table_schema_from_subject(spec.format.url(), subject))
+    cols = spark_columns(table_schema_from_subject(spec.format.url(), subject, registry))
     kafka = [c for c in spec.table_columns() if c[0] in _KAFKA_NAMES]
     return cols + kafka
 
@@ -58,7 +59,7 @@ def ensure_registry_table(spark, settings: Settings, spec: TableSpec) -> None:
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for a missing table
         if "TABLE_OR_VIEW_NOT_FOUND" not in str(exc) and "not found" not in str(exc).lower():
             raise
-    cols = registry_columns(spec)
+    cols = registry_columns(spec, settings.registry)
     log.warning("table %s: created from subject %s: %s", spec.identifier, spec.format.subject(spec.topic),
                 ", ".join(f"{n} {t}{' NOT NULL' if r else ''}" for n, t, r in cols))
     create_table(spark, settings, spec.identifier, table_ddl(settings, spec, cols))
@@ -78,7 +79,7 @@ def classify_registry(lake: Lake, spec: TableSpec, raw, commit_id: str):
     from kafka_iceberg.formats.spark import classify_formatted, schema_id_counts
 
     counts = schema_id_counts(raw)
-    writers = resolve(spec.format.url(), counts)
+    writers = resolve(spec.format.url(), counts, lake.settings.registry)
     table = lake.retry(f"table {spec.identifier}: load the table", lambda: lake.catalog.load_table(spec.identifier))
     plan = plan_batch(value_schema(table.schema()), writers, spec.unknown_fields)
     changes = []

@@ -4,7 +4,8 @@ The driver collects the schema ids a micro-batch needs, fetches each one once (s
 immutable, so a process-wide cache keeps them for good) and ships the resulting
 :class:`WriterSchema` objects (small, picklable) to the Spark tasks, which never call the registry.
 
-Authentication comes from the environment, never from the table declarations:
+Authentication comes from the environment (read by :func:`kafka_iceberg.settings.registry_settings`
+into :class:`~kafka_iceberg.settings_models.RegistrySettings`), never from the table declarations:
 
 - ``LAKE_SCHEMA_REGISTRY_BASIC_AUTH``: ``user:password`` (basic auth), or
 - ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN`` (a static bearer token) with
@@ -15,14 +16,15 @@ Authentication comes from the environment, never from the table declarations:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.formats.wire import WireError, schema_id_of
+from kafka_iceberg.settings import registry_settings
+from kafka_iceberg.settings_models import RegistrySettings
 
 SCHEMA_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}
 """``format.type`` of a declaration -> the registry's ``schemaType``."""
@@ -47,23 +49,23 @@ class WriterSchema:
     schema_str: str
 
 
-def client_config(url: str, env: Mapping[str, str] | None = None, retries: int = 3,
+def client_config(url: str, registry: RegistrySettings | None = None, retries: int = 3,
                   retry_wait_ms: int = 200, timeout_s: float = 10.0) -> dict:
-    """The ``SchemaRegistryClient`` configuration for ``url`` with credentials from ``env``
-    (default ``os.environ``): see the module docstring for the variable names."""
-    env = os.environ if env is None else env
+    """The ``SchemaRegistryClient`` configuration for ``url`` with the credentials of ``registry``
+    (default: :func:`kafka_iceberg.settings.registry_settings` of the process environment)."""
+    registry = registry_settings() if registry is None else registry
     conf: dict = {"url": url, "max.retries": retries, "retries.wait.ms": retry_wait_ms,
                   "retries.max.wait.ms": max(retry_wait_ms, 2000), "timeout": timeout_s}
-    if env.get("LAKE_SCHEMA_REGISTRY_BASIC_AUTH"):
-        conf["basic.auth.user.info"] = env["LAKE_SCHEMA_REGISTRY_BASIC_AUTH"]
-    if env.get("LAKE_SCHEMA_REGISTRY_BEARER_TOKEN"):
+    if registry.basic_auth:
+        conf["basic.auth.user.info"] = registry.basic_auth.get_secret_value()
+    if registry.bearer_token:
         conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
-        conf["bearer.auth.token"] = env["LAKE_SCHEMA_REGISTRY_BEARER_TOKEN"]
-        conf["bearer.auth.logical.cluster"] = env.get("LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER", "")
-        if env.get("LAKE_SCHEMA_REGISTRY_IDENTITY_POOL"):
-            conf["bearer.auth.identity.pool.id"] = env["LAKE_SCHEMA_REGISTRY_IDENTITY_POOL"]
-    if env.get("LAKE_SCHEMA_REGISTRY_CA"):
-        conf["ssl.ca.location"] = env["LAKE_SCHEMA_REGISTRY_CA"]
+        conf["bearer.auth.token"] = registry.bearer_token.get_secret_value()
+        conf["bearer.auth.logical.cluster"] = registry.logical_cluster
+        if registry.identity_pool:
+            conf["bearer.auth.identity.pool.id"] = registry.identity_pool
+    if registry.ca_location:
+        conf["ssl.ca.location"] = registry.ca_location
     return conf
 
 
@@ -108,7 +110,7 @@ def schema_ids(values: Iterable[bytes | None]) -> set[int]:
     return ids
 
 
-def resolve(url: str, ids: Iterable[int], env: Mapping[str, str] | None = None, attempts: int = 3,
+def resolve(url: str, ids: Iterable[int], registry: RegistrySettings | None = None, attempts: int = 3,
             backoff_s: float = 0.5) -> dict[int, WriterSchema | None]:
     """Fetch each schema id once (cached for the process's life) -> {id: schema, or None if unknown}.
 
@@ -131,14 +133,14 @@ def resolve(url: str, ids: Iterable[int], env: Mapping[str, str] | None = None, 
                 missing.append(i)
     if not missing:
         return found
-    client = SchemaRegistryClient(client_config(url, env))
+    client = SchemaRegistryClient(client_config(url, registry))
     for i in sorted(missing):
         try:
             s = _call(url, f"schema id {i}", lambda: client.get_schema(i), attempts, backoff_s)
             if s.schema_type == "PROTOBUF" and not _is_serialized(s.schema_str):
                 # .proto text: ask for the FileDescriptorProto form, as confluent's ProtobufDeserializer
                 # does (a fresh client: the first one caches by id whatever the format)
-                again = SchemaRegistryClient(client_config(url, env))
+                again = SchemaRegistryClient(client_config(url, registry))
                 s = _call(url, f"schema id {i}", lambda: again.get_schema(i, fmt="serialized"), attempts, backoff_s)
         except SchemaNotFoundError:
             found[i] = None  # not cached: a schema registered later under this id resolves next time
@@ -164,7 +166,7 @@ def _is_serialized(text: str) -> bool:
         return False
 
 
-def latest(url: str, subject: str, env: Mapping[str, str] | None = None, attempts: int = 3,
+def latest(url: str, subject: str, registry: RegistrySettings | None = None, attempts: int = 3,
            backoff_s: float = 0.5) -> WriterSchema:
     """The latest schema registered under ``subject``.
 
@@ -173,10 +175,10 @@ def latest(url: str, subject: str, env: Mapping[str, str] | None = None, attempt
     """
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    client = SchemaRegistryClient(client_config(url, env))
+    client = SchemaRegistryClient(client_config(url, registry))
     r = _call(url, f"latest version of subject {subject}", lambda: client.get_latest_version(subject),
               attempts, backoff_s)
-    return resolve(url, [r.schema_id], env, attempts, backoff_s)[r.schema_id]
+    return resolve(url, [r.schema_id], registry, attempts, backoff_s)[r.schema_id]
 
 
 def subject_name(strategy: str, topic: str, record_name: str | None = None, is_key: bool = False) -> str:

@@ -257,8 +257,9 @@ def iceberg_schema(writer, message_indexes: tuple[int, ...] = (0,)) -> Schema:
     return json_schema(writer.schema_str)
 
 
-def table_schema_from_subject(url: str, subject: str, env=None) -> Schema:
-    """The Iceberg table schema for the latest schema of ``subject`` (its first message for Protobuf).
+def table_schema_from_subject(url: str, subject: str, registry=None) -> Schema:
+    """The Iceberg table schema for the latest schema of ``subject`` (its first message for Protobuf);
+    ``registry``: the credentials (:class:`~kafka_iceberg.settings_models.RegistrySettings`, default: the environment's).
 
     Raises:
         SchemaNotFoundError, RegistryUnavailableError: see :mod:`kafka_iceberg.formats.resolver`.
@@ -266,7 +267,7 @@ def table_schema_from_subject(url: str, subject: str, env=None) -> Schema:
     """
     from kafka_iceberg.formats.resolver import latest
 
-    return iceberg_schema(latest(url, subject, env))
+    return iceberg_schema(latest(url, subject, registry))
 
 
 # ---- Arrow --------------------------------------------------------------------------------------

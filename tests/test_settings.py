@@ -1,0 +1,68 @@
+"""kafka_iceberg.settings: every variable read in one place, built once per environment, typed groups
+(streaming, Slack, Schema Registry) with clear errors for malformed values."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.formats import client_config
+from kafka_iceberg.settings import (debug_enabled, expand_env_references, load_settings, registry_settings,
+                                    run_catalog, slack_settings)
+
+
+def test_settings_are_built_once_per_environment_and_anew_when_it_changes(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAKE_HOME", str(tmp_path))
+    first = load_settings()
+    assert load_settings() is first, "every caller of a run shares one Settings"
+    monkeypatch.setenv("LAKE_TABLES_FILE", str(tmp_path / "tables.yaml"))
+    changed = load_settings()
+    assert changed is not first and changed.tables_file == tmp_path / "tables.yaml"
+    monkeypatch.delenv("LAKE_TABLES_FILE")
+    assert load_settings().tables_file == first.tables_file
+    assert load_settings(env={"LAKE_HOME": str(tmp_path)}) is not load_settings(env={"LAKE_HOME": str(tmp_path)})
+
+
+def test_stream_settings_are_seconds_and_never_negative():
+    stream = load_settings(env={"LAKE_STREAM_BUDGET_S": "45", "LAKE_STREAM_IDLE_S": "0.5"}).stream
+    assert (stream.budget_s, stream.idle_s) == (45.0, 0.5)
+    assert load_settings(env={}).stream.budget_s == 120.0 and load_settings(env={}).stream.idle_s == 2.0
+    with pytest.raises(ConfigError, match="LAKE_STREAM_IDLE_S"):
+        load_settings(env={"LAKE_STREAM_IDLE_S": "soon"})
+    with pytest.raises(ConfigError, match="LAKE_STREAM_BUDGET_S"):
+        load_settings(env={"LAKE_STREAM_BUDGET_S": "-5"})
+
+
+def test_slack_settings_never_raise_and_hide_the_token(caplog):
+    slack = slack_settings({"SLACK_BOT_TOKEN": "xoxb-secret", "SLACK_CHANNEL": "#c", "DAGSTER_UI_URL": "http://ui:1"})
+    assert slack.token.get_secret_value() == "xoxb-secret" and "xoxb-secret" not in repr(slack)
+    assert (slack.channel, slack.ui_url) == ("#c", "http://ui:1")
+    with caplog.at_level(logging.ERROR):
+        assert slack_settings({"SLACK_TIMEOUT_S": "0", "SLACK_CHANNEL": "#c"}).timeout_s == 10.0
+    assert "SLACK_TIMEOUT_S" in caplog.text
+    assert slack_settings({"SLACK_TIMEOUT_S": "0", "SLACK_CHANNEL": "#c"}).channel == "#c"
+    assert load_settings(env={"DAGSTER_UI_URL": "http://ui:2"}).dagster_ui_url == "http://ui:2"
+
+
+def test_registry_credentials_reach_the_client_config():
+    bearer = registry_settings({"LAKE_SCHEMA_REGISTRY_BEARER_TOKEN": "t0k", "LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER": "lsrc-1",
+                                "LAKE_SCHEMA_REGISTRY_CA": "/ca.pem"})
+    conf = client_config("http://r:1", bearer)
+    assert conf["bearer.auth.token"] == "t0k" and conf["bearer.auth.logical.cluster"] == "lsrc-1"
+    assert conf["ssl.ca.location"] == "/ca.pem" and "basic.auth.user.info" not in conf
+    basic = client_config("http://r:1", registry_settings({"LAKE_SCHEMA_REGISTRY_BASIC_AUTH": "u:p"}))
+    assert basic["basic.auth.user.info"] == "u:p" and "bearer.auth.token" not in basic
+
+
+def test_env_references_debug_and_run_catalog(monkeypatch, tmp_path):
+    assert expand_env_references("http://${H}:${P}", "url", {"H": "reg", "P": "8081"}) == "http://reg:8081"
+    with pytest.raises(ConfigError, match="environment variable P is not set"):
+        expand_env_references("http://${H}:${P}", "url", {"H": "reg", "P": " "})
+    assert debug_enabled({"LAKE_DEBUG": "1"}) and not debug_enabled({"LAKE_DEBUG": ""})
+    uri = f"sqlite:///{tmp_path / 'catalog.db'}"
+    cat = run_catalog("lake", uri, f"file://{tmp_path}/wh")
+    assert cat.jdbc_uri == f"jdbc:sqlite:{tmp_path / 'catalog.db'}" and run_catalog("lake", uri, f"file://{tmp_path}/wh") is cat
+    monkeypatch.setenv("LAKE_CATALOG_PROPERTIES", '{"type": "sql", "uri": "%s"}' % uri)  # a changed environment: resolved anew
+    assert run_catalog("lake", uri, f"file://{tmp_path}/wh") is not cat
