@@ -46,6 +46,16 @@ def check_cron(value: str) -> str:
     return value
 
 
+class ColumnDecl(_Section):
+    """One ``schema:`` entry: a column of the record value."""
+
+    name: str = Field(pattern=IDENTIFIER_PATTERN)
+    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, timestamp_ntz, binary, "
+                                  "decimal(p,s), or a nested struct<...>, array<...>, map<...> in Spark SQL syntax")
+    required: bool = False
+    doc: Optional[str] = Field(None, description="Column documentation, shown in the Dagster UI's column schema.")
+
+
 class FormatDecl(_Section):
     """``format:`` how record values (or, as ``key_format:``, keys) are encoded.
 
@@ -64,16 +74,9 @@ class FormatDecl(_Section):
         "topic_name", description="Subject name strategy: <topic>-value, <record>, or <topic>-<record>.")
     record_name: Optional[str] = Field(
         None, description="Fully qualified record name (record_name and topic_record_name strategies).")
-
-
-class ColumnDecl(_Section):
-    """One ``schema:`` entry: a column of the record value."""
-
-    name: str = Field(pattern=IDENTIFIER_PATTERN)
-    type: str = Field(description="string, int, long, float, double, boolean, date, timestamp, timestamp_ntz, binary, "
-                                  "decimal(p,s), or a nested struct<...>, array<...>, map<...> in Spark SQL syntax")
-    required: bool = False
-    doc: Optional[str] = Field(None, description="Column documentation, shown in the Dagster UI's column schema.")
+    columns: Optional[list[ColumnDecl]] = Field(
+        None, alias="schema", description="key_format only: the fields of the parsed key (needed for json; for a "
+                                          "registry format the key subject's latest schema when omitted).")
 
 
 class FreshnessDecl(_Section):
@@ -158,7 +161,7 @@ class _Common(_Section):
     format: Union[FormatDecl, str, None] = None
     key_format: Union[FormatDecl, str, None] = Field(
         None, description="Format of the record key; a parsed key becomes the struct column _kafka_key_parsed "
-                          "(raw key bytes stay in _kafka_key).")
+                          "(raw key bytes stay in _kafka_key when kafka_columns keeps key).")
     partition_by: Optional[list[str]] = None
     kafka_columns: Optional[list[str]] = None
     max_records_per_partition: Optional[int] = None

@@ -17,19 +17,23 @@ VALUE_FORMATS = ("json", "avro", "protobuf", "json_schema")
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 """Formats read through a Schema Registry (Confluent wire format); see docs/tables.md#formats."""
 REGISTRY_URL_ENV = "LAKE_SCHEMA_REGISTRY_URL"
-
+KEY_PARSED = "_kafka_key_parsed"
+"""The struct column a ``key_format`` declaration parses the record key into (docs/tables.md#parsed-keys)."""
 
 
 @dataclass(frozen=True)
 class FormatSpec:
     """How values (or keys) are encoded: ``type`` (json, avro, protobuf, json_schema), the Schema
     Registry URL as declared (``${VAR}`` references are read when a batch runs, see
-    :meth:`url`), the subject name strategy and, for the record-name strategies, the record name."""
+    :meth:`url`), the subject name strategy and, for the record-name strategies, the record name.
+    ``columns`` (``key_format`` only): the declared key fields as (name, Spark SQL type, required);
+    empty when the key subject's latest schema gives them."""
 
     type: str = "json"
     registry_url: str | None = None
     subject_strategy: str = "topic_name"
     record_name: str | None = None
+    columns: tuple[tuple[str, str, bool], ...] = ()
 
     @property
     def uses_registry(self) -> bool:
@@ -71,5 +75,32 @@ def parse_format(decl, where: str, field: str) -> FormatSpec:
         decl = FormatDecl(type=decl)
     if decl.subject_strategy != "topic_name" and not decl.record_name:
         raise ConfigError(f"{where}: {field}.subject_strategy {decl.subject_strategy} needs {field}.record_name")
+    if decl.columns is not None and field != "key_format":
+        raise ConfigError(f"{where}: {field}.schema is only for key_format; the value's columns are the table's schema")
     return FormatSpec(decl.type, decl.registry_url, decl.subject_strategy, decl.record_name)
+
+
+def parse_key_format(decl, where: str) -> FormatSpec | None:
+    """The ``key_format`` of table declaration ``decl`` (a ``TableDecl``), or None when undeclared.
+
+    Raises:
+        ConfigError: as :func:`parse_format`; a ``json`` key without ``schema``; a key field of an
+            unsupported type; ``mode: upsert`` (its key comes from ``key:`` columns, docs/cdc.md).
+    """
+    from types import SimpleNamespace
+
+    from kafka_iceberg.spec import _columns
+
+    if decl.key_format is None:
+        return None
+    fmt = parse_format(decl.key_format, where, "key_format")
+    raw = decl.key_format if isinstance(decl.key_format, FormatDecl) else None
+    declared = raw.columns if raw is not None else None
+    if decl.mode == "upsert":
+        raise ConfigError(f"{where}: key_format is not supported with mode: upsert (the key is the key: columns)")
+    if fmt.type == "json" and not declared:
+        raise ConfigError(f"{where}: key_format json needs key_format.schema (the key's fields)")
+    cols = _columns(SimpleNamespace(columns=declared or ()), f"{where} key_format")
+    return FormatSpec(fmt.type, fmt.registry_url, fmt.subject_strategy, fmt.record_name,
+                      tuple((c.name, c.spark_type, c.required) for c in cols))
 

@@ -34,7 +34,7 @@ from kafka_iceberg.declaration import (
 )
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.declaration import parse_duration_s
-from kafka_iceberg.format_spec import REGISTRY_FORMATS, VALUE_FORMATS, FormatSpec, parse_format  # noqa: F401 (re-exported)
+from kafka_iceberg.format_spec import REGISTRY_FORMATS, VALUE_FORMATS, FormatSpec, parse_format, parse_key_format  # noqa: F401
 from kafka_iceberg.retention import RetentionPolicy
 
 # Declared type -> Spark SQL type. Spark's Iceberg writer maps these to Iceberg types
@@ -294,7 +294,7 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
     if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
         raise ConfigError(f"{where}: identifier {identifier!r} must be namespace.table in lower_snake_case")
     fmt = parse_format(decl.format, where, "format")
-    key_format = None if decl.key_format is None else parse_format(decl.key_format, where, "key_format")
+    key_format = parse_key_format(decl, where)
     from_registry = decl.columns == "from_registry"
     if from_registry and not fmt.uses_registry:
         raise ConfigError(f"{where}: schema: from_registry needs a registry format (avro, protobuf or json_schema)")

@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from kafka_iceberg.format_spec import KEY_PARSED
 from kafka_iceberg.spec import IDENTIFIER, KAFKA_COLUMNS, TableSpec
 
 _CORRUPT = "_corrupt_record"
@@ -82,7 +83,7 @@ class NewField:
 
 def value_columns(table_schema: T.StructType) -> list[ValueColumn]:
     """The table's value columns (every column but the Kafka metadata ones), from its Spark schema."""
-    kafka = {name for name, _ in KAFKA_COLUMNS.values()}
+    kafka = {name for name, _ in KAFKA_COLUMNS.values()} | {KEY_PARSED}
     return [ValueColumn(f.name, f.dataType.simpleString(), not f.nullable) for f in table_schema.fields if f.name not in kafka]
 
 
@@ -164,6 +165,7 @@ def table_rows(classified: DataFrame, spec: TableSpec, columns: list[ValueColumn
     }
     out = [F.col(f"j.`{c.name}`").alias(c.name) for c in columns]
     out += [kafka[k].alias(spec.kafka_column(k)) for k in spec.kafka_columns]
+    out += [F.col("_key").alias(KEY_PARSED)] if spec.key_format is not None else []  # batch.keys.parse_keys
     return classified.where(F.col(PROBLEM).isNull()).select(*out)
 
 

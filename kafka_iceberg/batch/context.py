@@ -114,6 +114,10 @@ class Lake:
         else:
             self.retry(f"table {spec.identifier}: create or check the table",
                        lambda: ensure_table(self.spark, self.settings, spec))
+        if spec.key_format is not None:
+            from kafka_iceberg.batch.keys import ensure_key_column
+
+            ensure_key_column(self, spec)
         if spec.bad_records.policy == "quarantine":
             self.ensure_dead_letter_table(spec)
         _ENSURED.add(key)

@@ -17,11 +17,12 @@ import logging
 
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.catalog import create_table, qualified, table_ddl
+from kafka_iceberg.format_spec import KEY_PARSED
 from kafka_iceberg.settings import Settings
 from kafka_iceberg.spec import KAFKA_COLUMNS, TableSpec
 
 log = logging.getLogger(__name__)
-_KAFKA_NAMES = {name for name, _ in KAFKA_COLUMNS.values()}
+_KAFKA_NAMES = {name for name, _ in KAFKA_COLUMNS.values()} | {KEY_PARSED}
 
 
 def value_schema(schema):

@@ -33,20 +33,28 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
         LakeError: a record outside its planned range (a reader bug).
         DataLossError, ReadTimeoutError (wrapped in a Spark error; see ``errors.from_task_exception``).
     """
-    raw = raw_records(lake, spec.identifier, plan.offsets).persist()
-    classified = None
+    records = raw = raw_records(lake, spec.identifier, plan.offsets).persist()
+    classified = keyed = None
     try:
+        if spec.key_format is not None:  # the key first: docs/tables.md#parsed-keys
+            from kafka_iceberg.batch.keys import parse_keys
+
+            keyed = raw = parse_keys(lake, spec, records).persist()
         schema_ids = {}
         if spec.format.uses_registry:
             from kafka_iceberg.batch.formats import classify_registry
 
             classified, changes, schema_ids = classify_registry(lake, spec, raw, commit_id)
-            classified = classified.persist()
             columns = tuple(_value_columns(lake, plan.target.identifier))
         else:
             changes = evolve_schema(lake, spec, raw, commit_id) if spec.unknown_fields == "evolve" else ()
             columns = tuple(_value_columns(lake, plan.target.identifier))
-            classified = _classify(raw, spec, list(columns)).persist()
+            classified = _classify(raw, spec, list(columns))
+        if keyed is not None:
+            from kafka_iceberg.batch.keys import with_key_problem
+
+            classified = with_key_problem(classified)
+        classified = classified.persist()
         stats = partition_stats(classified)
         check_read(plan.offsets, stats)
         kinds = quarantine_kinds(classified) if any(s.quarantined for s in stats) else {}
@@ -58,7 +66,9 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
             classified.unpersist()
         raise
     finally:
-        raw.unpersist()
+        records.unpersist()
+        if keyed is not None:
+            keyed.unpersist()
 
 
 def _classify(raw, spec: TableSpec, columns: list):

@@ -5,7 +5,8 @@ fields match by name, nested structs field by field, list elements and map value
 
 =============  ==========================================================================
 ``none``       the writer fits the table as it is (a narrower writer type, such as int for
-               a long column, or an optional column the writer lacks, is fine)
+               a long column, uuid for a string column, fixed for a binary one, or an
+               optional column the writer lacks, is fine)
 ``evolvable``  the writer has fields the table lacks (top-level or nested): with
                ``unknown_fields: evolve`` each becomes a new optional column
 ``promotion``  a column needs an Iceberg type promotion: int -> long, float -> double,
@@ -21,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
-from pyiceberg.types import (DecimalType, DoubleType, FloatType, IcebergType, IntegerType, ListType, LongType,
-                             MapType, NestedField, PrimitiveType, StructType)
+from pyiceberg.types import (BinaryType, DecimalType, DoubleType, FixedType, FloatType, IcebergType, IntegerType,
+                             ListType, LongType, MapType, NestedField, PrimitiveType, StringType, StructType, UUIDType)
 
 ORDER = ("none", "evolvable", "promotion", "blocked")
 
@@ -53,12 +54,17 @@ class Evolution:
         return [c for c in self.changes if c.kind == kind]
 
 
+_AS_SPARK_STORES = {(UUIDType, StringType), (FixedType, BinaryType)}
+"""(writer, table) pairs that fit: a table created through Spark holds ``uuid`` as ``string`` and
+``fixed`` as ``binary``, which is how the decoders carry them (docs/tables.md#type-mapping)."""
+
+
 def _promotion(table: IcebergType, writer: IcebergType) -> str | None:
     """'fits', 'promote' or None (blocked) for two primitive types."""
     if table == writer:
         return "fits"
     pairs = {(IntegerType, LongType), (FloatType, DoubleType)}
-    if (type(writer), type(table)) in pairs:
+    if (type(writer), type(table)) in pairs | _AS_SPARK_STORES:
         return "fits"  # the table's type is wider: values widen when written
     if (type(table), type(writer)) in pairs:
         return "promote"
