@@ -35,8 +35,9 @@ LEADER_MOVED = (
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.FENCED_LEADER_EPOCH,
     KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError._NOENT,  # librdkafka: "Failed to query partition leaders: No leaders found" (none elected yet)
 )
-"""Partition errors that mean "ask the partition's new leader": the request is sent again."""
+"""ListOffsets errors that mean "the partition's leader is moving, ask its new leader": sent again."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,15 @@ class KafkaMetadata:
                     raise
                 log.info("list offsets of %s: a partition leader moved (%s); asking again", topic, err.name())
                 time.sleep(0.2)
+                self._refresh_metadata(topic)
+
+    def _refresh_metadata(self, topic: str) -> None:
+        """Ask the cluster for ``topic``'s partition leaders now (librdkafka's admin client can
+        otherwise keep answering from a cache that names no leader, for seconds)."""
+        try:
+            self.admin.list_topics(topic, timeout=min(5.0, self.config.timeout_s))
+        except KafkaException as exc:  # the next request reports what is wrong
+            log.debug("metadata refresh of %s failed: %s", topic, exc)
 
     def watermarks(self, topic: str, partitions: list[int] | None = None) -> dict[int, Watermarks]:
         """Low watermark (log start offset) and high watermark (last stable offset) per partition."""

@@ -7,6 +7,7 @@ reports (:func:`devtools.rehearsal.reconcile`).
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -38,6 +39,24 @@ def test_the_mock_cluster_serves_what_the_write_path_asks_for(cluster, unique):
     assert kafka.group_offsets("g", topic) == {0: 0, 2: 0}  # OffsetFetch of named partitions
     with pytest.raises(LakeError, match="DescribeConfigs"):  # the retention sensor's call: a clear error
         kafka.retention_ms(topic)
+
+
+def test_watermarks_are_asked_again_while_leaders_move(cluster, unique, caplog):
+    topic = f"events.{unique}"
+    cluster.create_topic(topic, 3, 3)
+    kafka = KafkaMetadata(KafkaConfig(cluster.bootstrap_servers, {}, 10))
+    mover = LeaderMover(cluster, topic, 3, interval_s=0.05, replace_every=10, detect_s=0.2, down_s=0.5)
+    mover.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="kafka_iceberg.kafka_client"):
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:  # a failure raises BrokerUnavailableError here
+                assert set(kafka.watermarks(topic)) == {0, 1, 2}
+                time.sleep(0.02)
+    finally:
+        mover.stop()
+    assert mover.rounds and mover.replacements and not mover.errors
+    assert any("a partition leader moved" in r.getMessage() for r in caplog.records), "no request hit a moved leader"
 
 
 def test_a_micro_batch_while_every_leader_moves_and_a_broker_is_replaced(spark, lake_env, catalog, cluster, unique):
