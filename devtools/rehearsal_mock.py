@@ -24,7 +24,7 @@ from kafka_iceberg.spec import parse_table_spec
 class LeaderMover(threading.Thread):
     """Moves the leader of every partition of ``topic`` to another live broker every
     ``interval_s`` seconds (a *round*) until :meth:`stop`. Every ``replace_every``-th round
-    (0: never) replaces a broker instead: the leader of one partition (in turn) goes down, ``detect_s`` later
+    (0: never) replaces a broker instead: one of the current leaders (each in turn) goes down, ``detect_s`` later
     its partitions are led by live brokers (as the controller would elect), and ``down_s`` later
     it comes back up, leading nothing until a later round moves leaders onto it.
 
@@ -61,7 +61,8 @@ class LeaderMover(threading.Thread):
             self.leader[p] = nxt
 
     def _replace(self) -> None:
-        victim = self.leader[len(self.replacements) % self.partitions]
+        leaders = sorted(set(self.leader.values()))
+        victim = leaders[len(self.replacements) % len(leaders)]
         self.cluster.broker_down(victim)
         down_at = time.monotonic()
         self._halt.wait(self.detect_s)
