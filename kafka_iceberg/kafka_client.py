@@ -8,6 +8,7 @@ of open transactions are never planned.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -25,6 +26,18 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
 from kafka_iceberg.planning import Watermarks
+
+
+log = logging.getLogger(__name__)
+
+LEADER_MOVED = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,  # NOT_LEADER_OR_FOLLOWER
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError._NOENT,  # librdkafka: "Failed to query partition leaders: No leaders found" (none elected yet)
+)
+"""ListOffsets errors that mean "the partition's leader is moving, ask its new leader": sent again."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +105,35 @@ class KafkaMetadata:
         return sorted(p.id for p in desc.partitions)
 
     def _list_offsets(self, topic: str, partitions: list[int], spec_of) -> dict[int, int]:
+        """ListOffsets of ``partitions``, sent again while a partition's leader is moving (a leader
+        election, a broker replaced or restarted: ``NOT_LEADER_OR_FOLLOWER`` and its kin), for at
+        most ``config.timeout_s`` seconds; then :class:`BrokerUnavailableError`."""
         if not partitions:
             return {}
         request = {TopicPartition(topic, p): spec_of(p) for p in partitions}
-        futures = self.admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.config.timeout_s
-        )
-        return {tp.partition: info.offset for tp, info in self._wait(futures, f"list offsets of {topic}").items()}
+        deadline = time.monotonic() + self.config.timeout_s
+        while True:
+            futures = self.admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.config.timeout_s
+            )
+            try:
+                done = self._wait(futures, f"list offsets of {topic}")
+                return {tp.partition: info.offset for tp, info in done.items()}
+            except BrokerUnavailableError as exc:
+                err = exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) and exc.__cause__.args else None
+                if not (isinstance(err, KafkaError) and err.code() in LEADER_MOVED) or time.monotonic() > deadline:
+                    raise
+                log.info("list offsets of %s: a partition leader moved (%s); asking again", topic, err.name())
+                time.sleep(0.2)
+                self._refresh_metadata(topic)
+
+    def _refresh_metadata(self, topic: str) -> None:
+        """Ask the cluster for ``topic``'s partition leaders now (librdkafka's admin client can
+        otherwise keep answering from a cache that names no leader, for seconds)."""
+        try:
+            self.admin.list_topics(topic, timeout=min(5.0, self.config.timeout_s))
+        except KafkaException as exc:  # the next request reports what is wrong
+            log.debug("metadata refresh of %s failed: %s", topic, exc)
 
     def watermarks(self, topic: str, partitions: list[int] | None = None) -> dict[int, Watermarks]:
         """Low watermark (log start offset) and high watermark (last stable offset) per partition."""
@@ -136,12 +171,17 @@ class KafkaMetadata:
             raise BrokerUnavailableError(f"commit offsets of group {group}: {exc}") from exc
         self._wait(futures, f"commit offsets of group {group}")
 
-    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
-        """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent)."""
+    def group_offsets(self, group: str, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
+        """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent).
+
+        Asks for ``topic``'s partitions by name (default: all of them, one metadata request), not
+        for "every partition of the group": brokers that do not implement the all-partitions form
+        (librdkafka's mock cluster) would otherwise answer with no offsets at all.
+        """
+        partitions = self.partitions(topic) if partitions is None else partitions
+        wanted = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
         try:
-            futures = self.admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group)], request_timeout=self.config.timeout_s
-            )
+            futures = self.admin.list_consumer_group_offsets([wanted], request_timeout=self.config.timeout_s)
         except KafkaException as exc:
             raise BrokerUnavailableError(f"list offsets of group {group}: {exc}") from exc
         result = self._wait(futures, f"list offsets of group {group}")[group]

@@ -101,7 +101,7 @@ def mirror_group(lake: Lake, plan: WritePlan, offsets: Mapping[int, int], only_i
     if group is None or not offsets:
         return None
     try:
-        if only_if_different and lake.kafka.group_offsets(group, topic) == dict(offsets):
+        if only_if_different and lake.kafka.group_offsets(group, topic, sorted(offsets)) == dict(offsets):
             return None
         lake.kafka.commit_group_offsets(group, topic, dict(offsets))
     except LakeError as exc:
