@@ -6,6 +6,7 @@ Run by ``make bench`` (``BENCH_ARGS="--records 200000"`` to pass flags)::
     .venv/bin/python scripts/bench.py [--records N] [--skip-snapshots] [--snapshot-levels 10,100,1000]
                                       [--commit-batch 1000] [--dup-factor 10] [--skip-dup-scale] [--keep]
     .venv/bin/python scripts/bench.py --freshness [--minutes 8] [--rate 200]
+    .venv/bin/python scripts/bench.py --scale
 
 Everything runs against fresh, private state: its own noida-db dev broker on a free port,
 and its own ``LAKE_HOME`` (SQLite catalog + warehouse), both under ``/tmp/bench-*``, removed
@@ -19,6 +20,9 @@ at the end unless ``--keep``. It prints figures; it never asserts.
 4. Flat in history: (4a) a 1,000-record micro-batch at 10, 100 and 1,000 snapshots
    (devtools/bench_history.py); (4b) ``duplicate_free`` at N and ``--dup-factor`` x N rows.
 5. Memory: peak RSS of the driver JVM and the Python workers during the N/10- and N-record batches.
+6. Scale (first, under a minute; ``--skip-scale`` skips it, ``--scale`` runs only it): the code
+   location of 100 generated tables loads in under 10 s, and one lag-sensor tick over 100 tables
+   against the dev broker takes under 5 s (devtools/bench_scale.py, shared with tests/test_scale.py).
 """
 
 from __future__ import annotations
@@ -153,6 +157,8 @@ def run(args, tmp: Path, summary: dict) -> None:
     kafka = KafkaMetadata(config)
     df = demo_data.load_frame("flights")
 
+    if not args.skip_scale:
+        run_scale_section(tmp, summary)
     summary["a"] = part_a(config, kafka, df, n)
     ref_spec = flights_spec("bench_ref", "bench.ref", TOPIC, n)
     summary["ref"] = single_core_reference(config, TOPIC, sorted(summary["a"]["high"]), ref_spec, tmp / "reference")
@@ -190,10 +196,6 @@ def run(args, tmp: Path, summary: dict) -> None:
     if not args.skip_dup_scale:
         summary["dup"] = dup_free_scaling(spark, settings, catalog, summary["b"]["spec"], n, args.dup_factor)
 
-
-def _mib(b: int) -> str:
-    return f"{b / 2**20:,.0f} MiB"
-
     section("(d) upsert: a 10% update / 2% delete micro-batch of change events (cdc_bench)")
     from devtools import cdc_bench
 
@@ -203,10 +205,24 @@ def _mib(b: int) -> str:
         f"{d['delete_files']} delete files")
 
 
+def run_scale_section(tmp: Path, summary: dict) -> None:
+    """(6) a hundred tables in one deployment (devtools/bench_scale.py): the code location's load
+    time and one lag-sensor tick over 100 tables against the benchmark's dev broker."""
+    from devtools.bench_scale import N_TABLES, run_scale
+
+    section(f"(6) scale: {N_TABLES} tables in one deployment (devtools/bench_scale.py)")
+    summary["scale"] = run_scale(tmp / "scale", summary["settings"], say)
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2**20:,.0f} MiB"
+
+
 def print_summary(args, summary: dict, started: float) -> None:
     section("summary (goal: figure  |  reference or goal)")
     settings = summary.get("settings")
-    say(f"records N                      {args.records:,}")
+    if not args.scale:
+        say(f"records N                      {args.records:,}")
     if "a" in summary and "b" in summary and "ref" in summary:
         a, b, c = summary["a"], summary["b"], summary["ref"]
         say("1 throughput")
@@ -220,7 +236,8 @@ def print_summary(args, summary: dict, started: float) -> None:
         say("2 fixed cost (warm session, medians)")
         say(f"  no-op micro-batch            {f['noop_s']:>6.2f} s, {f['noop_jobs']} Spark jobs   |  goal <= 3 s, 0 jobs")
         say(f"  1,000-record micro-batch     {f['small_s']:>6.2f} s                |  goal <= 1.5 s")
-    say("3 freshness                    run `scripts/bench.py --freshness` (a mode of its own)")
+    if not args.scale:
+        say("3 freshness                    run `scripts/bench.py --freshness` (a mode of its own)")
     rows = summary.get("c", [])
     if rows:
         say("4 flat in history")
@@ -244,6 +261,13 @@ def print_summary(args, summary: dict, started: float) -> None:
         if b10 and b10["jvm_peak"] and b10["workers_peak"]:
             say(f"  ratio 10x records: JVM {rate(b['jvm_peak'], b10['jvm_peak']):.2f}, workers "
                 f"{rate(b['workers_peak'], b10['workers_peak']):.2f}  |  goal: far below 10")
+    if "scale" in summary:
+        from devtools.bench_scale import LOAD_GOAL_S, N_TABLES, TICK_GOAL_S
+
+        sc = summary["scale"]
+        say(f"6 scale ({N_TABLES} tables)")
+        say(f"  code location load           {sc['load_s']:>6.2f} s                |  goal < {LOAD_GOAL_S:.0f} s")
+        say(f"  one lag-sensor tick          {sc['tick_s']:>6.2f} s                |  goal < {TICK_GOAL_S:.0f} s")
     if "d" in summary:
         d = summary["d"]
         say(f"(d) upsert, 10% upd / 2% del   {d['changes_per_s']:>10,} changes/s  ({d['changes']:,} changes to a "
@@ -267,6 +291,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--format-records", type=int, default=20_000,
                     help="records per format in the Avro/Protobuf/JSON Schema decode rates (0 skips them)")
     ap.add_argument("--skip-dup-scale", action="store_true", help="skip goal 4b")
+    ap.add_argument("--skip-scale", action="store_true", help="skip goal 6, the 100-table load and lag tick")
+    ap.add_argument("--scale", action="store_true", help="goal 6 only: the 100-table load and lag tick (under a minute)")
     ap.add_argument("--freshness", action="store_true", help="goal 3 only: steady load under the Dagster daemon")
     ap.add_argument("--minutes", type=float, default=8.0, help="--freshness: minutes of load (default 8)")
     ap.add_argument("--rate", type=int, default=200, help="--freshness: records/s produced (default 200)")
@@ -294,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             from devtools.bench_freshness import run_freshness
 
             summary["freshness"] = run_freshness(args, tmp, summary["settings"])
+        elif args.scale:
+            run_scale_section(tmp, summary)
         else:
             run(args, tmp, summary)
     except Exception as exc:

@@ -1,7 +1,8 @@
 """A hundred tables in one deployment: the code location loads them as 100 table assets, and one
 tick of the lag sensors over all of them runs against the dev broker.
 
-Timings are printed (``-s`` shows them; docs/deployment.md records them), never asserted.
+Timings are printed (``-s`` shows them; docs/deployment.md records them; ``make bench`` prints
+them next to their goals with the same code, devtools/bench_scale.py), never asserted.
 """
 
 from __future__ import annotations
@@ -9,52 +10,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import pytest
-import yaml
-from confluent_kafka.admin import AdminClient, NewTopic
-from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetKey, SensorResult
 
+from devtools import bench_scale
 from kafka_iceberg.spec import load_table_specs
-from resources import default_resources
-from sensors.lag import lag_sensor
-from tests.helpers import EVENT_SCHEMA, event_records
+from tests.helpers import event_records
 from tests.spark_cluster import free_port, produce
 
-CHECKOUT = Path(__file__).resolve().parents[1]
-N_TABLES = 100
-
-LOAD = """
-import json, time
-t0 = time.perf_counter()
-from lake_assets.definitions import defs
-graph = defs.resolve_asset_graph()
-keys = [k.path for k in graph.get_all_asset_keys()]
-sensors = defs.resolve_all_job_defs() and list(defs.sensors or [])
-print(json.dumps({"seconds": time.perf_counter() - t0, "table_assets": sum(1 for p in keys if p[:2] == ["lake", "scale"]),
-                  "other_assets": sorted("/".join(p) for p in keys if p[0] != "kafka" and p[:2] != ["lake", "scale"]),
-                  "sensors": len(sensors), "jobs": sorted(j.name for j in defs.resolve_all_job_defs())}))
-"""
-
-
-def hundred_tables(path: Path, prefix: str, n: int = N_TABLES) -> Path:
-    """Write a tables file declaring ``n`` tables ``scale.<prefix>_NNN`` on topics ``scale.<prefix>.NNN``."""
-    tables = [{"name": f"{prefix}_{i:03d}", "identifier": f"scale.{prefix}_{i:03d}", "topic": f"scale.{prefix}.{i:03d}",
-               "schema": EVENT_SCHEMA, "partition_by": ["days(event_time)"]} for i in range(n)]
-    path.write_text(yaml.safe_dump({"defaults": {"freshness": {"max_snapshot_age": "1d"}}, "tables": tables}))
-    return path
+N_TABLES = bench_scale.N_TABLES
+hundred_tables = bench_scale.hundred_tables
 
 
 def _load_code_location(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", LOAD], env=env, cwd=CHECKOUT, capture_output=True, text=True, timeout=300)
+    return bench_scale.load_code_location(env)
 
 
 def _env(tmp_path: Path, tables: Path, **extra) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
-            "LAKE_HOME": str(tmp_path / "lake"), "LAKE_TABLES_FILE": str(tables),
+    return {**os.environ, "LAKE_HOME": str(tmp_path / "lake"), "LAKE_TABLES_FILE": str(tables),
             "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",  # nothing listens: the broker is down
             **extra}
 
@@ -96,19 +70,11 @@ def test_code_location_loads_with_the_catalog_down(tmp_path):
 
 def test_one_lag_sensor_tick_over_hundred_tables(settings, broker, kafka_config, tmp_path, unique):
     specs = load_table_specs(hundred_tables(tmp_path / "tables.yaml", unique))
-    admin = AdminClient(kafka_config.client_conf())
-    futures = admin.create_topics([NewTopic(s.topic, 2, 1, config={"retention.ms": "-1"}) for s in specs])
-    for fut in futures.values():
-        fut.result(timeout=60)
+    bench_scale.create_topics(kafka_config, specs)
     for spec in specs[:10]:
         produce(kafka_config, spec.topic, event_records(range(20)))
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog", "slack")}
-    instance = DagsterInstance.ephemeral()
-    sensors = [lag_sensor(spec) for spec in specs]
 
-    started = time.perf_counter()
-    results = [s(build_sensor_context(instance=instance, resources=resources)) for s in sensors]
-    seconds = time.perf_counter() - started
+    seconds, results = bench_scale.lag_tick(settings, specs)
     print(f"\nlag sensor tick over {len(specs)} tables: {seconds:.2f} s ({1000 * seconds / len(specs):.0f} ms per table)")
     assert all(isinstance(r, SensorResult) for r in results)
     observed = [r.asset_events[0].metadata for r in results]
