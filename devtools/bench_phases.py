@@ -51,7 +51,7 @@ def _round(spark, settings, config, kafka, catalog, n: int, i: int, parser: str 
 
 def spark_jobs_since(spark, after: int) -> list[tuple[int, str, float]]:
     """(job id, call site, seconds) of the Spark jobs with an id above ``after``, from Spark's
-    monitoring REST API (the driver's UI port); [] when the UI is off."""
+    monitoring REST API (the driver's UI port); [] when the UI is off or does not answer."""
     import json
     import urllib.request
     from datetime import datetime
@@ -59,8 +59,12 @@ def spark_jobs_since(spark, after: int) -> list[tuple[int, str, float]]:
     sc = spark.sparkContext
     if not sc.uiWebUrl:
         return []
-    with urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/jobs", timeout=10) as resp:
-        jobs = json.loads(resp.read())
+    try:
+        with urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/jobs", timeout=60) as resp:
+            jobs = json.loads(resp.read())
+    except OSError as exc:  # a busy driver may not answer: the figures do not depend on it
+        say(f"    (Spark jobs not listed: {exc})")
+        return []
 
     def ts(text: str) -> float:
         return datetime.strptime(text.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
