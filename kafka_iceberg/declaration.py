@@ -111,12 +111,13 @@ class MaintenanceDecl(_Section):
     compact: str = "0 2 * * *"
     expire: str = "0 3 * * *"
     remove_orphans: str = "0 4 * * 0"
+    full_check: str = "0 5 * * *"
     retain_last: int = Field(100, ge=1)
     max_snapshot_age: Duration = "7d"
     orphan_older_than: Duration = "3d"
     target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1)
 
-    v_c = field_validator("compact", "expire", "remove_orphans")(check_cron)
+    v_c = field_validator("compact", "expire", "remove_orphans", "full_check")(check_cron)
     v_d = field_validator("max_snapshot_age", "orphan_older_than")(_duration)
 
 

@@ -18,6 +18,7 @@ import time
 from typing import Iterator, Mapping
 
 import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
 
 RAW_SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, "
@@ -182,14 +183,65 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
     return position, False
 
 
-def make_task_reader(conf: Mapping[str, object], table: str, timeout_s: float):
+def make_task_reader(conf: Mapping[str, object], table: str, timeout_s: float, parser=None, stats=None):
     """Build the ``mapInArrow`` function: input batches of (topic, partition, start, end)
-    rows, output batches in :data:`RAW_SCHEMA_DDL`."""
+    rows, output batches in :data:`RAW_SCHEMA_DDL`; with ``parser`` (a
+    :class:`kafka_iceberg.arrow_json.Parser`) each batch also carries ``j`` and ``_arrow``
+    (:func:`kafka_iceberg.arrow_json.j_ddl`), parsed in the task. With ``stats`` (a Spark
+    accumulator of :class:`PieceStatsParam`) each range piece adds its :class:`PieceStats`."""
     conf = dict(conf)
 
     def read_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for row in batch.to_pylist():
-                yield from read_range(conf, table, row["topic"], row["partition"], row["start"], row["end"], timeout_s)
+                tally = PieceStats(row["partition"])
+                for raw in read_range(conf, table, row["topic"], row["partition"], row["start"], row["end"], timeout_s):
+                    out = raw if parser is None else parser.parse_batch(raw)
+                    tally.add(out)
+                    yield out
+                if stats is not None:
+                    stats.add({(row["partition"], row["start"]): tally})
 
     return read_partition
+
+
+class PieceStats:
+    """What one read task saw of one range piece: records, the largest offset and record timestamp
+    (ms since epoch; None without records), key + value bytes, and records pyarrow parsed as good
+    (``_arrow``; 0 without a parser)."""
+
+    def __init__(self, partition: int):
+        self.partition, self.records, self.max_offset, self.max_timestamp_ms = partition, 0, -1, None
+        self.bytes = self.arrow_good = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        import pyarrow.compute as pc
+
+        if batch.num_rows == 0:
+            return
+        self.records += batch.num_rows
+        self.max_offset = max(self.max_offset, pc.max(batch.column("offset")).as_py())
+        ts = pc.max(batch.column("timestamp_ms")).as_py()
+        if ts is not None:
+            self.max_timestamp_ms = ts if self.max_timestamp_ms is None else max(self.max_timestamp_ms, ts)
+        for name in ("key", "value"):
+            self.bytes += pc.sum(pc.binary_length(batch.column(name))).as_py() or 0
+        if "_arrow" in batch.schema.names:
+            self.arrow_good += pc.sum(pc.cast(batch.column("_arrow"), pa.int64())).as_py() or 0
+
+
+class PieceStatsParam(AccumulatorParam):
+    """Accumulates ``{(partition, start offset): PieceStats}``; a piece reported twice (a retried
+    task) replaces itself instead of counting twice."""
+
+    def zero(self, value):
+        return {}
+
+    def addInPlace(self, value1, value2):  # noqa: N802 - PySpark's name
+        value1.update(value2)
+        return value1
+
+
+def stats_accumulator(spark):
+    """A new accumulator for :func:`make_task_reader`'s ``stats``."""
+    return spark.sparkContext.accumulator({}, PieceStatsParam())

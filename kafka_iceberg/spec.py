@@ -21,20 +21,13 @@ from pydantic import ValidationError
 
 from kafka_iceberg.cdc import UpsertSpec, upsert_spec
 from kafka_iceberg.declaration import (
-    BadRecordsDecl,
-    Defaults,
-    FormatDecl,
-    FreshnessDecl,
-    LagDecl,
-    MaintenanceDecl,
-    RetentionDecl,
-    TableDecl,
-    TablesFile,
-    describe,
+    BadRecordsDecl, Defaults, FormatDecl, FreshnessDecl, LagDecl, MaintenanceDecl, RetentionDecl, TableDecl, TablesFile,
+    describe, parse_duration_s,
 )
 from kafka_iceberg.errors import ConfigError
-from kafka_iceberg.declaration import parse_duration_s
-from kafka_iceberg.format_spec import REGISTRY_FORMATS, VALUE_FORMATS, FormatSpec, parse_format, parse_key_format  # noqa: F401
+from kafka_iceberg.format_spec import (  # noqa: F401 (re-exported)
+    REGISTRY_FORMATS, VALUE_FORMATS, FormatSpec, parse_format, parse_key_format,
+)
 from kafka_iceberg.retention import RetentionPolicy
 
 # Declared type -> Spark SQL type. Spark's Iceberg writer maps these to Iceberg types
@@ -133,7 +126,8 @@ class MaintenancePolicy:
 
     ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``;
     ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
-    the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``.
+    the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
+    ``full_check_cron``: the full-scan ``duplicate_free`` check (after a run it is incremental).
     """
 
     compact_cron: str = "0 2 * * *"
@@ -143,6 +137,7 @@ class MaintenancePolicy:
     max_snapshot_age_s: float = 7 * 86400.0
     orphan_older_than_s: float = 3 * 86400.0
     target_file_size_bytes: int = 128 * 1024 * 1024
+    full_check_cron: str = "0 5 * * *"
 
 @dataclass(frozen=True)
 class BadRecordPolicy:
@@ -216,7 +211,7 @@ def _maintenance(m: MaintenanceDecl, where: str) -> MaintenancePolicy:
         raise ConfigError(f"{where}: maintenance.orphan_older_than must be at least 24h (longer than any micro-batch)")
     return MaintenancePolicy(m.compact, m.expire, m.remove_orphans, m.retain_last,
                              parse_duration_s(m.max_snapshot_age, f"{where} maintenance.max_snapshot_age"),
-                             orphan_s, m.target_file_size_bytes)
+                             orphan_s, m.target_file_size_bytes, m.full_check)
 
 def _retention(r: RetentionDecl, where: str) -> RetentionPolicy:
     policy = RetentionPolicy(parse_duration_s(r.warn_headroom, where), parse_duration_s(r.error_headroom, where),

@@ -152,6 +152,20 @@ def classify(raw: DataFrame, spec: TableSpec, columns: list[ValueColumn]) -> Dat
     return parsed.withColumn(PROBLEM, F.expr(problem_expression(spec, columns)))
 
 
+def classify_parsed(read: DataFrame, spec: TableSpec, columns: list[ValueColumn]) -> DataFrame:
+    """Like :func:`classify`, for records the read task already parsed with pyarrow
+    (:mod:`kafka_iceberg.arrow_json`: ``j`` and ``_arrow``): a record pyarrow found good keeps its
+    ``j`` and no problem; every other one is parsed with ``from_json`` and classified by
+    :func:`problem_expression`, exactly as :func:`classify` would."""
+    fields = [(c.name, c.type) for c in columns] + [(_CORRUPT, "string")]
+    schema = ", ".join(f"`{n}` {t}" for n, t in fields)
+    spark_j = F.from_json(F.col("value").cast("string"), schema,
+                          {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+    arrow = F.col("_arrow")
+    parsed = read.withColumn("j", F.when(arrow, F.col("j")).otherwise(spark_j))
+    return parsed.withColumn(PROBLEM, F.when(~arrow, F.expr(problem_expression(spec, columns))))
+
+
 def table_rows(classified: DataFrame, spec: TableSpec, columns: list[ValueColumn]) -> DataFrame:
     """The good records of a :func:`classify` result as table rows: ``columns`` in order, then the
     table's Kafka metadata columns (``spec.kafka_columns``)."""
@@ -228,6 +242,7 @@ __all__ = [
     "NewField",
     "ValueColumn",
     "classify",
+    "classify_parsed",
     "dead_letter_rows",
     "new_fields",
     "problem_expression",

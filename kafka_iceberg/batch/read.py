@@ -11,14 +11,15 @@ import logging
 
 from pyspark.sql import functions as F
 
+from kafka_iceberg import arrow_json
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
 from kafka_iceberg.cdc import parse_changes
 from kafka_iceberg.errors import LakeError, MalformedRecordError
 from kafka_iceberg.planning import BatchPlan, split_ranges
-from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader
+from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.transform import PROBLEM, classify, new_fields, value_columns
+from kafka_iceberg.transform import PROBLEM, classify, classify_parsed, new_fields, value_columns
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> ReadBatch:
     """Read, evolve the schema if declared, classify and count the planned records.
 
+    JSON tables whose columns pyarrow can parse (:func:`kafka_iceberg.arrow_json.supported`),
+    without schema evolution, upserts or a ``key_format``, are parsed in the read task (``LAKE_JSON_PARSER=arrow``,
+    the default); the others with Spark's ``from_json``. The classification is the same.
     The returned ``classified`` frame is persisted; the caller unpersists it.
 
     Raises:
@@ -33,6 +37,11 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
         LakeError: a record outside its planned range (a reader bug).
         DataLossError, ReadTimeoutError (wrapped in a Spark error; see ``errors.from_task_exception``).
     """
+    if lake.settings.json_parser == "arrow" and spec.upsert is None and spec.unknown_fields != "evolve" \
+            and not spec.format.uses_registry and spec.key_format is None:
+        columns = tuple(_value_columns(lake, plan.target.identifier))
+        if arrow_json.supported(columns):
+            return _read_parsed(lake, spec, plan, columns)
     records = raw = raw_records(lake, spec.identifier, plan.offsets).persist()
     classified = keyed = None
     try:
@@ -55,12 +64,7 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
 
             classified = with_key_problem(classified)
         classified = classified.persist()
-        stats = partition_stats(classified)
-        check_read(plan.offsets, stats)
-        kinds = quarantine_kinds(classified) if any(s.quarantined for s in stats) else {}
-        if kinds and spec.bad_records.policy == "fail":
-            raise first_bad_record(spec, classified)
-        return ReadBatch(classified, columns, stats, kinds, tuple(changes), schema_ids)
+        return _counted(spec, plan, classified, columns, tuple(changes), schema_ids)
     except BaseException:
         if classified is not None:
             classified.unpersist()
@@ -71,6 +75,51 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
             keyed.unpersist()
 
 
+def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -> ReadBatch:
+    """The pyarrow path: one Spark job (a ``noop`` write) reads, parses and caches the records;
+    the read tasks report per-piece statistics through an accumulator. Only when some record was
+    not parsed good by pyarrow does a second job over the cache count the bad ones per partition."""
+    parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
+    stats = stats_accumulator(lake.spark)
+    read = raw_records(lake, spec.identifier, plan.offsets, parser, stats)
+    classified = classify_parsed(read, spec, list(columns)).persist()
+    try:
+        classified.write.format("noop").mode("overwrite").save()
+        pieces = list(stats.value.values())
+        if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
+            return _counted(spec, plan, classified, columns, (), {})
+        check_read(plan.offsets, piece_totals(pieces))
+        return ReadBatch(classified, columns, piece_totals(pieces), {}, (), {})
+    except BaseException:
+        classified.unpersist()
+        raise
+
+
+def piece_totals(pieces) -> tuple[PartitionStats, ...]:
+    """Per-partition :class:`PartitionStats` (none quarantined) of the read tasks' ``PieceStats``;
+    partitions without records are left out, as :func:`partition_stats` leaves them out."""
+    by_partition: dict[int, list] = {}
+    for piece in pieces:
+        if piece.records:
+            by_partition.setdefault(piece.partition, []).append(piece)
+    out = []
+    for p, mine in sorted(by_partition.items()):
+        stamps = [x.max_timestamp_ms for x in mine if x.max_timestamp_ms is not None]
+        out.append(PartitionStats(p, sum(x.records for x in mine), 0, max(x.max_offset for x in mine),
+                                  max(stamps) if stamps else None, sum(x.bytes for x in mine)))
+    return tuple(out)
+
+
+def _counted(spec: TableSpec, plan: WritePlan, classified, columns: tuple, changes: tuple, schema_ids) -> ReadBatch:
+    """The read batch of ``classified`` with its statistics, checked against the plan."""
+    stats = partition_stats(classified)
+    check_read(plan.offsets, stats)
+    kinds = quarantine_kinds(classified) if any(s.quarantined for s in stats) else {}
+    if kinds and spec.bad_records.policy == "fail":
+        raise first_bad_record(spec, classified)
+    return ReadBatch(classified, columns, stats, kinds, changes, schema_ids)
+
+
 def _classify(raw, spec: TableSpec, columns: list):
     """Append tables: :func:`~kafka_iceberg.transform.classify`. Upsert tables: the records as
     change events (:func:`kafka_iceberg.cdc.parse_changes`), with the same ``_problem`` column."""
@@ -79,16 +128,18 @@ def _classify(raw, spec: TableSpec, columns: list):
     return parse_changes(raw, columns, list(spec.upsert.key), spec.upsert.cdc, reject_unknown=spec.unknown_fields != "ignore")
 
 
-def raw_records(lake: Lake, table: str, offsets: BatchPlan):
-    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL`, one
-    task per range piece of at most ``max_records_per_task`` offsets."""
+def raw_records(lake: Lake, table: str, offsets: BatchPlan, parser: arrow_json.Parser | None = None, stats=None):
+    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL` (plus
+    ``j`` and ``_arrow`` with a ``parser``), one task per range piece of at most ``max_records_per_task``
+    offsets (one Spark partition per piece, without a shuffle). ``stats``: see
+    :func:`~kafka_iceberg.reader.make_task_reader`."""
     pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
     rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
-    ranges_df = lake.spark.createDataFrame(rows, "topic STRING, partition INT, start BIGINT, end BIGINT")
-    if rows:
-        ranges_df = ranges_df.repartition(len(rows))
-    reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s)
-    return ranges_df.mapInArrow(reader, RAW_SCHEMA_DDL)
+    ranges = lake.spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    ranges_df = lake.spark.createDataFrame(ranges, "topic STRING, partition INT, start BIGINT, end BIGINT")
+    reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats)
+    ddl = RAW_SCHEMA_DDL if parser is None else f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}"
+    return ranges_df.mapInArrow(reader, ddl)
 
 
 def partition_stats(classified) -> tuple[PartitionStats, ...]:

@@ -1,0 +1,77 @@
+"""Writes docs/benchmark-before-after.svg: throughput and freshness before and after, as plain SVG
+bars (matplotlib is not installed). The figures are the ones quoted in docs/benchmark.md; edit
+:data:`PANELS` when a new run replaces them, then run::
+
+    .venv/bin/python -m devtools.bench_plot [--out docs/benchmark-before-after.svg]
+"""
+
+from __future__ import annotations
+
+import argparse
+from html import escape
+from pathlib import Path
+
+# (panel title, unit, [(bar label, value, note)])
+PANELS = [
+    ("(b)/(a): end to end / raw consume in the same round, N = 200,000 (load 19-42)", "ratio, median (goal 0.30)", [
+        ("before: from_json, 2 caches, groupBy", 0.122, "3 rounds, 15:00 UTC"),
+        ("after, LAKE_JSON_PARSER=spark", 0.077, "4 rounds, paired"),
+        ("after, LAKE_JSON_PARSER=arrow", 0.158, "4 rounds, paired"),
+    ]),
+    ("1,000-record micro-batch on a warm session (load 24-33)", "seconds, median (goal 1.5)", [
+        ("before: from_json", 11.03, "5 batches, 7 Spark jobs"),
+        ("after, spark parser", 15.83, "4 batches, 6 jobs"),
+        ("after, arrow parser", 12.08, "4 batches, 4 jobs"),
+    ]),
+    ("Freshness p50 / p90 under 200 records/s (not re-measured this session)", "seconds (goal 10 / 20)", [
+        ("issue baseline p50 (quiet)", 29.4, "one run per micro-batch"),
+        ("issue baseline p90 (quiet)", 43.2, ""),
+        ("streaming runs p50 (load 31-34)", 272.2, "2026-11-23 13:10, 4 min"),
+        ("streaming runs p90 (load 31-34)", 325.4, ""),
+    ]),
+]
+COLORS = ("#7f8c8d", "#2e86c1", "#a04000", "#1e8449")
+
+
+def panel_svg(y0: int, title: str, unit: str, bars: list, width: int) -> tuple[str, int]:
+    """One panel of horizontal bars starting at ``y0``; returns (SVG text, height in px)."""
+    label_w, bar_h, gap = 300, 22, 8
+    top = max([v for _, v, _ in bars if v is not None] or [1.0])
+    parts = [f'<text x="10" y="{y0 + 18}" font-size="15" font-weight="bold">{escape(title)}</text>',
+             f'<text x="10" y="{y0 + 36}" font-size="12" fill="#555">{escape(unit)}</text>']
+    y = y0 + 48
+    for i, (label, value, note) in enumerate(bars):
+        parts.append(f'<text x="10" y="{y + 16}" font-size="12">{escape(label)}</text>')
+        if value is None:
+            parts.append(f'<text x="{label_w}" y="{y + 16}" font-size="12" fill="#999">not measured ({escape(note)})</text>')
+        else:
+            w = max(1, int((width - label_w - 220) * value / top))
+            parts.append(f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar_h}" fill="{COLORS[i % len(COLORS)]}"/>')
+            parts.append(f'<text x="{label_w + w + 6}" y="{y + 16}" font-size="12">{value:g}'
+                         f'{"  (" + escape(note) + ")" if note else ""}</text>')
+        y += bar_h + gap
+    return "\n".join(parts), y - y0 + 12
+
+
+def render(panels: list, width: int = 900) -> str:
+    """The whole SVG document."""
+    body, y = [], 10
+    for title, unit, bars in panels:
+        svg, h = panel_svg(y, title, unit, bars, width)
+        body.append(svg)
+        y += h
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" font-family="sans-serif">\n'
+            f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmark-before-after.svg"))
+    args = ap.parse_args(argv)
+    Path(args.out).write_text(render(PANELS))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
