@@ -19,13 +19,15 @@ from resources import IcebergCatalogResource
 
 
 def result_metadata(result: maintenance.MaintenanceResult) -> dict:
-    """Observation metadata: live data files and bytes before/after, seconds, procedure output."""
+    """Observation metadata: live data files, bytes and delete files before/after, seconds, procedure output."""
     return {
         "procedure": MetadataValue.text(result.procedure),
         "data_files_before": MetadataValue.int(result.files_before),
         "data_files_after": MetadataValue.int(result.files_after),
         "data_bytes_before": MetadataValue.int(result.bytes_before),
         "data_bytes_after": MetadataValue.int(result.bytes_after),
+        "delete_files_before": MetadataValue.int(result.delete_files_before),
+        "delete_files_after": MetadataValue.int(result.delete_files_after),
         "seconds": MetadataValue.float(result.seconds),
         "procedure_output": MetadataValue.json(result.output),
     }
@@ -48,7 +50,8 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
                      lambda: metadata_view(load_table(catalog.load(), spec.identifier)))
         context.log.info(
             f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after}, "
-            f"bytes {result.bytes_before} -> {result.bytes_after}"
+            f"bytes {result.bytes_before} -> {result.bytes_after}, "
+            f"delete files {result.delete_files_before} -> {result.delete_files_after}"
         )
         context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result_metadata(result)))
 

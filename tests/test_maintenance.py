@@ -107,3 +107,103 @@ def test_remove_orphan_files_respects_its_safety_window(spark, settings, kafka, 
     assert not old.exists(), "an unreferenced file older than the window is removed"
     assert fresh.exists(), "a recent unreferenced file (a write in flight) is kept"
     assert live <= data_files_on_disk(settings, spec), "referenced files are never touched"
+
+
+def _produce_changes(kafka_config, topic: str, changes: dict[int, float | None]) -> None:
+    """Plain keyed upserts (``cdc: none``): key -> amount, None = tombstone (delete)."""
+    import json
+
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_config.client_conf())
+    for i, amount in changes.items():
+        value = None if amount is None else json.dumps(
+            {"id": i, "name": f"n{i}", "amount": amount, "event_time": "2023-11-14T10:00:00Z"}).encode()
+        producer.produce(topic, key=str(i).encode(), value=value)
+    assert producer.flush(30) == 0
+
+
+def _duck_rows(catalog, spec) -> dict:
+    from devtools import duck
+    from kafka_iceberg.catalog import load_table
+
+    scan = duck.scan_sql(load_table(catalog, spec.identifier).metadata_location)
+    return dict(duck.connect().execute(f"SELECT id, amount FROM {scan}").fetchall())
+
+
+def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    from kafka_iceberg import maintenance
+
+    topic = topic_factory(unique, partitions=1)
+    spec = make_spec(unique, topic, mode="upsert", key=["id"], cdc="none", partition_by=[],
+                     kafka_columns=["partition", "offset"],  # no headers list: see has_collection_columns
+                     maintenance={"retain_last": 1, "max_snapshot_age": "0s"})
+    fqn = f"{settings.catalog.name}.{spec.identifier}"
+    expected: dict[int, float] = {}
+
+    def batch(changes: dict[int, float | None]) -> None:
+        _produce_changes(kafka_config, topic, changes)
+        expected.update({i: a for i, a in changes.items() if a is not None})
+        for i in [i for i, a in changes.items() if a is None]:
+            expected.pop(i, None)
+        _ingest_in_batches(spark, settings, spec, kafka, catalog)
+
+    batch({i: float(i) for i in range(200)})
+    for r in range(6):  # updates and deletes: each MERGE writes position delete files
+        batch({**{i: i + 0.25 * (r + 1) for i in range(r * 30, r * 30 + 40)}, **{150 + r * 5 + k: None for k in range(3)}})
+    watermarks = {p: w.high for p, w in kafka.watermarks(topic).items()}
+    deletes = maintenance.live_delete_files(spark, fqn)
+    assert deletes >= 6
+    assert {r[0] for r in spark.sql(f"SELECT content FROM {fqn}.delete_files").collect()} == {1}
+    assert _duck_rows(catalog, spec) == expected
+
+    assert not maintenance.has_collection_columns(spark.table(fqn).schema)
+    combined = maintenance.rewrite_deletes(spark, settings.catalog.name, spec.identifier)
+    # file-scoped deletes (one data file each): rewritten, nothing to combine, none dangling yet
+    assert combined.output["rewritten_delete_files_count"] == deletes
+    assert combined.delete_files_before == deletes and combined.delete_files_after <= deletes
+    assert combined.files_after == combined.files_before  # data files untouched
+    assert _duck_rows(catalog, spec) == expected
+
+    compacted = _run_job(settings, spec, "compact")  # rewrite_data_files applies the deletes
+    assert compacted["delete_files_before"] == combined.delete_files_after
+    assert compacted["delete_files_after"] == 0 == maintenance.live_delete_files(spark, fqn)
+    assert compacted["data_files_after"] < compacted["data_files_before"]
+    assert _duck_rows(catalog, spec) == expected
+    assert {r["id"]: r["amount"] for r in table_rows(spark, settings, spec)} == expected
+
+    # the ingest state is read through the replace snapshots; expiry keeps it
+    view = current_view(catalog, spec)
+    ops = [s.summary.get("operation") for s in ancestors_of(view)][:2]
+    assert ops == ["replace", "replace"]
+    assert state_at(view.snapshots, view.main).offsets == watermarks
+    assert _run_job(settings, spec, "expire_snapshots")["procedure_output"]["retain_last"] >= 3
+    view = current_view(catalog, spec)
+    assert state_at(view.snapshots, view.main).offsets == watermarks
+
+    # exactly-once continues: more changes after maintenance, each applied once
+    batch({1: 99.0, 2: None, 500: 5.0})
+    assert _duck_rows(catalog, spec) == expected
+    outcome = duplicate_free(spark, fqn, spec, current_view(catalog, spec))
+    assert outcome.passed, outcome.summary
+
+
+def ancestors_of(view):
+    from kafka_iceberg.state import ancestors
+
+    return ancestors(view.snapshots, view.main)
+
+
+def test_tables_with_list_or_map_columns_are_recognised():
+    from pyspark.sql.types import ArrayType, BinaryType, LongType, MapType, StringType, StructField, StructType
+
+    from kafka_iceberg import maintenance
+
+    headers = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+    flat = StructType([StructField("id", LongType()), StructField("name", StringType())])
+    assert not maintenance.has_collection_columns(flat)
+    assert maintenance.has_collection_columns(StructType([*flat.fields, StructField("_kafka_headers", headers)]))
+    deep = StructType([StructField("s", StructType([StructField("m", MapType(StringType(), LongType()))]))])
+    assert maintenance.has_collection_columns(deep)
