@@ -772,7 +772,7 @@ SCENARIOS: dict[str, Scenario] = {
        for name in ("sink_outage", "broker_outage", "catalog_lock", "postgres_outage", "transactions",
                     "retention_loss", "backfill_from_offset")},
 }
-SCENARIO_MODULES: tuple[str, ...] = ()
+SCENARIO_MODULES: tuple[str, ...] = ("devtools.rehearsal_dagster",)
 
 
 def _load_scenarios() -> dict[str, Scenario]:
