@@ -132,7 +132,7 @@ class DagsterSite:
         self.instance = DagsterInstance.from_config(str(self.home))
         self.instance.add_dynamic_partitions(MICRO_BATCHES.name, ring_slot_keys())
         self.select = "/".join(table_key(self.spec).path)
-        self.logs = self.home / "logs"
+        self.logs = rehearsal.lake.home / f"logs-{decl['name']}"  # ($DAGSTER_HOME/logs is Dagster's)
         self.logs.mkdir()
         self.started: list[subprocess.Popen] = []
 
@@ -244,16 +244,17 @@ def _table(r: Rehearsal, prefix: str, **lag: str) -> dict:
 KILL_TARGETS = ("early", "holding the pool slot", "mid micro-batch", "anywhere")
 
 
-def _kill_moment(site: DagsterSite, proc: subprocess.Popen, target: str, known: set[str]) -> None:
-    """Wait for the moment ``target`` (one of :data:`KILL_TARGETS`) of ``proc``'s run, plus a random delay."""
-    rng, pool_held = site.rehearsal.rng, lambda: proc.poll() is not None or site.held_slots()
+def _kill_moment(site: DagsterSite, ended: Callable[[], bool], run_ids: Callable[[], list[str]], target: str) -> None:
+    """Wait for the moment ``target`` (one of :data:`KILL_TARGETS`) of the run (ids from ``run_ids``)
+    plus a random delay, or until ``ended()``."""
+    rng = site.rehearsal.rng
     if target == "early":
         time.sleep(rng.uniform(0.5, 8.0))
     elif target == "holding the pool slot":
-        _wait(pool_held, 300)
+        _wait(lambda: ended() or set(run_ids()) & {run_id for _, run_id in site.held_slots()}, 300)
         time.sleep(rng.uniform(0.0, 6.0))
     elif target == "mid micro-batch":
-        _wait(lambda: proc.poll() is not None or site.attempt_branch(site.new_runs(known)), 300, 0.2)
+        _wait(lambda: ended() or site.attempt_branch(run_ids()), 300, 0.2)
         time.sleep(rng.uniform(0.0, 2.0))
     else:
         time.sleep(rng.uniform(2.0, 60.0))
@@ -287,7 +288,8 @@ def cli_kills(r: Rehearsal, n: int = 20, rate: float = 150.0) -> ScenarioResult:
         for i in range(n):
             known = {run.run_id for run in site.runs()}
             proc = site.materialize(f"slot-{i % 50:02d}", f"materialize-{i}.log")
-            _kill_moment(site, proc, KILL_TARGETS[i] if i < len(KILL_TARGETS) else r.rng.choice(KILL_TARGETS), known)
+            target = KILL_TARGETS[i] if i < len(KILL_TARGETS) else r.rng.choice(KILL_TARGETS)
+            _kill_moment(site, lambda: proc.poll() is not None, lambda: site.new_runs(known), target)
             where, new = _where(site, proc, known)
             kill_group(proc)
             killed += new if where != "after the run ended" else []
@@ -346,19 +348,28 @@ def sensor_kills(r: Rehearsal, n: int = 3, rate: float = 150.0) -> ScenarioResul
     site = DagsterSite(r, _table(r, "dsensor", max_offset_lag=200, max_interval="10s", interval="5s"))
     traffic = Traffic(r.lake.kafka_config, site.spec.topic, rate, bad_every=97)
     killed: list[str] = []
+    seen: set[str] = set()
     checks: dict[str, bool] = {}
     try:
         traffic.start()
         dev = site.dev("dev.log")
-        for i in range(n):
-            run = _wait(lambda: _live_run(site, "dagster/sensor_name", set(killed)), 600, 1.0)
+        for i in range(2 * n):  # a run that ended before its kill moment does not count
+            if len(killed) == n:
+                break
+            run = _wait(lambda: _live_run(site, "dagster/sensor_name", seen), 600, 1.0)
             if run is None:
                 r.log(f"  no sensor-launched run within 600 s\n{site.log_tail('dev.log')}")
                 break
-            time.sleep(r.rng.uniform(0.0, 20.0))
-            procs = kill_tree(int(run.tags["lake/worker-pid"]))
+            seen.add(run.run_id)
+            pid, target = int(run.tags["lake/worker-pid"]), KILL_TARGETS[i % len(KILL_TARGETS)]
+            _kill_moment(site, lambda: not _alive(pid), lambda: [run.run_id], target)
+            where = "mid micro-batch" if site.attempt_branch([run.run_id]) else target
+            if not _alive(pid):
+                r.log(f"  run {run.run_id[:8]} ended before its kill moment")
+                continue
+            procs = kill_tree(pid)
             killed.append(run.run_id)
-            r.log(f"  kill {i + 1}/{n}: run {run.run_id[:8]} ({procs} processes)")
+            r.log(f"  kill {len(killed)}/{n}: run {run.run_id[:8]}, {where} ({procs} processes)")
         checks["every kill hit a sensor-launched run"] = len(killed) == n
         tally, recover_s = _settle(site, traffic, killed, checks, time.monotonic())
         checks["dagster dev stayed up"] = dev.poll() is None
