@@ -328,6 +328,17 @@ def _live_run(site: DagsterSite, tag: str, skip: set[str]):
     return None
 
 
+def _cut_off(site: DagsterSite) -> list[str]:
+    """Runs left STARTING or STARTED whose worker process is gone (or never tagged itself): what a
+    kill left behind, which liveness (or run monitoring, for STARTING) must fail."""
+    from dagster import DagsterRunStatus
+
+    from lake_assets.liveness import PID_TAG
+
+    return [run.run_id for run in site.runs([DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])
+            if PID_TAG not in run.tags or not _alive(int(run.tags[PID_TAG]))]
+
+
 def _settle(site: DagsterSite, traffic: Traffic, killed: list[str], checks: dict[str, bool], t_fault: float,
             timeout_s: float = 900):
     """Stop the producer, wait until the table caught up by itself, then the final checks.
@@ -397,28 +408,28 @@ def _backfill_status(site: DagsterSite, backfill_id: str) -> str:
     return site.instance.get_backfill(backfill_id).status.value
 
 
-def daemon_kill(r: Rehearsal, batches: int = 6, rate: float = 150.0) -> ScenarioResult:
+def daemon_kill(r: Rehearsal, batches: int = 3, rate: float = 150.0) -> ScenarioResult:
     """A backfill of ``batches`` micro-batch runs (``lake backfill``) under ``dagster-daemon run``,
     a producer writing; SIGKILL the daemon's process group (with the runs it launched) mid-backfill,
     start it again: the dead run is failed, the backfill ends, the lag sensor catches up the rest."""
     from lake_assets.backfill import ACTIVE_BACKFILL_STATUSES
 
     t0 = time.monotonic()
-    decl = _table(r, "ddaemon", max_offset_lag=200, max_interval="10s", interval="5s")
-    decl["max_records_per_partition"] = 300
-    site = DagsterSite(r, decl)
+    site = DagsterSite(r, _table(r, "ddaemon", max_offset_lag=200, max_interval="10s", interval="5s"))
     traffic = Traffic(r.lake.kafka_config, site.spec.topic, rate, bad_every=97)
     checks: dict[str, bool] = {}
     try:
         traffic.start()
-        time.sleep(15)  # lag builds: several micro-batches
+        time.sleep(10)  # lag builds
         backfill_id = _submit_backfill(site, batches)
         daemon = site.daemon("daemon-1.log")
         run = _wait(lambda: _live_run(site, "dagster/backfill", set()), 600, 1.0)
         checks["the backfill started a run"] = run is not None
-        time.sleep(r.rng.uniform(2.0, 15.0))
+        if run is not None:
+            pid = int(run.tags["lake/worker-pid"])
+            _kill_moment(site, lambda: not _alive(pid), lambda: [run.run_id], r.rng.choice(KILL_TARGETS[:3]))
         kill_group(daemon)
-        killed = [x.run_id for x in site.in_progress() if x.tags.get("dagster/backfill") == backfill_id]
+        killed = _cut_off(site)
         t_fault = time.monotonic()
         r.log(f"  daemon killed; runs of the backfill cut off: {[k[:8] for k in killed]}")
         time.sleep(5)
@@ -452,8 +463,7 @@ def dev_restart(r: Rehearsal, restarts: int = 2, rate: float = 150.0) -> Scenari
             checks[f"restart {i + 1}: a run was executing"] = run is not None
             time.sleep(r.rng.uniform(0.0, 10.0))
             stop_group(dev, grace_s=60)
-            cut += [x.run_id for x in site.in_progress() if x.status.value == "STARTED"
-                    and not _alive(int(x.tags.get("lake/worker-pid", "0") or 0))]
+            cut += [run_id for run_id in _cut_off(site) if run_id not in cut]
             r.log(f"  dagster dev stopped ({i + 1}/{restarts}); runs left dead: {[c[:8] for c in cut]}")
             time.sleep(3)
             dev = site.dev(f"dev-{i + 1}.log")
