@@ -292,6 +292,7 @@ def cli_kills(r: Rehearsal, n: int = 20, rate: float = 150.0) -> ScenarioResult:
             _kill_moment(site, lambda: proc.poll() is not None, lambda: site.new_runs(known), target)
             where, new = _where(site, proc, known)
             kill_group(proc)
+            new = site.new_runs(known)  # with a run created between the look and the kill
             killed += new if where != "after the run ended" else []
             kinds[where] = kinds.get(where, 0) + 1
             r.log(f"  kill {i + 1}/{n}: {where} (run {new[0][:8] if new else '-'}, rc {proc.returncode})")
@@ -486,4 +487,5 @@ def register(scenarios: dict) -> None:
     scenarios["dagster_dev_restart"] = lambda r, args: dev_restart(r)
 
 
-__all__ = ["DagsterSite", "cli_kills", "daemon_kill", "dev_restart", "sensor_kills", "final_checks", "kill_tree", "register", "settled", "stop_group"]
+__all__ = ["DagsterSite", "cli_kills", "daemon_kill", "dev_restart", "final_checks", "kill_tree", "register",
+           "sensor_kills", "settled", "stop_group"]
