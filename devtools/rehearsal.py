@@ -774,6 +774,7 @@ SCENARIOS: dict[str, Scenario] = {
                     "retention_loss", "backfill_from_offset")},
 }
 SCENARIO_MODULES: tuple[str, ...] = (
+    "devtools.rehearsal_dagster",
     "devtools.rehearsal_mock",
     "devtools.rehearsal_cdc",
 )
