@@ -389,6 +389,16 @@ class ScenarioResult:
     seconds: float = 0.0
 
     @property
+    def leaks(self) -> Leaks | None:
+        """The leak counts after the reconciliation (see :class:`Tally`)."""
+        return self.tally.leaks
+
+    @property
+    def recover_s(self) -> float | None:
+        """Seconds the final catch-up took (None: the scenario ran none)."""
+        return self.tally.recover_s
+
+    @property
     def passed(self) -> bool:
         """Reconciled exactly, no leak beyond the bound, and every scenario-specific expectation held."""
         return self.tally.clean and not self.tally.leaks_beyond_bound and all(self.checks.values())
@@ -860,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}", flush=True)
             result = scenarios[name](rehearsal, args)
             print(f"   {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s: {result.notes}", flush=True)
+            print("\n".join("   " + line for line in format_table([result]).splitlines()), flush=True)
             results.append(result)
     finally:
         devbroker.stop(home / "kafka")
