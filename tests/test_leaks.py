@@ -190,3 +190,55 @@ def test_spark_jvm_of_a_killed_driver_exits_and_the_next_run_recovers(
     rows = spark.table(f"{settings.catalog.name}.{spec.identifier}").count()
     assert rows == n
     assert count_leaks(catalog, spec.identifier).total == 0
+
+
+@pytest.mark.parametrize("declared_dead", [False, True], ids=["branch-kept", "branch-dropped"])
+def test_a_late_publish_from_a_zombie_attempt_is_refused(
+        spark, settings, kafka, kafka_config, catalog, unique, topic_factory, declared_dead):
+    """An attempt that resumes after another run committed (a zombie driver finishing its last Spark
+    call) cannot publish: its fast-forward is refused because ``main`` moved (its branch kept: the
+    other run saw it alive), or because recovery dropped its branch (the other run saw it dead).
+    ``main`` keeps the other run's snapshot, every record is in the table once, and nothing leaks."""
+    import threading
+
+    topic = topic_factory(unique, partitions=2)
+    spec = parse_table_spec(spec_dict(unique, topic, bad_records={"policy": "quarantine", "max_quarantine_rate": 1}))
+    produce(kafka_config, topic, _records(range(50)))
+    assert run_micro_batch(spark, settings, spec, commit_id=f"first-{unique}", kafka=kafka, catalog=catalog).committed
+    produce(kafka_config, topic, _records(range(50, 150)))
+    paused, resume, outcome = threading.Event(), threading.Event(), {}
+
+    def hook(point: str) -> None:
+        if point == "after_write":
+            paused.set()
+            resume.wait(600)
+
+    def zombie():
+        try:
+            run_micro_batch(spark, settings, spec, commit_id=f"zombie-{unique}", kafka=kafka, crash_hook=hook)
+            outcome["published"] = True
+        except Exception as exc:  # the refusal
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=zombie, daemon=True)
+    thread.start()
+    assert paused.wait(600), "the zombie attempt reached its write"
+    other = run_micro_batch(spark, settings, spec, commit_id=f"other-{unique}", kafka=kafka, catalog=catalog,
+                            is_alive=lambda attempt: not declared_dead)
+    assert other.committed and other.records + other.quarantined == 100
+    assert bool(other.recovery.dead_attempts) == declared_dead
+    resume.set()
+    thread.join(600)
+    assert "published" not in outcome, "the zombie's late publish was refused"
+    assert outcome["error"] is not None
+    if not declared_dead:
+        assert "moved" in str(outcome["error"]), outcome["error"]
+    view = metadata_view(load_table(catalog, spec.identifier))
+    assert view.main == other.snapshot_id
+    ids = sorted(r["id"] for r in spark.table(f"{settings.catalog.name}.{spec.identifier}").collect())
+    assert ids == [i for i in range(150) if i % 10]
+    assert spark.table(f"{settings.catalog.name}.{spec.bad_records.dead_letter_identifier}").count() == 15
+    # the refused attempt cleaned up after itself, or the next micro-batch's recovery does
+    run_micro_batch(spark, settings, spec, commit_id=f"next-{unique}", kafka=kafka, catalog=catalog,
+                    is_alive=lambda attempt: False)
+    assert count_leaks(catalog, spec.identifier, spec.bad_records.dead_letter_identifier).total == 0
