@@ -111,15 +111,14 @@ def data_location(table) -> str:
 
 
 def list_files(table, location: str) -> list[str]:
-    """Every file under ``location`` (recursive), as full URIs in the table's spelling (``file:/...``
-    stays ``file:/...``; ``s3://b/k`` stays ``s3://b/k``), without hidden files. Lists through the table's FileIO's
-    filesystem (pyarrow for local and S3; fsspec when the table uses FsspecFileIO)."""
+    """Every file under ``location`` (recursive, without hidden files): local paths, or ``s3://bucket/key``
+    URIs. Lists through the table's FileIO's filesystem (pyarrow for local and S3; fsspec when the
+    table uses FsspecFileIO)."""
     from pyarrow.fs import FileSelector, FileType
 
     parsed = urlparse(location)
     scheme = parsed.scheme or "file"
     io = table.io
-    prefix = f"{scheme}://{parsed.netloc}" if scheme != "file" else ""
     root = f"{parsed.netloc}{parsed.path}" if scheme != "file" else parsed.path
     if hasattr(io, "fs_by_scheme"):  # PyArrowFileIO
         fs = io.fs_by_scheme(scheme, parsed.netloc)
@@ -134,9 +133,9 @@ def list_files(table, location: str) -> list[str]:
             continue
         if scheme == "file":
             out.append(path)
-        else:
-            out.append(f"{prefix}/{path.split('/', 1)[1]}" if not path.startswith(parsed.netloc + "/") else
-                       f"{scheme}://{path}")
+        else:  # pyarrow and fsspec list object stores as "bucket/key"
+            out.append(f"{scheme}://{path}" if path.startswith(f"{parsed.netloc}/") else
+                       f"{scheme}://{parsed.netloc}/{path.lstrip('/')}")
     return out
 
 
@@ -147,8 +146,9 @@ def _hidden(relative: str) -> bool:
 
 
 def _normalise(location: str) -> str:
+    """``location`` without its scheme (``file:``, ``s3://`` and ``s3a://`` spell the same file)."""
     parsed = urlparse(location)
-    return parsed.path if parsed.scheme in ("", "file") else location
+    return parsed.path if parsed.scheme in ("", "file") else f"{parsed.netloc}{parsed.path}"
 
 
 def table_leaks(catalog, identifier: str) -> TableLeaks | None:

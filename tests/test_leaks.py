@@ -242,3 +242,31 @@ def test_a_late_publish_from_a_zombie_attempt_is_refused(
     run_micro_batch(spark, settings, spec, commit_id=f"next-{unique}", kafka=kafka, catalog=catalog,
                     is_alive=lambda attempt: False)
     assert count_leaks(catalog, spec.identifier, spec.bad_records.dead_letter_identifier).total == 0
+
+
+def test_count_leaks_lists_an_s3_warehouse(tmp_path, unique):
+    """On object storage the data location is listed through the table's FileIO (a moto S3 server):
+    a stray object under data/ is an orphan file, a branch is a branch left, data files are not leaks."""
+    import pyarrow as pa
+
+    from kafka_iceberg.catalog_config import catalog_config_from_env
+    from tests.s3_server import start_s3
+    from tests.test_s3_warehouse import catalog_env
+
+    server = start_s3(tmp_path / "moto.log")
+    try:
+        bucket = f"leaks-{unique.replace('_', '-')}"
+        catalog = catalog_config_from_env(catalog_env(server, tmp_path, bucket)).load()
+        catalog.create_namespace("db")
+        table = catalog.create_table("db.events", schema=pa.schema([("id", pa.int64())]))
+        for start in (0, 10):
+            table.append(pa.table({"id": pa.array(range(start, start + 10), pa.int64())}))
+        assert count_leaks(catalog, "db.events").total == 0
+        server.client().put_object(Bucket=bucket, Key="warehouse/db/events/data/stray.parquet", Body=b"PAR1")
+        table = catalog.load_table("db.events")
+        table.manage_snapshots().create_branch(table.current_snapshot().snapshot_id, "ingest_1_left").commit()
+        leaks = count_leaks(catalog, "db.events")
+        assert leaks.table.orphan_files == (f"s3://{bucket}/warehouse/db/events/data/stray.parquet",)
+        assert leaks.table.stale_branches == ("ingest_1_left",) and leaks.unreachable_snapshots == 0
+    finally:
+        server.stop()
