@@ -477,15 +477,19 @@ class Rehearsal:
         view = metadata_view(load_table(self.catalog, spec.identifier))
         return not overlapping_batches(ancestors(view.snapshots, view.main))
 
-    def _final_catch_up(self, decl: dict, checks: dict[str, bool]) -> None:
+    def _final_catch_up(self, decl: dict, checks: dict[str, bool], timeout_s: float = 3600) -> None:
+        """Catch the table up after the faults (its seconds are the ``recover s`` column). The budget is
+        wide: after 20 kills on a loaded machine the backlog is 100k+ records in bounded micro-batches."""
         time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
         t0 = time.monotonic()
-        done = self.lake.catch_up(decl)
+        done = self.lake.catch_up(decl, timeout_s=timeout_s)
         if done.returncode == 0:
             _CATCH_UP_S[decl["identifier"]] = time.monotonic() - t0
         checks["caught up"] = done.returncode == 0
         if done.returncode != 0:
-            self.log(done.stderr[-2000:])
+            self.log(f"final catch-up of {decl['identifier']} failed after {time.monotonic() - t0:.0f} s "
+                     f"(rc {done.returncode}{'; killed at the time limit' if done.returncode == -9 else ''}): "
+                     + done.stderr[-2000:])
 
     def kills(self, n: int = 20, rate: float = 150.0) -> ScenarioResult:
         """SIGKILL the sink ``n`` times while a producer writes: the first kills at each crash point in
