@@ -20,7 +20,11 @@ reports say was written, by (partition, offset) and by value:
 * ``unexpected``: a row for an offset no producer wrote (or that belongs to an aborted
   transaction).
 
-A scenario passes when all four are 0 and its own fault-specific expectations hold.
+It also counts leaks (:func:`devtools.leaks.count_leaks`: unreachable snapshots, orphan files,
+branches left, unpublished dead-letter rows) after the scenario's final catch-up, whose duration
+is the ``recover s`` column. A scenario passes when all four are 0, no leak exceeds the bound
+(0 once a micro-batch ran recovery after the last fault; see docs/operations.md) and its own
+fault-specific expectations hold.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from devtools import devbroker, duck
+from devtools.leaks import Leaks, count_leaks
 from devtools.demo_data import create_topic
 from devtools.progress import progress_bar
 from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state
@@ -302,6 +307,14 @@ class Tally:
     mismatched: int
     unexpected: int
     examples: list = field(default_factory=list)
+    leaks: Leaks | None = None  # counted after the reconciliation (None: the table does not exist)
+    recover_s: float | None = None  # seconds the final catch-up took (None: the scenario ran none)
+
+    @property
+    def leaks_beyond_bound(self) -> int:
+        """Leaks beyond the bound: all of them once a final catch-up ran recovery after the last
+        fault (the bound is then 0); 0 while no catch-up followed (the window is still open)."""
+        return self.leaks.beyond_bound(recovered=self.recover_s is not None) if self.leaks else 0
 
     @property
     def clean(self) -> bool:
@@ -344,13 +357,25 @@ def reconcile(catalog, spec: TableSpec, expected: dict[tuple[int, int], bytes],
             examples.append(("mismatched dead letter", p, o))
     want = set(expected) - set(excluded)
     lost = sorted(want - set(seen))
+    leaks = _count_leaks(catalog, spec)
     in_gap = [k for k in excluded if k in seen]
     examples += [("lost", *k) for k in lost[:5]] + [("in accepted gap", *k) for k in in_gap[:5]]
     return Tally(
         produced=len(expected), in_table=len(rows), quarantined=len(dead), lost=len(lost),
         duplicates=sum(n - 1 for n in seen.values()), mismatched=mismatched, unexpected=unexpected + len(in_gap),
-        examples=examples[:10],
+        examples=examples[:10], leaks=leaks, recover_s=_CATCH_UP_S.get(spec.identifier),
     )
+
+
+_CATCH_UP_S: dict[str, float] = {}
+"""Table identifier -> seconds its last successful final catch-up took (recorded by
+:meth:`Rehearsal._final_catch_up`, read by :func:`reconcile`; one rehearsal process)."""
+
+
+def _count_leaks(catalog, spec: TableSpec) -> Leaks | None:
+    if load_table(catalog, spec.identifier) is None:
+        return None
+    return count_leaks(catalog, spec.identifier, spec.bad_records.dead_letter_identifier)
 
 
 @dataclass
@@ -365,17 +390,30 @@ class ScenarioResult:
     seconds: float = 0.0
 
     @property
+    def leaks(self) -> Leaks | None:
+        """The leak counts after the reconciliation (see :class:`Tally`)."""
+        return self.tally.leaks
+
+    @property
+    def recover_s(self) -> float | None:
+        """Seconds the final catch-up took (None: the scenario ran none)."""
+        return self.tally.recover_s
+
+    @property
     def passed(self) -> bool:
-        """Reconciled exactly and every scenario-specific expectation held."""
-        return self.tally.clean and all(self.checks.values())
+        """Reconciled exactly, no leak beyond the bound, and every scenario-specific expectation held."""
+        return self.tally.clean and not self.tally.leaks_beyond_bound and all(self.checks.values())
 
 
 def format_table(results: list[ScenarioResult]) -> str:
     """The rehearsal results as a fixed-width text table."""
-    head = ("scenario", "faults", "produced", "in table", "quarantined", "duplicates", "lost", "result", "s")
+    head = ("scenario", "faults", "produced", "in table", "quarantined", "duplicates", "lost", "leaks",
+            "recover s", "result", "s")
     rows = [head] + [
         (r.scenario, str(r.faults), str(r.tally.produced), str(r.tally.in_table), str(r.tally.quarantined),
-         str(r.tally.duplicates), str(r.tally.lost), "PASS" if r.passed else "FAIL", f"{r.seconds:.0f}")
+         str(r.tally.duplicates), str(r.tally.lost), _leak_cell(r.tally),
+         "-" if r.tally.recover_s is None else f"{r.tally.recover_s:.0f}", "PASS" if r.passed else "FAIL",
+         f"{r.seconds:.0f}")
         for r in results
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -383,10 +421,21 @@ def format_table(results: list[ScenarioResult]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in results:
         failed = [k for k, ok in r.checks.items() if not ok]
-        if failed or r.notes or r.tally.examples:
+        leaked = r.tally.leaks is not None and r.tally.leaks.total
+        if failed or r.notes or r.tally.examples or leaked:
             lines.append(f"  {r.scenario}: {r.notes}" + (f" FAILED: {failed}" if failed else "")
-                         + (f" examples: {r.tally.examples}" if r.tally.examples else ""))
+                         + (f" examples: {r.tally.examples}" if r.tally.examples else "")
+                         + (f" leaks: {r.tally.leaks.describe()}" if leaked else ""))
     return "\n".join(lines)
+
+
+def _leak_cell(tally: Tally) -> str:
+    """Leaks beyond the bound; ``n open`` when leaks remain but no catch-up closed the window."""
+    if tally.leaks is None:
+        return "-"
+    if tally.recover_s is None and tally.leaks.total:
+        return f"{tally.leaks.total} open"
+    return str(tally.leaks_beyond_bound)
 
 
 def _validation_words(report: dict) -> str:
@@ -429,12 +478,19 @@ class Rehearsal:
         view = metadata_view(load_table(self.catalog, spec.identifier))
         return not overlapping_batches(ancestors(view.snapshots, view.main))
 
-    def _final_catch_up(self, decl: dict, checks: dict[str, bool]) -> None:
+    def _final_catch_up(self, decl: dict, checks: dict[str, bool], timeout_s: float = 3600) -> None:
+        """Catch the table up after the faults (its seconds are the ``recover s`` column). The budget is
+        wide: after 20 kills on a loaded machine the backlog is 100k+ records in bounded micro-batches."""
         time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
-        done = self.lake.catch_up(decl)
+        t0 = time.monotonic()
+        done = self.lake.catch_up(decl, timeout_s=timeout_s)
+        if done.returncode == 0:
+            _CATCH_UP_S[decl["identifier"]] = time.monotonic() - t0
         checks["caught up"] = done.returncode == 0
         if done.returncode != 0:
-            self.log(done.stderr[-2000:])
+            self.log(f"final catch-up of {decl['identifier']} failed after {time.monotonic() - t0:.0f} s "
+                     f"(rc {done.returncode}{'; killed at the time limit' if done.returncode == -9 else ''}): "
+                     + done.stderr[-2000:])
 
     def kills(self, n: int = 20, rate: float = 150.0) -> ScenarioResult:
         """SIGKILL the sink ``n`` times while a producer writes: the first kills at each crash point in
@@ -827,6 +883,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {name}", flush=True)
                 result = scenarios[name](rehearsal, args)
                 print(f"   {'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f} s: {result.notes}", flush=True)
+                print("\n".join("   " + line for line in format_table([result]).splitlines()), flush=True)
                 results.append(result)
                 bar.advance(task)
             bar.update(task, description="rehearsal: done")

@@ -19,10 +19,11 @@ its last step (a crash during recovery is recovered by the next recovery):
    than the cut-off and are never touched. Uses Iceberg's ``DeleteOrphanFiles`` Spark
    action (the ``remove_orphan_files`` procedure refuses windows under 24 hours).
 3. Drop the dead branches.
-4. Expire the snapshots no ref reaches any more that the write path made (or that hold no
-   data), with Iceberg's ``expire_snapshots`` procedure by snapshot id. It deletes exactly
-   the files only those snapshots reference: a dead attempt's data files. Files of
-   ``main`` are referenced by retained snapshots and are never deleted.
+4. Expire the snapshots no ref reaches any more that the write path made (ingest snapshots,
+   dead-letter snapshots, or any that hold no data), with Iceberg's ``expire_snapshots``
+   procedure by snapshot id. It deletes exactly the files only those snapshots reference: a
+   dead attempt's data files and quarantined records. Files of ``main`` are referenced by
+   retained snapshots and are never deleted.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kafka_iceberg.catalog import TableMetadataView
-from kafka_iceberg.state import ancestors
+from kafka_iceberg.state import KEY_DEAD_LETTER_OF, ancestors
 
 BRANCH_PREFIX = "ingest_"
 _BRANCH = re.compile(r"^ingest_(\d{13})_([A-Za-z0-9_]+)$")
@@ -96,13 +97,14 @@ def _reachable(view: TableMetadataView, skip: set[str]) -> set[int]:
 
 def expirable_snapshots(view: TableMetadataView, dropped: set[str]) -> list[int]:
     """Snapshots no remaining ref reaches once ``dropped`` refs are gone, that the write path made
-    (they carry ``kafka.offsets``) or that hold no data files (empty branch-creation snapshots)."""
+    (they carry ``kafka.offsets``, or ``kafka.dead-letter-of`` on a dead-letter table) or that hold
+    no data files (empty branch-creation snapshots)."""
     reachable = _reachable(view, dropped)
     out = []
     for sid, snap in view.snapshots.items():
         if sid in reachable:
             continue
-        if snap.is_ingest or snap.summary.get("total-data-files", "0") == "0":
+        if snap.is_ingest or KEY_DEAD_LETTER_OF in snap.summary or snap.summary.get("total-data-files", "0") == "0":
             out.append(sid)
     return sorted(out)
 

@@ -1,6 +1,7 @@
 """``make rehearse``: the failure rehearsal at full size (20 random kills and every scenario), on a
 lake of its own under ``$LAKE_HOME/rehearsal``. Prints a table of scenario, faults injected,
-records produced, records in the table, records quarantined, duplicates and records lost;
+records produced, records in the table, records quarantined, duplicates, records lost, leaks
+beyond the bound and seconds the final catch-up took;
 exits 1 if any scenario failed. Options: ``--kills N``, ``--only kills,sink_outage,...``,
 ``--seed S`` (see :mod:`devtools.rehearsal`)."""
 

@@ -34,6 +34,8 @@ def _assert_passed(result):
     assert result.tally.mismatched == 0 and result.tally.unexpected == 0, result.tally.examples
     assert result.tally.produced > 0 and result.tally.in_table > 0
     assert all(result.checks.values()), {k: v for k, v in result.checks.items() if not v}
+    assert result.tally.leaks_beyond_bound == 0, result.tally.leaks.describe()
+    assert result.passed
 
 
 def test_kills_at_every_crash_point_and_from_outside(rehearsal):
