@@ -84,3 +84,21 @@ def delete_records(kafka_config, topic: str, partition: int, before_offset: int)
     admin = AdminClient(kafka_config.client_conf())
     for fut in admin.delete_records([TopicPartition(topic, partition, before_offset)]).values():
         fut.result(timeout=30)
+
+
+def rehearsal_on_own_broker(prefix: str, seed: int):
+    """A ``devtools.rehearsal.Rehearsal`` on a dev broker of its own under a new temporary home
+    (a generator for module-scoped fixtures: yields it, then stops the broker and removes the home)."""
+    import shutil
+    import tempfile
+
+    from devtools import devbroker
+    from devtools.rehearsal import Lake, Rehearsal
+
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    bootstrap = devbroker.start(home / "kafka", devbroker.free_port())
+    try:
+        yield Rehearsal(Lake(home, home / "kafka", bootstrap), seed=seed)
+    finally:
+        devbroker.stop(home / "kafka")
+        shutil.rmtree(home, ignore_errors=True)

@@ -7,25 +7,17 @@ reconciliation of every produced record (see :mod:`devtools.rehearsal`).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from devtools import devbroker
-from devtools.rehearsal import Lake, Rehearsal, format_table
+from devtools.rehearsal import format_table
+from tests.helpers import rehearsal_on_own_broker
 
 pytestmark = pytest.mark.rehearsal
 
 
 @pytest.fixture(scope="module")
 def rehearsal():
-    home = Path(tempfile.mkdtemp(prefix="lake-rehearsal-"))
-    bootstrap = devbroker.start(home / "kafka", devbroker.free_port())
-    yield Rehearsal(Lake(home, home / "kafka", bootstrap), seed=7)
-    devbroker.stop(home / "kafka")
-    shutil.rmtree(home, ignore_errors=True)
+    yield from rehearsal_on_own_broker("lake-rehearsal-", seed=7)
 
 
 def _assert_passed(result):

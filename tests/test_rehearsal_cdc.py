@@ -5,26 +5,18 @@ both ways (see :mod:`devtools.rehearsal_cdc`)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from devtools import devbroker
-from devtools.rehearsal import Lake, Rehearsal, _load_scenarios, format_table
+from devtools.rehearsal import _load_scenarios, format_table
 from devtools.rehearsal_cdc import cdc_kills
+from tests.helpers import rehearsal_on_own_broker
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.cdc]
 
 
 @pytest.fixture(scope="module")
 def rehearsal():
-    home = Path(tempfile.mkdtemp(prefix="lake-rehearsal-cdc-"))
-    bootstrap = devbroker.start(home / "kafka", devbroker.free_port())
-    yield Rehearsal(Lake(home, home / "kafka", bootstrap), seed=11)
-    devbroker.stop(home / "kafka")
-    shutil.rmtree(home, ignore_errors=True)
+    yield from rehearsal_on_own_broker("lake-rehearsal-cdc-", seed=11)
 
 
 def test_cdc_kills_table_equals_postgres(rehearsal):

@@ -9,26 +9,18 @@ free the pool slot and catch up, and every produced record is reconciled (see
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from devtools import devbroker
-from devtools.rehearsal import Lake, Rehearsal, format_table
+from devtools.rehearsal import format_table
 from devtools.rehearsal_dagster import cli_kills
+from tests.helpers import rehearsal_on_own_broker
 
 pytestmark = pytest.mark.rehearsal
 
 
 @pytest.fixture(scope="module")
 def rehearsal():
-    home = Path(tempfile.mkdtemp(prefix="lake-rehearsal-dagster-"))
-    bootstrap = devbroker.start(home / "kafka", devbroker.free_port())
-    yield Rehearsal(Lake(home, home / "kafka", bootstrap), seed=11)
-    devbroker.stop(home / "kafka")
-    shutil.rmtree(home, ignore_errors=True)
+    yield from rehearsal_on_own_broker("lake-rehearsal-dagster-", seed=11)
 
 
 def _assert_passed(result):
