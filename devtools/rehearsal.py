@@ -612,6 +612,7 @@ class Rehearsal:
         waits and commits; held longer, it fails with CatalogUnavailableError and commits nothing;
         the next run catches up. (Only on a SQLite catalog.)"""
         import sqlite3
+        from contextlib import closing
 
         t0 = time.monotonic()
         decl, spec = self._table(f"lock_{uuid.uuid4().hex[:6]}", 2, 100_000)
@@ -622,16 +623,24 @@ class Rehearsal:
         first = self.lake.catch_up(decl)
 
         locked_mid_run: dict[float, bool] = {}
+        namespace, name = spec.identifier.rsplit(".", 1)
 
-        def hold(seconds: float):
-            # lock as soon as the run's attempt branch exists: mid-run, between its catalog calls
+        def metadata_location() -> str | None:
+            with closing(sqlite3.connect(db, timeout=30)) as conn:
+                row = conn.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? "
+                                   "AND table_name = ?", (namespace, name)).fetchone()
+            return row[0] if row else None
+
+        def hold(seconds: float, before: str | None):
+            # lock as soon as the run has made its first commit (its attempt branch; the catalog row's
+            # metadata location moves): mid-run, between its catalog calls. Polled every 10 ms in the
+            # catalog row itself, so a short attempt is not missed between two table loads.
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
-                table = load_table(self.catalog, spec.identifier)
-                if [r for r in table.metadata.refs if r != "main"]:
+                if metadata_location() != before:
                     locked_mid_run[seconds] = True
                     break
-                time.sleep(0.1)
+                time.sleep(0.01)
             conn = sqlite3.connect(db, timeout=120, isolation_level=None)
             conn.execute("BEGIN EXCLUSIVE")
             time.sleep(seconds)
@@ -640,7 +649,7 @@ class Rehearsal:
 
         results = {}
         for label, hold_s, budget in (("short lock", short_s, "60"), ("long lock", long_s, "4")):
-            locker = threading.Thread(target=hold, args=(hold_s,), daemon=True)
+            locker = threading.Thread(target=hold, args=(hold_s, metadata_location()), daemon=True)
             locker.start()
             done = self.lake.catch_up(decl, LAKE_CATALOG_RETRY_S=budget)
             locker.join(240)
