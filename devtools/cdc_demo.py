@@ -57,24 +57,29 @@ def _open_database(root: Path) -> cdc_source.SourceDatabase:
     return cdc_source.start_database(root)
 
 
-def _topic_has_key(bootstrap: str, key: str, timeout_s: float) -> int:
-    """Wait until a record keyed ``key`` (a tailnum) is in :data:`TOPIC`; returns the records there."""
+def wait_for_key(bootstrap: str, topic: str, tailnum: str, timeout_s: float) -> int:
+    """Wait until a change event keyed ``{"tailnum": tailnum}`` (a marker row) is in ``topic``; returns
+    the change events in the topic then (sum of high watermarks).
+
+    Raises:
+        RuntimeError: not there within ``timeout_s`` seconds.
+    """
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-demo-{time.time_ns()}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     deadline = time.monotonic() + timeout_s
     try:
-        parts = consumer.list_topics(TOPIC, timeout=30).topics[TOPIC].partitions
-        consumer.assign([TopicPartition(TOPIC, p, 0) for p in parts])
+        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         while time.monotonic() < deadline:
-            m = consumer.poll(1.0)
-            if m is not None and not m.error() and m.key() and json.loads(m.key()).get("tailnum") == key:
-                time.sleep(2.0)  # the rest of Debezium's batch, flushed together
-                return sum(consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=30)[1] for p in parts)
+            for m in consumer.consume(500, 1.0):
+                if not m.error() and m.key() and json.loads(m.key()).get("tailnum") == tailnum:
+                    time.sleep(2.0)  # the rest of Debezium's batch, flushed together
+                    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts)
     finally:
         consumer.close()
-    raise RuntimeError(f"Debezium did not deliver the marker row {key} to {TOPIC} within {timeout_s:.0f} s")
+    raise RuntimeError(f"Debezium did not deliver the marker row {tailnum} to {topic} within {timeout_s:.0f} s")
 
 
 def prepare(config, bootstrap: str, lake_home: Path, rounds: int = 3, timeout_s: float = 600.0) -> DemoSource:
@@ -105,7 +110,7 @@ def prepare(config, bootstrap: str, lake_home: Path, rounds: int = 3, timeout_s:
                 cdc_source.planes_workload(db, keys, rounds=rounds, seed=13)
                 (home / "workload").write_text("done\n")
             cdc_source.run_sql(db, f"INSERT INTO planes (tailnum, seats) VALUES ('{END_KEY}', 0) ON CONFLICT DO NOTHING")
-            produced = _topic_has_key(bootstrap, END_KEY, timeout_s)
+            produced = wait_for_key(bootstrap, TOPIC, END_KEY, timeout_s)
         finally:
             capture.stop()
         cdc_source.run_sql(db, f"SELECT pg_drop_replication_slot('{SLOT}')")

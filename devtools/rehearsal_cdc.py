@@ -25,7 +25,6 @@ Iceberg more than once, ``quarantined`` = dead-letter rows (none expected).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import threading
 import time
@@ -89,31 +88,6 @@ class Workload(threading.Thread):
         """Finish the current round and stop."""
         self._halt.set()
         self.join(120)
-
-
-def wait_for_key(bootstrap: str, topic: str, tailnum: str, timeout_s: float) -> int:
-    """Wait until a change event keyed ``{"tailnum": tailnum}`` is in ``topic``; returns the change
-    events in the topic then (sum of high watermarks).
-
-    Raises:
-        RuntimeError: not there within ``timeout_s`` seconds.
-    """
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"rh-cdc-{uuid.uuid4().hex[:6]}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    deadline = time.monotonic() + timeout_s
-    try:
-        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        while time.monotonic() < deadline:
-            for m in consumer.consume(500, 1.0):
-                if not m.error() and m.key() and json.loads(m.key()).get("tailnum") == tailnum:
-                    time.sleep(2.0)  # the rest of Debezium's batch, flushed together
-                    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts)
-    finally:
-        consumer.close()
-    raise RuntimeError(f"Debezium did not deliver the marker row {tailnum} to {topic} within {timeout_s:.0f} s")
 
 
 CRASH_WAIT_S = 300.0
@@ -195,7 +169,7 @@ def cdc_kills(r: Rehearsal, n: int = 10, planes: int = 500, pause_s: float = 2.0
             r.log(workload.errors[0])
         marker = f"END_{uid}"
         cdc_source.run_sql(db, f"INSERT INTO planes (tailnum, seats) VALUES ('{marker}', 0)")
-        produced = wait_for_key(r.lake.bootstrap, topic, marker, timeout_s=600)
+        produced = cdc_demo.wait_for_key(r.lake.bootstrap, topic, marker, timeout_s=600)
         capture.stop()
         time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
         done = r.lake.catch_up(decl, timeout_s=1800)
