@@ -88,8 +88,9 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
         pieces = list(stats.value.values())
         if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
             return _counted(spec, plan, classified, columns, (), {})
-        check_read(plan.offsets, piece_totals(pieces))
-        return ReadBatch(classified, columns, piece_totals(pieces), {}, (), {})
+        totals = piece_totals(pieces)
+        check_read(plan.offsets, totals)
+        return ReadBatch(classified, columns, totals, {}, (), {})
     except BaseException:
         classified.unpersist()
         raise
