@@ -13,7 +13,12 @@ then
   whose worker process no longer exists (or whose pid now belongs to a process started at
   another time), and frees its pool slots; and
 * frees the slots still claimed by runs that have already ended (what the daemon's run
-  monitoring does after ``free_slots_after_run_end_seconds``).
+  monitoring does after ``free_slots_after_run_end_seconds``); and
+* marks failed every run of this code location (tagged ``lake/table`` or selecting a ``lake/...``
+  asset) that has stayed NOT_STARTED or STARTED for :data:`UNTAGGED_GRACE_S` seconds without
+  liveness tags: its worker died between creating or starting the run and reaching the executor
+  (a CLI process killed in its first second). Such a run holds no slot, but the lag sensor would
+  take its table for busy for ever. STARTING runs are left to run monitoring's start timeout.
 
 It runs at the start of every run and every :data:`CHECK_INTERVAL_S` seconds while a run
 executes (so a run blocked on the pool proceeds once the holder is found dead), and on every tick
@@ -27,9 +32,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from dagster import DagsterInstance, DagsterRunStatus, Executor, ExecutorDefinition, RunsFilter, executor
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, Executor, ExecutorDefinition, RunsFilter, executor
+
+from lake_assets.vocabulary import TABLE_TAG
 
 HOST_TAG = "lake/worker-host"
 """Run tag: host name of the run's worker process."""
@@ -41,6 +49,10 @@ where there is no ``/proc``), so a reused pid is not taken for the dead worker."
 
 CHECK_INTERVAL_S = 10.0
 """Seconds between two liveness checks while a run executes."""
+
+UNTAGGED_GRACE_S = 60.0
+"""Seconds a run of this code location may stay NOT_STARTED or STARTED without liveness tags before
+it counts as dead. A live worker tags its run within milliseconds of RUN_START."""
 
 RUNNING = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 ENDED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
@@ -96,9 +108,34 @@ def _slot_holders(instance: DagsterInstance) -> set[str]:
     return holders
 
 
+def _ours(run: DagsterRun) -> bool:
+    return TABLE_TAG in run.tags or any(key.path[0] == "lake" for key in (run.asset_selection or ()))
+
+
+def reap_untagged_runs(instance: DagsterInstance, exclude_run_id: str | None = None,
+                       grace_s: float = UNTAGGED_GRACE_S) -> list[str]:
+    """Mark failed the runs of this code location that stayed NOT_STARTED or STARTED for ``grace_s``
+    seconds (since their last status change) without liveness tags, and free any slot they hold.
+    Never touches ``exclude_run_id``. Returns their run ids; reads and writes the instance only."""
+    before = datetime.now(timezone.utc) - timedelta(seconds=grace_s)
+    filters = RunsFilter(statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTED], updated_before=before)
+    reaped: list[str] = []
+    for record in instance.get_run_records(filters=filters):
+        run = record.dagster_run
+        if run.run_id == exclude_run_id or HOST_TAG in run.tags or not _ours(run):
+            continue
+        instance.report_run_failed(
+            run, f"run {run.status.value} for over {grace_s:.0f} s without liveness tags: its worker died before "
+                 "reaching the executor; marked failed by the next liveness check")
+        _free_slots(instance, run.run_id)
+        reaped.append(run.run_id)
+    return reaped
+
+
 def reap_dead_runs(instance: DagsterInstance, exclude_run_id: str | None = None) -> list[str]:
     """Mark failed the in-progress runs of this host whose worker died, free their pool slots and
-    the slots of runs that already ended; never touches ``exclude_run_id`` (the caller's run).
+    the slots of runs that already ended, and reap untagged runs (:func:`reap_untagged_runs`);
+    never touches ``exclude_run_id`` (the caller's run).
 
     Returns the ids of the runs it marked failed or freed slots of. Reads and writes the
     instance's run and event-log storage only.
@@ -118,7 +155,7 @@ def reap_dead_runs(instance: DagsterInstance, exclude_run_id: str | None = None)
         if run is None or run.status in ENDED:
             _free_slots(instance, run_id)
             reaped.append(run_id)
-    return reaped
+    return reaped + reap_untagged_runs(instance, exclude_run_id)
 
 
 class LivenessWatch:
@@ -188,5 +225,6 @@ def liveness_executor(base: ExecutorDefinition) -> ExecutorDefinition:
     return _executor
 
 
-__all__ = ["CHECK_INTERVAL_S", "HOST_TAG", "LivenessWatch", "PID_TAG", "START_TAG", "liveness_executor",
-           "process_start_time", "reap_dead_runs", "worker_alive", "worker_tags"]
+__all__ = ["CHECK_INTERVAL_S", "HOST_TAG", "LivenessWatch", "PID_TAG", "START_TAG", "UNTAGGED_GRACE_S",
+           "liveness_executor", "process_start_time", "reap_dead_runs", "reap_untagged_runs", "worker_alive",
+           "worker_tags"]

@@ -20,15 +20,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from devtools import devpostgres
 from devtools.demo_data import produce
 from devtools.rehearsal import kill_group
 from kafka_iceberg.settings import CHECKOUT
 from kafka_iceberg.spec import parse_table_spec
-from lake_assets.liveness import HOST_TAG, PID_TAG, START_TAG, reap_dead_runs, worker_tags
-from lake_assets.vocabulary import MICRO_BATCHES, table_pool
+from lake_assets.liveness import HOST_TAG, PID_TAG, START_TAG, reap_dead_runs, reap_untagged_runs, worker_tags
+from lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_pool
 from tests.helpers import event_records, spec_dict
 
 LOCATION = Path(__file__).with_name("backfill_location.py")
@@ -142,6 +142,37 @@ def test_reaper_marks_dead_workers_failed_and_frees_ended_runs_slots(tmp_path):
         holders = {s.run_id for s in instance.event_log_storage.get_concurrency_info("liveness_pool").claimed_slots}
         assert holders == {live_id, untagged_id}
         assert reap_dead_runs(instance) == []  # nothing left to do
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_untagged_runs_of_this_code_location_count_as_dead_after_the_grace(tmp_path):
+    """A worker killed before its executor tagged the run leaves it NOT_STARTED or STARTED with no
+    slot; the lag sensor would take its table for busy for ever. After the grace it is marked failed;
+    runs of other code locations and tagged runs are left alone."""
+    _, instance = _instance(tmp_path)
+    instance.event_log_storage.set_concurrency_slots("liveness_pool", 10)
+    table_run = _run(instance, DagsterRunStatus.STARTED, {TABLE_TAG: "demo.flights"})
+    selected = str(uuid.uuid4())
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=selected, status=DagsterRunStatus.NOT_STARTED,
+                                asset_selection=frozenset({AssetKey(["lake", "demo", "flights"])})))
+    foreign = str(uuid.uuid4())
+    instance.add_run(DagsterRun(job_name="other_team_job", run_id=foreign, status=DagsterRunStatus.STARTED,
+                                asset_selection=frozenset({AssetKey(["warehouse", "orders"])})))
+    starting = _run(instance, DagsterRunStatus.STARTING, {TABLE_TAG: "demo.flights"})  # run monitoring's
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        tagged = _run(instance, DagsterRunStatus.STARTED, {TABLE_TAG: "demo.flights", **worker_tags(live.pid)})
+        assert reap_untagged_runs(instance, grace_s=3600) == []  # within the grace: still starting
+        time.sleep(0.05)
+        assert sorted(reap_untagged_runs(instance, exclude_run_id=None, grace_s=0)) == sorted([table_run, selected])
+        status = {r: instance.get_run_by_id(r).status for r in (table_run, selected, foreign, starting, tagged)}
+        assert status == {table_run: DagsterRunStatus.FAILURE, selected: DagsterRunStatus.FAILURE,
+                          foreign: DagsterRunStatus.STARTED, starting: DagsterRunStatus.STARTING,
+                          tagged: DagsterRunStatus.STARTED}
+        holders = {s.run_id for s in instance.event_log_storage.get_concurrency_info("liveness_pool").claimed_slots}
+        assert table_run not in holders and {starting, tagged} <= holders
     finally:
         live.kill()
         live.wait()
