@@ -115,7 +115,8 @@ class Parser:
         return pa.RecordBatch.from_arrays([*raw.columns, j, ok], names=[*raw.schema.names, "j", ARROW_FLAG])
 
     def _candidates(self, keys: pa.Array, values: pa.Array):
-        """Records pyarrow may parse (a numpy bool array): a value within the bound, one JSON object on one line."""
+        """Records pyarrow may parse (a numpy bool array): a value within the bound that starts with ``{``
+        and ends with ``}`` (that it holds no CR or LF is checked per block, in :meth:`_parse`)."""
         import numpy as np
         import pyarrow.compute as pc
 
@@ -123,8 +124,7 @@ class Parser:
         ok = pc.and_(pc.is_valid(values), pc.less_equal(size, self.bound))
         ok = pc.and_(ok, pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"{", pa.binary())))
         ok = pc.and_(ok, pc.equal(pc.binary_slice(values, -1, 2**31 - 1), pa.scalar(b"}", pa.binary())))
-        ok = pc.and_(ok, pc.invert(pc.match_substring(values, "\n")))
-        ok = pc.and_(ok, pc.invert(pc.match_substring(values, "\r")))
+        # CR and LF are checked per block in _parse (one memchr scan of the joined block)
         return np.asarray(pc.fill_null(ok, False).to_numpy(zero_copy_only=False), dtype=bool)
 
     def _blocks(self, values: list, idx: list):
@@ -147,6 +147,8 @@ class Parser:
         options = pajson.ParseOptions(explicit_schema=self._parse_schema(),
                                       unexpected_field_behavior="error" if self.reject_unknown else "ignore")
         buf = b"\n".join(values)
+        if buf.count(b"\n") != len(values) - 1 or b"\r" in buf:
+            return None  # a value spans lines: the block fails, its records are isolated by halving
         try:
             table = pajson.read_json(io.BytesIO(buf), read_options=pajson.ReadOptions(use_threads=False,
                                      block_size=max(1 << 20, len(buf) + 1)), parse_options=options)

@@ -39,6 +39,12 @@ class OffsetRange:
         return self.end - self.start
 
 
+SMALL_BATCH_OFFSETS = 20_000
+"""A micro-batch of at most this many offsets is read by one Spark task and appended without a
+shuffle (docs/benchmark.md, "Small micro-batches"): a task reads 20,000 flights records in about
+0.1 s, less than starting a task per partition costs."""
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """What one micro-batch reads and the state it will commit.
@@ -77,6 +83,17 @@ class BatchPlan:
         resolved starting offsets of a table that has none yet (so ``latest`` or a timestamp
         is resolved exactly once)."""
         return not self.is_empty or not self.has_state
+
+    @property
+    def offsets_planned(self) -> int:
+        """Offsets to read in all (an upper bound on the records: gaps hold none)."""
+        return sum(r.size for r in self.ranges)
+
+    @property
+    def one_read_task(self) -> bool:
+        """Whether one Spark task reads the whole batch (at most :data:`SMALL_BATCH_OFFSETS` offsets):
+        one consumer instead of one per partition, and an append without a shuffle."""
+        return self.offsets_planned <= SMALL_BATCH_OFFSETS
 
     @property
     def lag_after(self) -> dict[int, int]:

@@ -15,7 +15,7 @@ class StreamSettings(BaseModel):
     """Streaming runs (``lake_assets/streaming.py``): how long a sensor-launched run keeps committing."""
 
     model_config = _FROZEN
-    budget_s: float = Field(120.0, ge=0, description="LAKE_STREAM_BUDGET_S: seconds a sensor-launched run (not part "
+    budget_s: float = Field(300.0, ge=0, description="LAKE_STREAM_BUDGET_S: seconds a sensor-launched run (not part "
                             "of a backfill) may keep starting micro-batches; 0 turns streaming off.")
     idle_s: float = Field(2.0, ge=0, description="LAKE_STREAM_IDLE_S: seconds a streaming run with no lag left polls "
                           "the high watermarks for new records before it ends.")

@@ -21,7 +21,7 @@ What stays the same:
   (tag ``dagster/sensor_name``) stream.
 
 ``Settings.stream`` (:class:`~kafka_iceberg.settings_models.StreamSettings`) holds the two bounds:
-``budget_s`` (``LAKE_STREAM_BUDGET_S``, seconds, default 120; 0 turns streaming off) bounds a run's
+``budget_s`` (``LAKE_STREAM_BUDGET_S``, seconds, default 300; 0 turns streaming off) bounds a run's
 loop: no micro-batch starts after it. ``idle_s`` (``LAKE_STREAM_IDLE_S``, seconds, default 2) is how
 long a run with no lag left waits for new records before it ends.
 """

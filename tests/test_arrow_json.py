@@ -40,6 +40,8 @@ VALUES = [
     json.dumps({**GOOD, "id": 13, "amount": "NaN"}).encode(),
     json.dumps({**GOOD, "id": 14, "name": "é\u2603\n"}).encode(),
     json.dumps({**GOOD, "id": 15}).encode() + b" ",                    # trailing blank
+    json.dumps({**GOOD, "id": 16}).replace(", ", ",\r ").encode(),    # CR between tokens: JSON whitespace
+    json.dumps({**GOOD, "id": 17}).encode() + b"\n" + json.dumps({**GOOD, "id": 18}).encode(),  # two objects
 ] + [json.dumps({**GOOD, "id": 100 + i}).encode() for i in range(100)]
 
 
@@ -69,8 +71,8 @@ def test_pyarrow_and_spark_classify_every_record_alike(spark, monkeypatch, unkno
     parser = arrow_json.Parser(COLUMNS, spec.bad_records.max_record_bytes, unknown_fields == "reject")
     parsed = parser.parse_batch(raw)
     claimed = parsed.column("_arrow").to_pylist()
-    assert claimed[:2] == [True, True] and all(claimed[21:]), "good records around the bad ones are parsed by pyarrow"
-    unusual = [i for i in range(2, 19) if not (unknown_fields == "ignore" and i == 7)]  # 7: an unknown field
+    assert claimed[:2] == [True, True] and all(claimed[23:]), "good records around the bad ones are parsed by pyarrow"
+    unusual = [i for i in [*range(2, 19), 21, 22] if not (unknown_fields == "ignore" and i == 7)]  # 7: an unknown field
     assert not any(claimed[i] for i in unusual), "pyarrow claims none of the unusual records"
 
     by_spark = classify(_frame(spark, raw, RAW_SCHEMA_DDL), spec, COLUMNS)

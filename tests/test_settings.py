@@ -28,7 +28,7 @@ def test_settings_are_built_once_per_environment_and_anew_when_it_changes(monkey
 def test_stream_settings_are_seconds_and_never_negative():
     stream = load_settings(env={"LAKE_STREAM_BUDGET_S": "45", "LAKE_STREAM_IDLE_S": "0.5"}).stream
     assert (stream.budget_s, stream.idle_s) == (45.0, 0.5)
-    assert load_settings(env={}).stream.budget_s == 120.0 and load_settings(env={}).stream.idle_s == 2.0
+    assert load_settings(env={}).stream.budget_s == 300.0 and load_settings(env={}).stream.idle_s == 2.0
     with pytest.raises(ConfigError, match="LAKE_STREAM_IDLE_S"):
         load_settings(env={"LAKE_STREAM_IDLE_S": "soon"})
     with pytest.raises(ConfigError, match="LAKE_STREAM_BUDGET_S"):

@@ -7,6 +7,7 @@ batch is classified against the columns it will be written with.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from pyspark.sql import functions as F
@@ -82,13 +83,19 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
     parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
     stats = stats_accumulator(lake.spark)
     read = raw_records(lake, spec.identifier, plan.offsets, parser, stats)
-    classified = classify_parsed(read, spec, list(columns)).persist()
+    # only a dead-letter row needs the raw value, and pyarrow never claims a bad record: the cache
+    # keeps the value of the other records only (about 300 of a flights record's cached bytes)
+    classified = classify_parsed(read, spec, list(columns))
+    classified = classified.withColumn("value", F.when(~F.col(arrow_json.ARROW_FLAG), F.col("value"))).persist()
     try:
         classified.write.format("noop").mode("overwrite").save()
         pieces = list(stats.value.values())
-        if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
-            return _counted(spec, plan, classified, columns, (), {})
         totals = piece_totals(pieces)
+        if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
+            counted = _counted(spec, plan, classified, columns, (), {})
+            read_bytes = {t.partition: t.bytes for t in totals}  # the cache no longer has every value
+            return dataclasses.replace(counted, stats=tuple(dataclasses.replace(s, bytes=read_bytes.get(s.partition, 0))
+                                                            for s in counted.stats))
         check_read(plan.offsets, totals)
         return ReadBatch(classified, columns, totals, {}, (), {})
     except BaseException:
@@ -132,11 +139,12 @@ def _classify(raw, spec: TableSpec, columns: list):
 def raw_records(lake: Lake, table: str, offsets: BatchPlan, parser: arrow_json.Parser | None = None, stats=None):
     """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL` (plus
     ``j`` and ``_arrow`` with a ``parser``), one task per range piece of at most ``max_records_per_task``
-    offsets (one Spark partition per piece, without a shuffle). ``stats``: see
+    offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
+    :attr:`~kafka_iceberg.planning.BatchPlan.one_read_task`). ``stats``: see
     :func:`~kafka_iceberg.reader.make_task_reader`."""
     pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
     rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
-    ranges = lake.spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    ranges = lake.spark.sparkContext.parallelize(rows, 1 if offsets.one_read_task else max(1, len(rows)))
     ranges_df = lake.spark.createDataFrame(ranges, "topic STRING, partition INT, start BIGINT, end BIGINT")
     reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats)
     ddl = RAW_SCHEMA_DDL if parser is None else f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}"

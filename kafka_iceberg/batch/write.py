@@ -79,9 +79,11 @@ def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | N
 
 
 def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, summary: Mapping[str, str],
-           expected: int, what: str) -> tuple[int, TableMetadataView]:
+           expected: int, what: str, shuffle: bool = True) -> tuple[int, TableMetadataView]:
     """Append ``rows`` to ``branch`` as one snapshot carrying ``summary``; returns its id and the
-    table's metadata loaded after the append (one load).
+    table's metadata loaded after the append (one load). ``shuffle=False`` writes each Spark partition's
+    rows as they are (``distribution-mode`` none, fanout writers): no shuffle stage, and for rows in
+    one Spark partition the same data files as the table's hash distribution would make.
 
     A retry happens only while the branch still points at ``branch_base`` (the append did not
     land), so the rows are never appended twice.
@@ -94,6 +96,8 @@ def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, sum
         writer = rows.writeTo(f"{lake.catalog_name}.{identifier}.branch_{branch}")
         for key, value in summary.items():
             writer = writer.option(f"snapshot-property.{key}", value)
+        if not shuffle:
+            writer = writer.option("distribution-mode", "none").option("fanout-enabled", "true")
         writer.append()
 
     def landed(view: TableMetadataView | None = None):
@@ -129,14 +133,16 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
     if batch.quarantined and dlq is not None:  # created with the table (Lake.ensure_tables)
         dlq_base = create_branch(lake, dlq, branch, lake.history(dlq).main)
         dlq_snapshot, _ = append(lake, dlq, branch, dlq_base, dead_letter_rows(batch.classified, commit_id),
-                                 dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined")
+                                 dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined",
+                                 shuffle=not plan.offsets.one_read_task)
         pointer = dead_letter_pointer(dlq, dlq_snapshot, branch)
     summary = batch_summary(spec, plan, batch, commit_id, pointer)
     if spec.upsert is not None:
         snapshot_id, history = merge(lake, spec, batch, branch, summary)
         return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
     rows = table_rows(batch.classified, spec, list(batch.columns))
-    snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added")
+    snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added",
+                                  shuffle=not plan.offsets.one_read_task)
     return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
 
 
