@@ -13,21 +13,24 @@ from pathlib import Path
 
 # (panel title, unit, [(bar label, value, note)])
 PANELS = [
-    ("(b)/(a): end to end / raw consume in the same round, N = 200,000 (load 19-42)", "ratio, median (goal 0.30)", [
-        ("before: from_json, 2 caches, groupBy", 0.122, "3 rounds, 15:00 UTC"),
-        ("after, LAKE_JSON_PARSER=spark", 0.077, "4 rounds, paired"),
-        ("after, LAKE_JSON_PARSER=arrow", 0.158, "4 rounds, paired"),
+    ("(b)/(a): end to end / raw consume, N = 1,000,000, quiet machine, make bench", "ratio (goal 0.30)", [
+        ("issue baseline", 0.118, "37,782 / 319,813 records/s"),
+        ("session start (ce5abf7)", 0.247, "2026-11-23 18:17"),
+        ("after (e3afd9f), first batch", 0.274, "19:09"),
+        ("after (e3afd9f), warm session", 0.314, "19:09, same run"),
     ]),
-    ("1,000-record micro-batch on a warm session (load 24-33)", "seconds, median (goal 1.5)", [
-        ("before: from_json", 11.03, "5 batches, 7 Spark jobs"),
-        ("after, spark parser", 15.83, "4 batches, 6 jobs"),
-        ("after, arrow parser", 12.08, "4 batches, 4 jobs"),
+    ("1,000-record micro-batch on a warm session, quiet machine", "seconds, median (goal 1.5)", [
+        ("issue baseline (execute at 10 snapshots)", 2.65, ""),
+        ("session start (ce5abf7)", 2.58, "4 Spark jobs, right after warm-up"),
+        ("after (e3afd9f)", 1.24, "3 Spark jobs, after (1b)"),
     ]),
-    ("Freshness p50 / p90 under 200 records/s (not re-measured this session)", "seconds (goal 10 / 20)", [
-        ("issue baseline p50 (quiet)", 29.4, "one run per micro-batch"),
-        ("issue baseline p90 (quiet)", 43.2, ""),
-        ("streaming runs p50 (load 31-34)", 272.2, "2026-11-23 13:10, 4 min"),
-        ("streaming runs p90 (load 31-34)", 325.4, ""),
+    ("Freshness p50 / p90 under 200 records/s for 8 min, quiet machine", "seconds (goal 10 / 20)", [
+        ("issue baseline p50", 29.4, "one run per micro-batch"),
+        ("issue baseline p90", 43.2, ""),
+        ("streaming, budget 120 s: p50", 2.8, "ce5abf7, 18:22"),
+        ("streaming, budget 120 s: p90", 18.4, ""),
+        ("streaming, budget 300 s: p50", 1.4, "e3afd9f, 19:00"),
+        ("streaming, budget 300 s: p90", 3.3, ""),
     ]),
 ]
 COLORS = ("#7f8c8d", "#2e86c1", "#a04000", "#1e8449")
