@@ -41,7 +41,7 @@ class OffsetRange:
 
 SMALL_BATCH_OFFSETS = 20_000
 """A micro-batch of at most this many offsets is read by one Spark task and appended without a
-shuffle (docs/benchmark.md, "Small micro-batches"): a task reads 20,000 flights records in about
+shuffle (docs/benchmark.md, "Quiet machine", change 2): a task reads 20,000 flights records in about
 0.1 s, less than starting a task per partition costs."""
 
 
@@ -89,11 +89,11 @@ class BatchPlan:
         """Offsets to read in all (an upper bound on the records: gaps hold none)."""
         return sum(r.size for r in self.ranges)
 
-    @property
-    def one_read_task(self) -> bool:
-        """Whether one Spark task reads the whole batch (at most :data:`SMALL_BATCH_OFFSETS` offsets):
-        one consumer instead of one per partition, and an append without a shuffle."""
-        return self.offsets_planned <= SMALL_BATCH_OFFSETS
+    def one_read_task(self, max_records_per_task: int) -> bool:
+        """Whether one Spark task reads the whole batch: at most :data:`SMALL_BATCH_OFFSETS` offsets and
+        at most ``max_records_per_task`` (``LAKE_MAX_RECORDS_PER_TASK``). Then one consumer reads every
+        partition's range, and the append needs no shuffle."""
+        return self.offsets_planned <= min(SMALL_BATCH_OFFSETS, max_records_per_task)
 
     @property
     def lag_after(self) -> dict[int, int]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kafka_iceberg.errors import ConfigError, DataLossError, OffsetsAheadError
-from kafka_iceberg.planning import OffsetRange, Watermarks, offset_lag, plan_batch, split_ranges
+from kafka_iceberg.planning import SMALL_BATCH_OFFSETS, OffsetRange, Watermarks, offset_lag, plan_batch, split_ranges
 from kafka_iceberg.recovery import attempt_branch, parse_attempt
 from kafka_iceberg.settings import catalog_from_uri, load_settings
 from kafka_iceberg.spec import load_table_specs, parse_duration_s
@@ -73,6 +73,14 @@ def test_split_ranges_tiles_each_range_exactly():
     assert [(r.partition, r.start, r.end) for r in pieces] == [(0, 5, 15), (0, 15, 25), (0, 25, 27), (1, 0, 10)]
     with pytest.raises(ValueError):
         split_ranges([], 0)
+
+
+def test_a_small_batch_is_read_by_one_task_within_the_task_bound():
+    small = plan({0: 0, 1: 0}, {0: (0, 600), 1: (0, 400)}, bound=SMALL_BATCH_OFFSETS)
+    assert small.offsets_planned == 1000 and small.one_read_task(250_000)
+    assert not small.one_read_task(999), "LAKE_MAX_RECORDS_PER_TASK still bounds the one task"
+    large = plan({0: 0, 1: 0}, {0: (0, SMALL_BATCH_OFFSETS), 1: (0, 1)}, bound=SMALL_BATCH_OFFSETS)
+    assert large.offsets_planned == SMALL_BATCH_OFFSETS + 1 and not large.one_read_task(250_000)
 
 
 def snap(sid, parent, summary=None, ts=0):

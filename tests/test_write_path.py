@@ -90,6 +90,24 @@ def test_micro_batches_across_partitions_respect_the_bound(spark, settings, kafk
     assert {s.summary[KEY_COMMIT_ID] for s in history if KEY_BATCH in s.summary} == {r.commit_id for r in results}
 
 
+def test_a_small_batch_is_read_by_one_task_and_writes_one_data_file_per_table_partition(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    """900 records on 3 Kafka partitions, spanning 3 days of a days(event_time) table: one read task and
+    an append without a shuffle (fanout writers) must still make one data file per day, as the hash
+    distribution would, with every record once."""
+    topic = topic_factory(unique, partitions=3)
+    produce(kafka_config, topic, event_records(range(900)))
+    spec = make_spec(unique, topic, max_records_per_partition=1000)
+    result = run(spark, settings, spec, kafka, catalog)
+    assert result.records == 900 and len(result.ranges) == 3
+    files = load_table(catalog, spec.identifier).inspect.files().to_pylist()
+    days = sorted(str(f["partition"]) for f in files)
+    assert len(files) == 3 and len(set(days)) == 3, days
+    assert sum(f["record_count"] for f in files) == 900
+    assert_exactly(spark, settings, spec, catalog, set(range(900)))
+
+
 def test_rerun_is_idempotent(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(300)))

@@ -140,11 +140,12 @@ def raw_records(lake: Lake, table: str, offsets: BatchPlan, parser: arrow_json.P
     """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL` (plus
     ``j`` and ``_arrow`` with a ``parser``), one task per range piece of at most ``max_records_per_task``
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
-    :attr:`~kafka_iceberg.planning.BatchPlan.one_read_task`). ``stats``: see
+    :meth:`~kafka_iceberg.planning.BatchPlan.one_read_task`). ``stats``: see
     :func:`~kafka_iceberg.reader.make_task_reader`."""
     pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
     rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
-    ranges = lake.spark.sparkContext.parallelize(rows, 1 if offsets.one_read_task else max(1, len(rows)))
+    one_task = offsets.one_read_task(lake.settings.max_records_per_task)
+    ranges = lake.spark.sparkContext.parallelize(rows, 1 if one_task else max(1, len(rows)))
     ranges_df = lake.spark.createDataFrame(ranges, "topic STRING, partition INT, start BIGINT, end BIGINT")
     reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats)
     ddl = RAW_SCHEMA_DDL if parser is None else f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}"

@@ -130,11 +130,12 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
         LakeError: a write did not reconcile. CatalogUnavailableError: retries ran out.
     """
     dlq, dlq_snapshot, pointer = plan.target.dead_letter_table, None, None
+    shuffle = not plan.offsets.one_read_task(lake.settings.max_records_per_task)  # one read task: rows in one partition
     if batch.quarantined and dlq is not None:  # created with the table (Lake.ensure_tables)
         dlq_base = create_branch(lake, dlq, branch, lake.history(dlq).main)
         dlq_snapshot, _ = append(lake, dlq, branch, dlq_base, dead_letter_rows(batch.classified, commit_id),
                                  dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined",
-                                 shuffle=not plan.offsets.one_read_task)
+                                 shuffle=shuffle)
         pointer = dead_letter_pointer(dlq, dlq_snapshot, branch)
     summary = batch_summary(spec, plan, batch, commit_id, pointer)
     if spec.upsert is not None:
@@ -142,7 +143,7 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
         return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
     rows = table_rows(batch.classified, spec, list(batch.columns))
     snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added",
-                                  shuffle=not plan.offsets.one_read_task)
+                                  shuffle=shuffle)
     return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
 
 
