@@ -161,12 +161,16 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         materialize.click()
         dialog = page.locator("[role=dialog]", has_text="Launch runs to materialize").first
         expect(dialog.get_by_text("maximum of 1 partitions per run", exact=False)).to_be_visible()
-        for slot in ("ui-slot-1", "ui-slot-2"):
+        for n, slot in enumerate(("ui-slot-1", "ui-slot-2"), start=1):
             dialog.get_by_text("Add a partition", exact=True).click()
             add = page.locator("[role=dialog]", has_text="Add a partition for micro_batches")
             add.locator("input[type=text]").fill(slot)
             add.get_by_role("button", name="Save").click()
             expect(add).to_have_count(0)
+            # the dialog refetches the partitions after an add; adding the next one before that refetch
+            # lands lost it once (the selection came back with ui-slot-1 only), so let each add settle
+            expect(dialog.get_by_text(f"{n} partition{'s' if n > 1 else ''}", exact=True)).to_be_visible()
+            page.wait_for_timeout(2000)
         expect(dialog.get_by_text("2 partitions", exact=True)).to_be_visible()
         dialog.get_by_role("button", name="Launch backfill").click()
         expect(page.get_by_text("Created backfill", exact=False).first).to_be_visible()
