@@ -108,6 +108,13 @@ def _slot_holders(instance: DagsterInstance) -> set[str]:
     return holders
 
 
+def _fail(instance: DagsterInstance, run: DagsterRun, why: str) -> str:
+    """Mark ``run`` failed with ``why``, free its pool slots; returns its run id."""
+    instance.report_run_failed(run, why)
+    _free_slots(instance, run.run_id)
+    return run.run_id
+
+
 def _ours(run: DagsterRun) -> bool:
     return TABLE_TAG in run.tags or any(key.path[0] == "lake" for key in (run.asset_selection or ()))
 
@@ -124,11 +131,8 @@ def reap_untagged_runs(instance: DagsterInstance, exclude_run_id: str | None = N
         run = record.dagster_run
         if run.run_id == exclude_run_id or HOST_TAG in run.tags or not _ours(run):
             continue
-        instance.report_run_failed(
-            run, f"run {run.status.value} for over {grace_s:.0f} s without liveness tags: its worker died before "
-                 "reaching the executor; marked failed by the next liveness check")
-        _free_slots(instance, run.run_id)
-        reaped.append(run.run_id)
+        reaped.append(_fail(instance, run, f"run {run.status.value} for over {grace_s:.0f} s without liveness tags: "
+                            "its worker died before reaching the executor; marked failed by the next liveness check"))
     return reaped
 
 
@@ -145,11 +149,8 @@ def reap_dead_runs(instance: DagsterInstance, exclude_run_id: str | None = None)
     for run in instance.get_runs(filters=RunsFilter(statuses=RUNNING, tags={HOST_TAG: host})):
         if run.run_id == exclude_run_id or PID_TAG not in run.tags or worker_alive(dict(run.tags)):
             continue
-        instance.report_run_failed(
-            run, f"run worker pid {run.tags[PID_TAG]} on {host} is gone (killed or crashed); marked failed and its "
-                 "pool slots freed by the next run's liveness check")
-        _free_slots(instance, run.run_id)
-        reaped.append(run.run_id)
+        reaped.append(_fail(instance, run, f"run worker pid {run.tags[PID_TAG]} on {host} is gone (killed or crashed); "
+                            "marked failed and its pool slots freed by the next run's liveness check"))
     for run_id in _slot_holders(instance) - {exclude_run_id, *reaped}:
         run = instance.get_run_by_id(run_id)
         if run is None or run.status in ENDED:
