@@ -102,7 +102,8 @@ def print_machine(settings: Settings | None) -> None:
     say(f"broker                {_cmd_first_line([str(noida), 'version']) if noida.exists() else 'noida-db ?'}")
     if settings is not None:
         say(f"Spark master          {settings.spark_master}   (driver memory {settings.spark_driver_memory}, "
-            f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task})")
+            f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task}, LAKE_JSON_PARSER={settings.json_parser}, "
+            f"LAKE_WRITER={settings.writer})")
 
 
 # -- Kafka helpers -----------------------------------------------------------------------

@@ -139,7 +139,8 @@ class _Chunk:
         self.timestamps += [m.timestamp()[1] for m in msgs]
         self.keys += [m.key() for m in msgs]
         self.values += [m.value() for m in msgs]
-        self.headers += [[{"key": k, "value": v} for k, v in h] if h else None for h in [m.headers() for m in msgs]]
+        # a record always has a header array (Kafka's record format); librdkafka says None for an empty one
+        self.headers += [[{"key": k, "value": v} for k, v in h] if h else [] for h in [m.headers() for m in msgs]]
 
     def batch(self, topic: str, partition: int) -> pa.RecordBatch:
         out = _batch(topic, partition, self.offsets, self.timestamps, self.keys, self.values, self.headers)
@@ -188,24 +189,35 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
         chunk.extend(good)  # the records taken before a return or an error
 
 
-def make_task_reader(conf: Mapping[str, object], table: str, timeout_s: float, parser=None, stats=None):
+def make_task_reader(conf: Mapping[str, object], table: str, timeout_s: float, parser=None, stats=None,
+                     writer=None, written=None):
     """Build the ``mapInArrow`` function: input batches of (topic, partition, start, end)
     rows, output batches in :data:`RAW_SCHEMA_DDL`; with ``parser`` (a
     :class:`kafka_iceberg.arrow_json.Parser`) each batch also carries ``j`` and ``_arrow``
     (:func:`kafka_iceberg.arrow_json.j_ddl`), parsed in the task. With ``stats`` (a Spark
-    accumulator of :class:`PieceStatsParam`) each range piece adds its :class:`PieceStats`."""
+    accumulator of :class:`PieceStatsParam`) each range piece adds its :class:`PieceStats`.
+    With ``writer`` (a :class:`kafka_iceberg.batch.files.FileWriter`; needs ``parser``) the
+    records pyarrow claimed are written as data files in the task instead of being output, and
+    the task adds ``{(partition, start) of its first piece: [DataFile, ...]}`` to ``written``
+    (an accumulator of :class:`PieceStatsParam`)."""
     conf = dict(conf)
 
     def read_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sink, first = (writer.sink() if writer is not None else None), None
         for batch in batches:
             for row in batch.to_pylist():
+                first = first or (row["partition"], row["start"])
                 tally = PieceStats(row["partition"])
                 for raw in read_range(conf, table, row["topic"], row["partition"], row["start"], row["end"], timeout_s):
                     out = raw if parser is None else parser.parse_batch(raw)
                     tally.add(out)
-                    yield out
+                    out = out if sink is None else sink.take(out)
+                    if out.num_rows:
+                        yield out
                 if stats is not None:
                     stats.add({(row["partition"], row["start"]): tally})
+        if sink is not None and first is not None:
+            written.add({first: sink.close()})
 
     return read_partition
 

@@ -157,6 +157,7 @@ class Settings:
     read_timeout_s: float = 120.0
     max_records_per_task: int = 250_000
     json_parser: str = "arrow"  # LAKE_JSON_PARSER: "arrow" (pyarrow in the read task) or "spark" (from_json)
+    writer: str = "arrow"  # LAKE_WRITER: "arrow" (the read task writes what pyarrow parsed) or "spark"
     attempt_timeout_s: float = 3600.0
     orphan_clock_skew_s: float = 1.0
     catalog_retry_s: float = 60.0
@@ -319,6 +320,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         read_timeout_s=_number(env, "LAKE_READ_TIMEOUT_S", 120.0),
         max_records_per_task=int(_number(env, "LAKE_MAX_RECORDS_PER_TASK", 250_000)),
         json_parser=_choice(env, "LAKE_JSON_PARSER", "arrow", ("arrow", "spark")),
+        writer=_choice(env, "LAKE_WRITER", "arrow", ("arrow", "spark")),
         attempt_timeout_s=_number(env, "LAKE_ATTEMPT_TIMEOUT_S", 3600.0),
         orphan_clock_skew_s=_number(env, "LAKE_ORPHAN_CLOCK_SKEW_S", 1.0),
         catalog_retry_s=_number(env, "LAKE_CATALOG_RETRY_S", 60.0),

@@ -85,12 +85,24 @@ class Lake:
 
     def find(self, identifier: str) -> TableMetadataView | None:
         """Like :meth:`history`, but None when the table does not exist."""
+        table = self.load(identifier, must_exist=False)
+        return None if table is None else metadata_view(table)
+
+    def load(self, identifier: str, must_exist: bool = True):
+        """The pyiceberg table, loaded from the catalog (retried while it is unavailable; counted
+        in ``metadata_loads``). None for a missing table unless ``must_exist``.
+
+        Raises:
+            LakeError: ``must_exist`` and the table does not exist. CatalogUnavailableError.
+        """
         def load():
             self.metadata_loads.append(identifier)
-            table = load_table(self.catalog, identifier)
-            return None if table is None else metadata_view(table)
+            return load_table(self.catalog, identifier)
 
-        return self.retry(f"load metadata of {identifier}", load)
+        table = self.retry(f"load metadata of {identifier}", load)
+        if table is None and must_exist:
+            raise LakeError(f"table {identifier} does not exist in catalog {self.catalog.name}")
+        return table
 
     def sql(self, what: str, statement: str, before_retry=None):
         """Run one Spark SQL statement, retried on a transient catalog error."""

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from kafka_iceberg import arrow_json
 from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.files import FileWriter, discard
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
 from kafka_iceberg.cdc import parse_changes
 from kafka_iceberg.errors import LakeError, MalformedRecordError
@@ -79,18 +80,30 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
 def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -> ReadBatch:
     """The pyarrow path: one Spark job (a ``noop`` write) reads, parses and caches the records;
     the read tasks report per-piece statistics through an accumulator. Only when some record was
-    not parsed good by pyarrow does a second job over the cache count the bad ones per partition."""
+    not parsed good by pyarrow does a second job over the cache count the bad ones per partition.
+    With ``LAKE_WRITER=arrow`` the tasks write the records pyarrow claimed as data files
+    (:mod:`kafka_iceberg.batch.files`) and only the others are cached."""
     parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
     stats = stats_accumulator(lake.spark)
-    read = raw_records(lake, spec.identifier, plan.offsets, parser, stats)
-    # only a dead-letter row needs the raw value, and pyarrow never claims a bad record: the cache
-    # keeps the value of the other records only (about 300 of a flights record's cached bytes)
+    writer = written = None
+    if lake.settings.writer == "arrow":
+        writer = FileWriter(lake.load(spec.identifier), columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
+        written = stats_accumulator(lake.spark)
+    read = raw_records(lake, spec.identifier, plan.offsets, parser, stats, writer, written)
     classified = classify_parsed(read, spec, list(columns))
-    classified = classified.withColumn("value", F.when(~F.col(arrow_json.ARROW_FLAG), F.col("value"))).persist()
+    if writer is None:
+        # only a dead-letter row needs the raw value, and pyarrow never claims a bad record: the cache
+        # keeps the value of the other records only (about 300 of a flights record's cached bytes)
+        classified = classified.withColumn("value", F.when(~F.col(arrow_json.ARROW_FLAG), F.col("value")))
+    classified = classified.persist()
     try:
         classified.write.format("noop").mode("overwrite").save()
         pieces = list(stats.value.values())
         totals = piece_totals(pieces)
+        if writer is not None:
+            files = tuple(f for task_files in written.value.values() for f in task_files)
+            left = sum(p.records - p.arrow_good for p in pieces)
+            return _with_leftovers(spec, plan, classified, columns, totals, files, left)
         if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
             counted = _counted(spec, plan, classified, columns, (), {})
             read_bytes = {t.partition: t.bytes for t in totals}  # the cache no longer has every value
@@ -98,9 +111,27 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
                                                             for s in counted.stats))
         check_read(plan.offsets, totals)
         return ReadBatch(classified, columns, totals, {}, (), {})
-    except BaseException:
+    except BaseException as exc:
         classified.unpersist()
+        if writer is not None and isinstance(exc, Exception):  # a crash leaves them to recovery
+            discard(lake.load(spec.identifier), [f for task_files in written.value.values() for f in task_files])
         raise
+
+
+def _with_leftovers(spec: TableSpec, plan: WritePlan, leftovers, columns: tuple, totals, files: tuple,
+                    left: int) -> ReadBatch:
+    """The read batch when the tasks wrote ``files``: ``totals`` count every record, and the
+    cached ``leftovers`` (the ``left`` records pyarrow did not claim, classified by Spark) give
+    the bad ones."""
+    kinds = {}
+    if left:
+        bad = {s.partition: s.quarantined for s in partition_stats(leftovers)}
+        totals = tuple(dataclasses.replace(t, quarantined=bad.get(t.partition, 0)) for t in totals)
+        kinds = quarantine_kinds(leftovers) if any(bad.values()) else {}
+        if kinds and spec.bad_records.policy == "fail":
+            raise first_bad_record(spec, leftovers)
+    check_read(plan.offsets, totals)
+    return ReadBatch(leftovers, columns, totals, kinds, (), {}, data_files=files)
 
 
 def piece_totals(pieces) -> tuple[PartitionStats, ...]:
@@ -136,18 +167,20 @@ def _classify(raw, spec: TableSpec, columns: list):
     return parse_changes(raw, columns, list(spec.upsert.key), spec.upsert.cdc, reject_unknown=spec.unknown_fields != "ignore")
 
 
-def raw_records(lake: Lake, table: str, offsets: BatchPlan, parser: arrow_json.Parser | None = None, stats=None):
+def raw_records(lake: Lake, table: str, offsets: BatchPlan, parser: arrow_json.Parser | None = None, stats=None,
+                writer=None, written=None):
     """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL` (plus
     ``j`` and ``_arrow`` with a ``parser``), one task per range piece of at most ``max_records_per_task``
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
-    :meth:`~kafka_iceberg.planning.BatchPlan.one_read_task`). ``stats``: see
+    :meth:`~kafka_iceberg.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see
     :func:`~kafka_iceberg.reader.make_task_reader`."""
     pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
     rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
     one_task = offsets.one_read_task(lake.settings.max_records_per_task)
     ranges = lake.spark.sparkContext.parallelize(rows, 1 if one_task else max(1, len(rows)))
     ranges_df = lake.spark.createDataFrame(ranges, "topic STRING, partition INT, start BIGINT, end BIGINT")
-    reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats)
+    reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats,
+                              writer, written)
     ddl = RAW_SCHEMA_DDL if parser is None else f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}"
     return ranges_df.mapInArrow(reader, ddl)
 

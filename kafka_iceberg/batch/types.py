@@ -78,7 +78,9 @@ class ReadBatch:
     """The records of one batch, classified (a persisted Spark DataFrame: raw columns, ``j`` and
     ``_problem``, see :func:`kafka_iceberg.transform.classify`) against the table's value
     ``columns``, with per-partition ``stats``, bad records per kind and the columns schema
-    evolution added before the read."""
+    evolution added before the read. With ``data_files`` (``LAKE_WRITER=arrow``) the read tasks
+    already wrote the records pyarrow claimed as those data files, and ``classified`` holds only
+    the other records; ``stats`` count all of them."""
 
     classified: object
     columns: tuple
@@ -86,6 +88,7 @@ class ReadBatch:
     quarantine_kinds: Mapping[str, int] = field(default_factory=dict)
     schema_changes: tuple = ()
     schema_ids: Mapping[int, int] = field(default_factory=dict)  # records per registry schema id
+    data_files: tuple | None = None  # LAKE_WRITER=arrow: DataFiles the read tasks wrote (batch/files.py)
 
     @property
     def records_read(self) -> int:

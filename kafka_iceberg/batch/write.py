@@ -7,11 +7,13 @@ read phase counted for it, or nothing is published.
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping
 
 from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.files import FileWriter, commit_files, discard, write_rows
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog import TableMetadataView
+from kafka_iceberg.catalog import TableMetadataView, metadata_view
 from kafka_iceberg.cdc import DELETE, reduce_changes
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.spec import TableSpec
@@ -23,6 +25,8 @@ from kafka_iceberg.state import (
 )
 from kafka_iceberg.transform import dead_letter_rows, table_rows
 from kafka_iceberg.upsert import merge_changes
+
+log = logging.getLogger(__name__)
 
 
 def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str,
@@ -100,14 +104,26 @@ def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, sum
             writer = writer.option("distribution-mode", "none").option("fanout-enabled", "true")
         writer.append()
 
+    return _committed(lake, identifier, branch, branch_base, write, expected, what)
+
+
+def _committed(lake: Lake, identifier: str, branch: str, branch_base: int, write, expected: int,
+               what: str) -> tuple[int, TableMetadataView]:
+    """Run ``write`` (one commit to ``branch``; it may return the metadata after it, else it is
+    loaded), retried only while the branch still points at ``branch_base``; returns the new
+    snapshot id and that metadata.
+
+    Raises:
+        LakeError: the branch vanished, no snapshot was made, or its ``added-records`` is not ``expected``.
+    """
     def landed(view: TableMetadataView | None = None):
         head = (view or lake.history(identifier)).refs.get(branch)
         if head is None:
             raise LakeError(f"table {identifier}: attempt branch {branch} disappeared during the write")
         return head if head != branch_base else None
 
-    lake.retry(f"table {identifier}: append to branch {branch}", write, before_retry=landed)
-    view = lake.history(identifier)
+    view = lake.retry(f"table {identifier}: append to branch {branch}", write, before_retry=landed) \
+        or lake.history(identifier)
     head = landed(view)
     if head is None:
         raise LakeError(f"table {identifier}: the append to branch {branch} made no snapshot")
@@ -118,6 +134,41 @@ def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, sum
             f"added {added} rows but {expected} records were {what}; nothing was published"
         )
     return head, view
+
+
+def append_files(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, branch_base: int,
+                 summary: Mapping[str, str]) -> tuple[int, TableMetadataView]:
+    """``LAKE_WRITER=arrow``: the data files the read tasks wrote, plus files for the good records
+    Spark classified (:func:`~kafka_iceberg.batch.files.write_rows`), committed to ``branch`` as one
+    snapshot carrying ``summary``; returns its id and the metadata loaded after it.
+
+    Raises:
+        LakeError: as :func:`append` (the snapshot must add ``batch.records`` rows).
+    """
+    files = list(batch.data_files)
+
+    def write():
+        return metadata_view(commit_files(lake.load(spec.identifier), branch, files, summary))
+
+    try:
+        if batch.records > sum(f.record_count for f in files):
+            writer = FileWriter(lake.load(spec.identifier), batch.columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
+            files += write_rows(lake.spark, writer, table_rows(batch.classified, spec, list(batch.columns)))
+        return _committed(lake, spec.identifier, branch, branch_base, write, batch.records, "added")
+    except Exception:
+        _discard_unless_committed(lake, spec.identifier, branch, branch_base, files)
+        raise
+
+
+def _discard_unless_committed(lake: Lake, identifier: str, branch: str, branch_base: int, files: list) -> None:
+    """After a failed commit: delete ``files`` when ``branch`` is still at ``branch_base`` (no snapshot
+    references them); a snapshot that landed keeps them, for recovery to expire. Best effort."""
+    try:
+        table = lake.load(identifier)
+        if table.metadata.refs.get(branch) is not None and table.metadata.refs[branch].snapshot_id == branch_base:
+            discard(table, files)
+    except Exception as exc:  # noqa: BLE001 - the original error matters more; orphan removal remains
+        log.warning("table %s: files of the failed attempt %s were not checked for deletion (%s)", identifier, branch, exc)
 
 
 def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, branch: str, branch_base: int,
@@ -140,6 +191,9 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
     summary = batch_summary(spec, plan, batch, commit_id, pointer)
     if spec.upsert is not None:
         snapshot_id, history = merge(lake, spec, batch, branch, summary)
+        return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
+    if batch.data_files is not None:
+        snapshot_id, history = append_files(lake, spec, batch, branch, branch_base, summary)
         return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
     rows = table_rows(batch.classified, spec, list(batch.columns))
     snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added",

@@ -1,0 +1,119 @@
+"""``LAKE_WRITER=arrow`` (kafka_iceberg/batch/files.py): the read tasks write the records pyarrow
+claimed as data files with pyiceberg's writer, a second job writes the good records only Spark
+could classify, and one pyiceberg commit puts them all in one snapshot. Real Spark, broker,
+catalog and DuckDB: the table must hold exactly what Spark's own writer makes of the same topic."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import Producer
+
+from kafka_iceberg.batch import files as files_module
+from kafka_iceberg.catalog import load_table
+from kafka_iceberg.pipeline import run_micro_batch
+from tests.helpers import BASE_TS_MS, current_view, data_files_on_disk, event, make_spec, referenced_data_files
+
+GOOD = [json.dumps(event(i)).encode() for i in range(40)]
+ONLY_SPARK = [json.dumps(event(100), indent=2).encode(),              # good, but several lines: Spark parses it
+              json.dumps({**event(101), "amount": 5}).encode()[:-1] + b" }"]  # good, unusual spacing
+BAD = [b"not json", None, json.dumps({**event(102), "id": None}).encode()]
+
+
+def _produce(kafka_config, topic: str) -> int:
+    producer = Producer(kafka_config.client_conf())
+    values = GOOD[:20] + ONLY_SPARK + BAD + GOOD[20:]
+    for n, value in enumerate(values):
+        headers = [("trace", f"t{n}".encode()), ("empty", None)] if n % 3 == 0 else None
+        producer.produce(topic, key=None if n % 5 == 0 else f"k{n}".encode(), value=value, headers=headers,
+                         partition=n % 2, timestamp=BASE_TS_MS + n)
+    assert producer.flush(30) == 0
+    return len(values)
+
+
+def _rows(spark, settings, identifier: str) -> list:
+    df = spark.table(f"{settings.catalog.name}.{identifier}")
+    return [tuple(r) for r in df.orderBy("_kafka_partition", "_kafka_offset").collect()]
+
+
+def test_arrow_writer_makes_the_table_spark_writer_makes(spark, settings, kafka, kafka_config, catalog, unique,
+                                                          topic_factory):
+    topic = topic_factory(unique, partitions=2)
+    produced = _produce(kafka_config, topic)
+    results = {}
+    for writer in ("arrow", "spark"):
+        spec = make_spec(f"{unique}_{writer}", topic)
+        results[writer] = (spec, run_micro_batch(spark, dataclasses.replace(settings, writer=writer), spec,
+                                                 commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog))
+    (arrow_spec, arrow), (spark_spec, by_spark) = results["arrow"], results["spark"]
+    assert arrow.records_read == produced and arrow.quarantined == len(BAD)
+    assert arrow.records == len(GOOD) + len(ONLY_SPARK) == by_spark.records
+    assert arrow.quarantine_kinds == by_spark.quarantine_kinds and arrow.quarantined_by_partition == by_spark.quarantined_by_partition
+
+    rows = _rows(spark, settings, arrow_spec.identifier)
+    assert rows == _rows(spark, settings, spark_spec.identifier), "same rows, values and Kafka columns"
+    assert {r[0] for r in rows} == set(range(40)) | {100, 101}
+    dlq = [(r["partition"], r["offset"], r["error_kind"]) for r in spark.table(
+        f"{settings.catalog.name}.{arrow_spec.bad_records.dead_letter_identifier}").collect()]
+    assert sorted(dlq) == sorted((r["partition"], r["offset"], r["error_kind"]) for r in spark.table(
+        f"{settings.catalog.name}.{spark_spec.bad_records.dead_letter_identifier}").collect())
+
+    table = load_table(catalog, arrow_spec.identifier)
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary.additional_properties
+    spark_summary = load_table(catalog, spark_spec.identifier).current_snapshot().summary.additional_properties
+    state = {k: v for k, v in summary.items() if k.startswith("kafka.") and k not in ("kafka.commit-id", "kafka.dead-letter")}
+    assert state and state == {k: v for k, v in spark_summary.items() if k in state}
+    assert int(summary["added-records"]) == arrow.records
+
+    paths = [t.file.file_path for t in table.scan().plan_files()]
+    assert len(paths) > 1 and int(summary["added-data-files"]) == len(paths), "every file in one snapshot"
+    schema = pq.read_schema(paths[0].removeprefix("file://"))
+    field_ids = {f.name: int(f.metadata[b"PARQUET:field_id"]) for f in schema}
+    assert field_ids == {f.name: f.field_id for f in table.schema().fields}, "Parquet field ids are the table's"
+    assert data_files_on_disk(settings, arrow_spec) == referenced_data_files(spark, settings, arrow_spec)
+
+
+def test_a_failed_commit_deletes_the_files_its_tasks_wrote(spark, settings, kafka, kafka_config, catalog, unique,
+                                                          topic_factory, monkeypatch):
+    topic = topic_factory(unique, partitions=2)
+    _produce(kafka_config, topic)
+    spec = make_spec(unique, topic)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("commit refused (test)")
+
+    monkeypatch.setattr("kafka_iceberg.batch.write.commit_files", refuse)
+    try:
+        run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+        raise AssertionError("the micro-batch should have failed")
+    except RuntimeError as exc:
+        assert "commit refused" in str(exc)
+    assert current_view(catalog, spec).main is None
+    assert not data_files_on_disk(settings, spec), "the tasks' files were deleted with the failed attempt"
+
+    monkeypatch.undo()
+    result = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    assert result.records == len(GOOD) + len(ONLY_SPARK)
+
+
+def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, unique):
+    """``files.data_files`` wraps pyiceberg's private ``_dataframe_to_data_files``: partitioned by the
+    table's spec, with the record counts and partition values a commit needs."""
+    identifier = f"test.pin_{unique}"
+    spark.sql(f"CREATE TABLE {settings.catalog.name}.{identifier} (id BIGINT NOT NULL, day DATE) USING iceberg "
+              "PARTITIONED BY (day)")
+    table = load_table(catalog, identifier)
+    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64()),
+                     "day": pa.array([19000, 19000, 19001], pa.int32()).cast(pa.date32())},
+                    schema=pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("day", pa.date32())]))
+    written = files_module.data_files(table.metadata, rows, table.io)
+    assert sorted(f.record_count for f in written) == [1, 2]
+    assert sorted(f.partition[0] for f in written) == [19000, 19001]
+    files_module.commit_files(table, "main", written, {"test.key": "v"})
+    assert sorted(r["id"] for r in spark.table(f"{settings.catalog.name}.{identifier}").collect()) == [1, 2, 3]
+    assert load_table(catalog, identifier).current_snapshot().summary.additional_properties["test.key"] == "v"
