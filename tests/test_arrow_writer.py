@@ -114,6 +114,13 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     written = files_module.data_files(table.metadata, rows, table.io)
     assert sorted(f.record_count for f in written) == [1, 2]
     assert sorted(f.partition[0] for f in written) == [19000, 19001]
-    files_module.commit_files(table, "main", written, {"test.key": "v"})
+    first = files_module.commit_files(table, "main", written, {"test.key": "v"})
     assert sorted(r["id"] for r in spark.table(f"{settings.catalog.name}.{identifier}").collect()) == [1, 2, 3]
     assert load_table(catalog, identifier).current_snapshot().summary.additional_properties["test.key"] == "v"
+    # the commit is produced without the table's history, but the catalog keeps all of it
+    again = files_module.commit_files(load_table(catalog, identifier), "main",
+                                      files_module.data_files(table.metadata, rows, table.io), {"test.key": "w"})
+    assert [s.snapshot_id for s in again.metadata.snapshots][:1] == [first.current_snapshot().snapshot_id]
+    assert len(again.metadata.snapshots) == 2 and again.current_snapshot().parent_snapshot_id == first.current_snapshot().snapshot_id
+    assert again.current_snapshot().summary["total-records"] == "6"
+    assert "commit.manifest-merge.enabled" not in again.metadata.properties, "Java's default is not written to the table"

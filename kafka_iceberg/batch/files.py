@@ -29,6 +29,7 @@ FLUSH_ROWS = 250_000
 """Table rows a task holds before it writes them out (bounds a task's memory, not the file size)."""
 
 _FILE_DDL = "file BINARY"
+_MERGE_ENABLED = "commit.manifest-merge.enabled"
 
 
 def data_files(metadata, rows: pa.Table, io) -> list:
@@ -150,10 +151,35 @@ def discard(table, files: Sequence) -> None:
 
 def commit_files(table, branch: str, files: Sequence, summary: Mapping[str, str]):
     """Commit ``files`` (pyiceberg ``DataFile`` s) to ``branch`` of ``table`` (a loaded pyiceberg
-    table) as one fast-append snapshot carrying ``summary``; returns the table as committed.
-    Raises what pyiceberg's commit raises (``CommitFailedException`` when the branch moved)."""
-    tx = table.transaction()
-    with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).fast_append() as append:
+    table) as one append snapshot carrying ``summary``; returns the table as committed. Manifests
+    are merged as Iceberg's Java ``MergeAppend`` (Spark's writer) does: ``commit.manifest-merge.enabled``
+    defaults to true there (pyiceberg's default is false), ``commit.manifest.min-count-to-merge`` 100.
+    Raises what pyiceberg's commit raises (``CommitFailedException`` when the branch moved).
+
+    The snapshot is produced on a copy of the metadata without the table's history (only the
+    branch head and ``main``'s head): pyiceberg deep-copies the whole metadata at every step of a
+    transaction, which at 1,000 snapshots costs about 0.6 s per commit. The catalog applies the
+    commit to the full current metadata, under the requirement that ``branch`` is still at its head.
+    """
+    tx = _without_history(table, branch).transaction()
+    with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).merge_append() as append:
         for f in files:
             append.append_data_file(f)
     return tx.commit_transaction()
+
+
+def _without_history(table, branch: str):
+    """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
+    to them); everything a fast append reads (schema, specs, properties, sequence number, the
+    parent's manifest list and summary) is kept. Without a
+    ``commit.manifest-merge.enabled`` property the copy says true (Java's default, see :func:`commit_files`)."""
+    from pyiceberg.table import Table
+
+    md = table.metadata
+    refs = {name: ref for name, ref in md.refs.items() if name in (branch, "main")}
+    heads = {ref.snapshot_id for ref in refs.values()}
+    properties = {_MERGE_ENABLED: "true", **md.properties}  # Java's default; only this commit reads it
+    slim = md.model_copy(update={"snapshots": [s for s in md.snapshots if s.snapshot_id in heads], "refs": refs,
+                                 "properties": properties,
+                                 "snapshot_log": [], "metadata_log": [], "statistics": [], "partition_statistics": []})
+    return Table(table.name(), slim, table.metadata_location, table.io, table.catalog)
