@@ -62,6 +62,7 @@ class Lake:
     catalog: object
     crash_hook: CrashHook = no_crash
     metadata_loads: list[str] = field(default_factory=list)  # identifiers, one entry per load
+    loaded: dict = field(default_factory=dict)  # identifier -> the pyiceberg table as last loaded
 
     @property
     def catalog_name(self) -> str:
@@ -100,6 +101,7 @@ class Lake:
             return load_table(self.catalog, identifier)
 
         table = self.retry(f"load metadata of {identifier}", load)
+        self.loaded[identifier] = table
         if table is None and must_exist:
             raise LakeError(f"table {identifier} does not exist in catalog {self.catalog.name}")
         return table

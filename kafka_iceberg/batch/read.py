@@ -87,7 +87,10 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
     stats = stats_accumulator(lake.spark)
     writer = written = None
     if lake.settings.writer == "arrow":
-        writer = FileWriter(lake.load(spec.identifier), columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
+        # the table as this micro-batch's prepare loaded it: its schema, spec and properties are what the
+        # tasks need (no schema change on this path), and the commit loads it again
+        table = lake.loaded.get(spec.identifier) or lake.load(spec.identifier)
+        writer = FileWriter(table, columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
         written = stats_accumulator(lake.spark)
     read = raw_records(lake, spec.identifier, plan.offsets, parser, stats, writer, written)
     classified = classify_parsed(read, spec, list(columns))
