@@ -7,11 +7,17 @@ the table's schema (field ids), partition spec, location provider and write prop
 most :data:`FLUSH_ROWS` rows in memory. The task reports its files (pyiceberg ``DataFile``s)
 through an accumulator. The records Spark classified as good (the few pyarrow did not claim) are
 written the same way by a second Spark job (:func:`write_rows`). The driver then commits every
-file of the batch to the attempt branch in one pyiceberg fast append carrying the batch's snapshot
+file of the batch to the attempt branch in one pyiceberg append (manifests merged as Java's MergeAppend does) carrying the batch's snapshot
 summary (:func:`commit_files`): one snapshot, as with Spark's writer, and the same state contract.
 
-Files of an attempt that dies before its commit are orphans under the table location; recovery
-deletes them like those of Spark's writer (:mod:`kafka_iceberg.recovery`).
+An attempt whose commit fails deletes the files it wrote (:func:`discard`); the files of an
+attempt killed before its commit are orphans under the table location, and recovery deletes them
+like those of Spark's writer (:mod:`kafka_iceberg.recovery`).
+
+Where pyiceberg's writer differs from Spark's: a read task writes one file per table partition it
+saw (no shuffle), so a large batch has more, smaller files (compaction rewrites them); and a list
+of structs that is null would be written as an empty list (pyiceberg's projection rebuilds such a
+list from its offsets), which is why the reader gives a record without headers an empty list.
 """
 
 from __future__ import annotations
@@ -170,7 +176,7 @@ def commit_files(table, branch: str, files: Sequence, summary: Mapping[str, str]
 
 def _without_history(table, branch: str):
     """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
-    to them); everything a fast append reads (schema, specs, properties, sequence number, the
+    to them); everything an append reads (schema, specs, properties, sequence number, the
     parent's manifest list and summary) is kept. Without a
     ``commit.manifest-merge.enabled`` property the copy says true (Java's default, see :func:`commit_files`)."""
     from pyiceberg.table import Table
