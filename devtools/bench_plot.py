@@ -18,11 +18,14 @@ PANELS = [
         ("session start (ce5abf7)", 0.247, "2026-11-23 18:17"),
         ("after (e3afd9f), first batch", 0.274, "19:09"),
         ("after (e3afd9f), warm session", 0.314, "19:09, same run"),
+        ("arrow writer (ec2d917), first batch", 0.480, "22:09"),
+        ("arrow writer (e0b82e5), first batch", 0.398, "23:45"),
     ]),
     ("1,000-record micro-batch on a warm session, quiet machine", "seconds, median (goal 1.5)", [
         ("issue baseline (execute at 10 snapshots)", 2.65, ""),
         ("session start (ce5abf7)", 2.58, "4 Spark jobs, right after warm-up"),
         ("after (e3afd9f)", 1.24, "3 Spark jobs, after (1b)"),
+        ("arrow writer (e0b82e5)", 0.90, "2 Spark jobs, 23:45"),
     ]),
     ("Freshness p50 / p90 under 200 records/s for 8 min, quiet machine", "seconds (goal 10 / 20)", [
         ("issue baseline p50", 29.4, "one run per micro-batch"),
@@ -31,6 +34,8 @@ PANELS = [
         ("streaming, budget 120 s: p90", 18.4, ""),
         ("streaming, budget 300 s: p50", 1.4, "e3afd9f, 19:00"),
         ("streaming, budget 300 s: p90", 3.3, ""),
+        ("arrow writer (e0b82e5): p50", 1.0, "23:50"),
+        ("arrow writer (e0b82e5): p90", 2.2, ""),
     ]),
 ]
 COLORS = ("#7f8c8d", "#2e86c1", "#a04000", "#1e8449")
