@@ -83,7 +83,12 @@ class FileWriter:
         return pa.Table.from_arrays([arrays[f.name].cast(f.type) for f in self.schema], schema=self.schema)
 
     def write(self, rows: pa.Table) -> list:
-        """Write ``rows`` as data files (:func:`data_files`); returns their ``DataFile`` s."""
+        """Write ``rows`` as data files (:func:`data_files`); returns their ``DataFile`` s.
+
+        Raises:
+            OSError (or the FileIO's own error): the warehouse cannot be written; the Spark task
+            fails, and with it the attempt, which the next run retries.
+        """
         from pyiceberg.io import load_file_io
 
         if rows.num_rows == 0:
