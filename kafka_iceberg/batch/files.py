@@ -89,11 +89,15 @@ class FileWriter:
             OSError (or the FileIO's own error): the warehouse cannot be written; the Spark task
             fails, and with it the attempt, which the next run retries.
         """
-        from pyiceberg.io import load_file_io
-
         if rows.num_rows == 0:
             return []
-        return data_files(self.metadata, rows, load_file_io(self.io_properties, self.metadata.location))
+        return data_files(self.metadata, rows, self.io())
+
+    def io(self):
+        """The table's FileIO, from the properties the driver loaded (no catalog call)."""
+        from pyiceberg.io import load_file_io
+
+        return load_file_io(self.io_properties, self.metadata.location)
 
     def sink(self) -> "Sink":
         """A new :class:`Sink` for one task."""
@@ -140,22 +144,29 @@ def write_rows(spark, writer: FileWriter, rows) -> list:
     import pickle
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
-        if tables:
-            cast = [t.select(writer.schema.names).cast(writer.schema) for t in tables]
-            for f in writer.write(pa.concat_tables(cast)):
+        batches = [b for b in batches if b.num_rows]
+        if batches:
+            table = pa.Table.from_batches(batches).select(writer.schema.names).cast(writer.schema)
+            for f in writer.write(table):
                 yield pa.RecordBatch.from_pydict({"file": [pickle.dumps(f)]})
 
     return [pickle.loads(r["file"]) for r in rows.mapInArrow(task, _FILE_DDL).collect()]
 
 
-def discard(table, files: Sequence) -> None:
+def file_writer(lake, spec, columns: Sequence) -> FileWriter:
+    """The :class:`FileWriter` of ``spec``'s table, from the table as this micro-batch last loaded it
+    (``prepare``'s load: no schema change happens on this path), loaded only if it was not."""
+    table = lake.loaded.get(spec.identifier) or lake.load(spec.identifier)
+    return FileWriter(table, columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
+
+
+def discard(io, files: Sequence) -> None:
     """Delete ``files`` (``DataFile`` s no snapshot references: their attempt failed before its
-    commit) through ``table``'s FileIO, best effort: one that cannot be deleted is logged and left
+    commit) through the FileIO ``io``, best effort: one that cannot be deleted is logged and left
     to orphan-file removal (:mod:`kafka_iceberg.recovery`, :mod:`kafka_iceberg.maintenance`)."""
     for f in files:
         try:
-            table.io.delete(f.file_path)
+            io.delete(f.file_path)
         except Exception as exc:  # noqa: BLE001 - best effort, see the docstring
             log.warning("data file %s of a failed attempt was not deleted (%s); orphan removal will", f.file_path, exc)
 

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from kafka_iceberg import arrow_json
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.files import FileWriter, discard
+from kafka_iceberg.batch.files import discard, file_writer
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
 from kafka_iceberg.cdc import parse_changes
 from kafka_iceberg.errors import LakeError, MalformedRecordError
@@ -87,10 +87,7 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
     stats = stats_accumulator(lake.spark)
     writer = written = None
     if lake.settings.writer == "arrow":
-        # the table as this micro-batch's prepare loaded it: its schema, spec and properties are what the
-        # tasks need (no schema change on this path), and the commit loads it again
-        table = lake.loaded.get(spec.identifier) or lake.load(spec.identifier)
-        writer = FileWriter(table, columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
+        writer = file_writer(lake, spec, columns)
         written = stats_accumulator(lake.spark)
     read = raw_records(lake, spec.identifier, plan.offsets, parser, stats, writer, written)
     classified = classify_parsed(read, spec, list(columns))
@@ -117,7 +114,7 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
     except BaseException as exc:
         classified.unpersist()
         if writer is not None and isinstance(exc, Exception):  # a crash leaves them to recovery
-            discard(lake.load(spec.identifier), [f for task_files in written.value.values() for f in task_files])
+            discard(writer.io(), [f for task_files in written.value.values() for f in task_files])
         raise
 
 

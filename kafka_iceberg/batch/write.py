@@ -11,7 +11,7 @@ import logging
 from typing import Mapping
 
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.files import FileWriter, commit_files, discard, write_rows
+from kafka_iceberg.batch.files import commit_files, discard, file_writer, write_rows
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
 from kafka_iceberg.catalog import TableMetadataView, metadata_view
 from kafka_iceberg.cdc import DELETE, reduce_changes
@@ -152,8 +152,8 @@ def append_files(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, bra
 
     try:
         if batch.records > sum(f.record_count for f in files):
-            writer = FileWriter(lake.load(spec.identifier), batch.columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
-            files += write_rows(lake.spark, writer, table_rows(batch.classified, spec, list(batch.columns)))
+            files += write_rows(lake.spark, file_writer(lake, spec, batch.columns),
+                                table_rows(batch.classified, spec, list(batch.columns)))
         return _committed(lake, spec.identifier, branch, branch_base, write, batch.records, "added")
     except Exception:
         _discard_unless_committed(lake, spec.identifier, branch, branch_base, files)
@@ -165,8 +165,9 @@ def _discard_unless_committed(lake: Lake, identifier: str, branch: str, branch_b
     references them); a snapshot that landed keeps them, for recovery to expire. Best effort."""
     try:
         table = lake.load(identifier)
-        if table.metadata.refs.get(branch) is not None and table.metadata.refs[branch].snapshot_id == branch_base:
-            discard(table, files)
+        ref = table.metadata.refs.get(branch)
+        if ref is not None and ref.snapshot_id == branch_base:
+            discard(table.io, files)
     except Exception as exc:  # noqa: BLE001 - the original error matters more; orphan removal remains
         log.warning("table %s: files of the failed attempt %s were not checked for deletion (%s)", identifier, branch, exc)
 
