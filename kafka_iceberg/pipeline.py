@@ -7,7 +7,8 @@ runs them in order (see docs/architecture.md):
 
 ``recover_tables`` -> ``plan_ingest`` (or ``plan_accept_gap``, or a replay's ``plan_range``)
 -> :func:`run_batch`: ``create_branch`` -> ``read_batch`` -> ``write_attempt`` (with the one
-``batch_summary``) -> ``publish`` -> dead-letter publish, branch drop, group mirror ->
+``batch_summary``) -> ``publish`` (which drops the branch) -> dead-letter publish and branch
+drop, group mirror ->
 :class:`BatchResult`.
 """
 
@@ -50,7 +51,8 @@ def _timed(phases: dict[str, float], name: str):
 def run_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str,
               phases: dict[str, float] | None = None) -> BatchResult:
     """Read the planned ranges, write them to an attempt branch and publish it to the plan's target
-    ref; then publish the dead-letter snapshot, drop the attempt branches and mirror the offsets.
+    ref (dropping the branch in the same commit); then publish the dead-letter snapshot, drop its
+    branch and mirror the offsets.
 
     A plan with nothing to commit only re-mirrors the group (no Spark job). ``phases``: seconds
     per phase are added to it (and returned in the result).
@@ -70,9 +72,8 @@ def run_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str,
                            lag_after=plan.offsets.lag_after, phase_seconds=phases, group_commit_error=error)
     branch = attempt_branch(commit_id, int(time.time() * 1000))
     batch, published = _attempt(lake, spec, plan, commit_id, branch, phases)
-    with _timed(phases, "cleanup_s"):
-        drop_branch(lake, spec.identifier, branch)
-        if published.dead_letter_snapshot_id is not None:
+    if published.dead_letter_snapshot_id is not None:  # the table's branch went with its publish
+        with _timed(phases, "cleanup_s"):
             drop_branch(lake, plan.target.dead_letter_table, branch)
     with _timed(phases, "group_commit_s"):
         error = mirror_group(lake, plan, plan.offsets.end_offsets)

@@ -124,3 +124,31 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     assert len(again.metadata.snapshots) == 2 and again.current_snapshot().parent_snapshot_id == first.current_snapshot().snapshot_id
     assert again.current_snapshot().summary["total-records"] == "6"
     assert "commit.manifest-merge.enabled" not in again.metadata.properties, "Java's default is not written to the table"
+
+
+def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(spark, settings, kafka, kafka_config, catalog,
+                                                                      unique, topic_factory, caplog):
+    """The arrow commit starts from the metadata ``prepare`` loaded. A snapshot committed in between (here
+    to another branch, so ``main`` does not move) makes the catalog refuse that commit; it is made again on a
+    fresh load, and the batch publishes exactly once."""
+    topic = topic_factory(unique, partitions=2)
+    _produce(kafka_config, topic)
+    spec = make_spec(unique, topic)
+    first = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    _produce(kafka_config, topic)
+    table = f"{settings.catalog.name}.{spec.identifier}"
+
+    def commit_elsewhere(point: str) -> None:
+        if point == "after_read":
+            spark.sql(f"ALTER TABLE {table} CREATE BRANCH side")
+            spark.sql(f"INSERT INTO {table}.branch_side SELECT * FROM {table} LIMIT 1")
+
+    caplog.set_level("INFO", logger="kafka_iceberg.batch.write")
+    second = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog,
+                             crash_hook=commit_elsewhere)
+    assert "commit on the prepared metadata refused" in caplog.text, "the fallback ran (the check can fail)"
+    assert second.committed and second.records == first.records
+    offsets = [(r[0], r[1]) for r in spark.sql(f"SELECT _kafka_partition, _kafka_offset FROM {table}").collect()]
+    assert len(offsets) == 2 * first.records and len(set(offsets)) == len(offsets), "each record once"
+    view = current_view(catalog, spec)
+    assert set(view.refs) == {"main", "side"}, "the attempt branch went with the publish"

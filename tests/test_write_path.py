@@ -173,7 +173,10 @@ def test_killed_attempt_is_recovered_and_commits_exactly_once(
 
     view = current_view(catalog, spec)
     leftover = [b for b in view.refs if b.startswith(BRANCH_PREFIX)]
-    assert len(leftover) == 1, "the killed attempt leaves its branch behind"
+    if crash_at == "after_write":
+        assert len(leftover) == 1, "the killed attempt leaves its branch behind"
+    else:
+        assert leftover == [] and view.main is not None, "the publish dropped the branch in the same commit"
     if crash_at == "after_write":
         assert view.main is None, "nothing was published before the kill"
         assert data_files_on_disk(settings, spec), "the killed attempt wrote data files"
@@ -394,10 +397,10 @@ def test_a_micro_batch_loads_table_metadata_at_phase_boundaries_and_an_empty_one
     _, history = prepare(lake, spec)
     result = run_batch(lake, spec, plan_ingest(lake, spec, history), f"second-{unique}")
     assert result.records == 50 and result.total_records == 150
-    # the table and its dead-letter table once before planning (LAKE_WRITER=arrow: the read tasks' writer
-    # uses that load), the table after the append (arrow: before its commit, which returns the metadata
-    # after it), and after the publish
-    assert lake.metadata_loads == [spec.identifier, dlq, spec.identifier, spec.identifier]
+    # the table and its dead-letter table once before planning, and no more (LAKE_WRITER=arrow): the read
+    # tasks' writer and the commit start from that load, the commit returns the metadata after it, and
+    # the publish (Java API) checks the ref on the table Iceberg reloads
+    assert lake.metadata_loads == [spec.identifier, dlq]
 
     group = f"empty-batch-{unique}"
     tracker = spark.sparkContext.statusTracker()

@@ -171,9 +171,11 @@ def discard(io, files: Sequence) -> None:
             log.warning("data file %s of a failed attempt was not deleted (%s); orphan removal will", f.file_path, exc)
 
 
-def commit_files(table, branch: str, files: Sequence, summary: Mapping[str, str]):
+def commit_files(table, branch: str, files: Sequence, summary: Mapping[str, str], head: int | None = None):
     """Commit ``files`` (pyiceberg ``DataFile`` s) to ``branch`` of ``table`` (a loaded pyiceberg
-    table) as one append snapshot carrying ``summary``; returns the table as committed. Manifests
+    table) as one append snapshot carrying ``summary``; returns the table as committed. ``head``: the
+    snapshot id ``branch`` points at in the catalog when ``table`` was loaded before the branch was
+    created (the branch is then added to the copy the commit starts from). Manifests
     are merged as Iceberg's Java ``MergeAppend`` (Spark's writer) does: ``commit.manifest-merge.enabled``
     defaults to true there (pyiceberg's default is false), ``commit.manifest.min-count-to-merge`` 100.
     Raises what pyiceberg's commit raises (``CommitFailedException`` when the branch moved).
@@ -183,22 +185,25 @@ def commit_files(table, branch: str, files: Sequence, summary: Mapping[str, str]
     transaction, which at 1,000 snapshots costs about 0.6 s per commit. The catalog applies the
     commit to the full current metadata, under the requirement that ``branch`` is still at its head.
     """
-    tx = _without_history(table, branch).transaction()
+    tx = _without_history(table, branch, head).transaction()
     with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).merge_append() as append:
         for f in files:
             append.append_data_file(f)
     return tx.commit_transaction()
 
 
-def _without_history(table, branch: str):
+def _without_history(table, branch: str, head: int | None = None):
     """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
-    to them); everything an append reads (schema, specs, properties, sequence number, the
-    parent's manifest list and summary) is kept. Without a
+    to them; ``branch`` at ``head`` when given); everything an append reads (schema, specs,
+    properties, sequence number, the parent's manifest list and summary) is kept. Without a
     ``commit.manifest-merge.enabled`` property the copy says true (Java's default, see :func:`commit_files`)."""
     from pyiceberg.table import Table
+    from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 
     md = table.metadata
     refs = {name: ref for name, ref in md.refs.items() if name in (branch, "main")}
+    if head is not None:
+        refs[branch] = SnapshotRef(snapshot_id=head, snapshot_ref_type=SnapshotRefType.BRANCH)
     heads = {ref.snapshot_id for ref in refs.values()}
     properties = {_MERGE_ENABLED: "true", **md.properties}  # Java's default; only this commit reads it
     slim = md.model_copy(update={"snapshots": [s for s in md.snapshots if s.snapshot_id in heads], "refs": refs,

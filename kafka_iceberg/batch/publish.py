@@ -1,11 +1,11 @@
 """The publish phase: the conditional commit of an attempt, then the follow-ups.
 
-The target ref is fast-forwarded to the attempt branch with Iceberg's ``fast_forward``
-procedure, which Iceberg refuses unless the ref is still an ancestor of the branch; the JDBC
-catalog swaps the metadata pointer atomically, so of two attempts planned on the same base
-exactly one publishes and the other gets :class:`CommitConflictError`. Then the dead-letter
-snapshot is published, the attempt branches are dropped, and the committed offsets are
-mirrored into the consumer group.
+The target ref is fast-forwarded to the attempt branch, and the branch dropped, in one commit,
+which Iceberg refuses unless the ref is still an ancestor of the branch; the JDBC catalog swaps
+the metadata pointer atomically, so of two attempts planned on the same base exactly one
+publishes and the other gets :class:`CommitConflictError`. Then the dead-letter snapshot is
+published, the dead-letter branch dropped, and the committed offsets are mirrored into the
+consumer group.
 """
 
 from __future__ import annotations
@@ -23,19 +23,21 @@ _REFUSED = ("not an ancestor", "CommitFailedException", "refresh is required")
 
 
 def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCommit:
-    """Fast-forward the target ref to the attempt's snapshot if it is still at the planned base.
-    The commit point of the micro-batch. Uses the metadata the write phase loaded as its first
-    check and loads it once more to confirm.
+    """Fast-forward the target ref to the attempt's snapshot and drop the attempt branch, in one
+    catalog commit, if the ref is still at the planned base. The commit point of the micro-batch.
 
-    A transient catalog error is retried only after re-reading the ref: at the new snapshot
-    means the fast-forward landed; still at the base means retry; anything else is a conflict.
+    The commit goes through Iceberg's Java API: ``ManageSnapshots.fastForwardBranch`` (what the
+    ``fast_forward`` procedure calls) then ``removeBranch``. Iceberg refuses it unless the ref is
+    an ancestor of the branch, and the catalog refuses it if the table changed since the load it
+    starts from. The write phase's metadata is the first check, and the summary comes from it: no
+    pyiceberg load. A transient catalog error is retried only after re-reading the ref: at the new
+    snapshot means the commit landed; still at the base means retry; anything else is a conflict.
 
     Raises:
         CommitConflictError: the ref moved since the plan (nothing published).
         CatalogUnavailableError: the retries ran out.
     """
     target, ref = plan.target, plan.target.ref
-    sql = f"CALL {lake.catalog_name}.system.fast_forward('{target.identifier}', '{ref}', '{attempt.branch}')"
 
     def check(view=None) -> int | None:
         head = (view or lake.history(target.identifier)).refs.get(ref)
@@ -48,28 +50,37 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
             )
         return None
 
-    def fast_forward():
+    def fast_forward() -> int:
+        table = lake.java_table(target.identifier)
         try:
-            lake.spark.sql(sql)
+            table.manageSnapshots().fastForwardBranch(ref, attempt.branch).removeBranch(attempt.branch).commit()
         except Exception as exc:
             text = str(exc)
             if any(marker in text for marker in _REFUSED):
                 raise CommitConflictError(
                     f"table {target.identifier}: {ref} moved after this micro-batch was planned (Iceberg refused the "
-                    f"fast-forward: {text.splitlines()[0][:300]}). Nothing was published; rerun to re-plan."
+                    f"fast-forward: {_java_message(text)}). Nothing was published; rerun to re-plan."
                 ) from None
             raise
+        return table.refs().get(ref).snapshotId()  # the table as committed, reloaded by Iceberg
 
     check(attempt.history)
-    lake.retry(f"table {target.identifier}: publish branch {attempt.branch} to {ref}", fast_forward, before_retry=check)
-    view = lake.history(target.identifier)
-    if view.refs.get(ref) != attempt.snapshot_id:
-        raise CommitConflictError(f"table {target.identifier}: {ref} is not at snapshot {attempt.snapshot_id} "
-                                  "after the fast-forward")
-    summary = view.snapshots[attempt.snapshot_id].summary
+    head = lake.retry(f"table {target.identifier}: publish branch {attempt.branch} to {ref}", fast_forward,
+                      before_retry=check)
+    if head != attempt.snapshot_id:
+        raise CommitConflictError(f"table {target.identifier}: {ref} is at snapshot {head}, not "
+                                  f"{attempt.snapshot_id}, after the fast-forward")
+    summary = attempt.history.snapshots[attempt.snapshot_id].summary
     return PublishedCommit(attempt.snapshot_id, int(summary.get("added-data-files", 0)),
                            int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id,
                            int(summary["total-records"]) if "total-records" in summary else None)
+
+
+def _java_message(text: str) -> str:
+    """The line of a Py4J error's text that names the Java exception (else its first line), cut to 300 characters."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    named = [ln for ln in lines if any(marker in ln for marker in _REFUSED)]
+    return (named or lines or [""])[0][:300]
 
 
 def publish_dead_letter(lake: Lake, dead_letter_table: str, branch: str, snapshot_id: int) -> None:

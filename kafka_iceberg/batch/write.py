@@ -13,7 +13,7 @@ from typing import Mapping
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import commit_files, discard, file_writer, write_rows
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog import TableMetadataView, metadata_view
+from kafka_iceberg.catalog import TableMetadataView, is_transient_catalog_error, metadata_view
 from kafka_iceberg.cdc import DELETE, reduce_changes
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.spec import TableSpec
@@ -68,15 +68,23 @@ def max_timestamps(previous: Mapping[int, int], stats) -> dict[int, int]:
 
 def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | None) -> int:
     """Create ``branch`` at ``at_snapshot`` (``main`` of an empty table); returns its head snapshot id.
-    Loads the table's metadata only for an empty table (Iceberg then makes an empty snapshot)."""
-    as_of = f" AS OF VERSION {at_snapshot}" if at_snapshot is not None else ""
+    At a snapshot: one commit through Iceberg's Java API (``ManageSnapshots.createBranch``, what
+    ``ALTER TABLE ... CREATE BRANCH`` calls). On an empty table: that DDL, which makes an empty
+    snapshot, and one metadata load to learn its id.
 
+    Raises:
+        LakeError: the branch was not created. CatalogUnavailableError: the retries ran out.
+    """
     def created():
         return lake.history(identifier).refs.get(branch)
 
-    lake.sql(f"table {identifier}: create branch {branch}",
-             f"ALTER TABLE {lake.catalog_name}.{identifier} CREATE BRANCH `{branch}`{as_of}", before_retry=created)
-    head = at_snapshot if at_snapshot is not None else created()
+    what = f"table {identifier}: create branch {branch}"
+    if at_snapshot is not None:
+        lake.retry(what, lambda: lake.java_table(identifier).manageSnapshots().createBranch(branch, at_snapshot)
+                   .commit(), before_retry=created)
+        return at_snapshot
+    lake.sql(what, f"ALTER TABLE {lake.catalog_name}.{identifier} CREATE BRANCH `{branch}`", before_retry=created)
+    head = created()
     if head is None:
         raise LakeError(f"table {identifier}: branch {branch} was not created")
     return head
@@ -140,15 +148,33 @@ def append_files(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, bra
                  summary: Mapping[str, str]) -> tuple[int, TableMetadataView]:
     """``LAKE_WRITER=arrow``: the data files the read tasks wrote, plus files for the good records
     Spark classified (:func:`~kafka_iceberg.batch.files.write_rows`), committed to ``branch`` as one
-    snapshot carrying ``summary``; returns its id and the metadata loaded after it.
+    snapshot carrying ``summary``; returns its id and the metadata the commit returned.
+
+    The commit starts from the table as ``prepare`` loaded it (the branch added at ``branch_base``),
+    not a fresh load; if the table changed in between so that the catalog refuses that commit, it
+    is made once more on a fresh load while the branch is still at ``branch_base``.
 
     Raises:
         LakeError: as :func:`append` (the snapshot must add ``batch.records`` rows).
     """
     files = list(batch.data_files)
+    prepared = [t for t in [lake.loaded.get(spec.identifier)] if t is not None and branch_base in
+                {s.snapshot_id for s in t.metadata.snapshots}]
 
     def write():
-        return metadata_view(commit_files(lake.load(spec.identifier), branch, files, summary))
+        if prepared:
+            try:
+                return metadata_view(commit_files(prepared.pop(), branch, files, summary, head=branch_base))
+            except Exception as exc:
+                if is_transient_catalog_error(exc):
+                    raise
+                log.info("table %s: commit on the prepared metadata refused (%s); committing on a fresh load",
+                         spec.identifier, exc)
+        table = lake.load(spec.identifier)
+        ref = table.metadata.refs.get(branch)
+        if ref is None or ref.snapshot_id != branch_base:
+            raise LakeError(f"table {spec.identifier}: attempt branch {branch} moved or vanished before its commit")
+        return metadata_view(commit_files(table, branch, files, summary))
 
     try:
         if batch.records > sum(f.record_count for f in files):
