@@ -181,7 +181,7 @@ def _append_fillers(table, spec, partitions, records, offsets, max_ts, need, sch
         append_filler(table, filler_rows(rows, spec.topic, spec), summary, schema, data_dir)
 
 
-REPEATS = 3
+REPEATS = 5
 """Timed micro-batches at each snapshot level; the level's figures are those of the median one."""
 
 

@@ -64,6 +64,7 @@ class Lake:
     crash_hook: CrashHook = no_crash
     metadata_loads: list[str] = field(default_factory=list)  # identifiers, one entry per load
     loaded: dict = field(default_factory=dict)  # identifier -> the pyiceberg table as last loaded
+    java_tables: dict = field(default_factory=dict)  # identifier -> Py4J handle (see java_table)
 
     @property
     def catalog_name(self) -> str:
@@ -109,16 +110,19 @@ class Lake:
 
     def java_table(self, identifier: str):
         """A Py4J handle to the table's ``org.apache.iceberg.Table``, loaded through Spark's catalog
-        (its cache is off, so freshly): ref changes through Iceberg's Java API skip a Spark SQL
-        statement's parse and plan and cost about a third of the DDL. Not counted in ``metadata_loads``.
+        once per identifier and kept: use it only for operations that refresh the metadata first,
+        as ``manageSnapshots()`` does. Ref changes through Iceberg's Java API skip a Spark SQL
+        statement's parse and plan. Not counted in ``metadata_loads``.
 
         Raises:
             Py4JJavaError: the table does not exist, or the catalog failed (transient: see
                 :func:`~kafka_iceberg.catalog.is_transient_catalog_error`).
         """
-        jvm = self.spark._jvm
-        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-            self.spark._jsparkSession, f"{self.catalog_name}.{identifier}")
+        if identifier not in self.java_tables:
+            jvm = self.spark._jvm
+            self.java_tables[identifier] = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+                self.spark._jsparkSession, f"{self.catalog_name}.{identifier}")
+        return self.java_tables[identifier]
 
     def sql(self, what: str, statement: str, before_retry=None):
         """Run one Spark SQL statement, retried on a transient catalog error."""
@@ -158,3 +162,4 @@ class Lake:
     def forget_tables(self, spec: TableSpec) -> None:
         """Forget that :meth:`ensure_tables` ran for ``spec`` (its table vanished)."""
         _ENSURED.difference_update({k for k in _ENSURED if k[2] == spec.identifier})
+        self.java_tables.pop(spec.identifier, None)
