@@ -175,11 +175,10 @@ def test_killed_attempt_is_recovered_and_commits_exactly_once(
     leftover = [b for b in view.refs if b.startswith(BRANCH_PREFIX)]
     if crash_at == "after_write":
         assert len(leftover) == 1, "the killed attempt leaves its branch behind"
-    else:
-        assert leftover == [] and view.main is not None, "the publish dropped the branch in the same commit"
-    if crash_at == "after_write":
         assert view.main is None, "nothing was published before the kill"
         assert data_files_on_disk(settings, spec), "the killed attempt wrote data files"
+    else:
+        assert leftover == [] and view.main is not None, "the publish dropped the branch in the same commit"
 
     result = run(spark, settings, spec, kafka, catalog, is_alive=lambda attempt: False)
     assert result.recovery.dead_attempts == leftover

@@ -158,8 +158,7 @@ def append_files(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, bra
         LakeError: as :func:`append` (the snapshot must add ``batch.records`` rows).
     """
     files = list(batch.data_files)
-    prepared = [t for t in [lake.loaded.get(spec.identifier)] if t is not None and branch_base in
-                {s.snapshot_id for s in t.metadata.snapshots}]
+    prepared = [t for t in [lake.loaded.get(spec.identifier)] if t is not None and t.snapshot_by_id(branch_base)]
 
     def write():
         if prepared:
