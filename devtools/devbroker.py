@@ -49,9 +49,15 @@ def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 30
     Returns the bootstrap servers string. Data survives a restart with the same ``data_dir``.
 
     Raises:
-        BrokerUnavailableError: it did not accept connections within ``wait_s`` seconds.
+        BrokerUnavailableError: it did not accept connections within ``wait_s`` seconds, or
+            ``host:port`` is served by a broker that does not keep its data in ``data_dir``
+            (another checkout's dev broker: using it would mix its topics into this one's lake).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
+    if port_open(host, port) and not (data_dir / "noida.control.json").exists():  # noida-db's file while it runs
+        raise BrokerUnavailableError(
+            f"{host}:{port} is already served by a broker whose data is not in {data_dir} (another checkout's dev "
+            "broker?); stop it (noida-db down --data-dir <its data dir>) or use another port")
     if not port_open(host, port):
         subprocess.run(
             [_noida(), "up", "--only", "kafka", "--kafka-port", str(port), "--host", host, "--data-dir", str(data_dir)],
