@@ -87,6 +87,26 @@ def value_columns(table_schema: T.StructType) -> list[ValueColumn]:
     return [ValueColumn(f.name, f.dataType.simpleString(), not f.nullable) for f in table_schema.fields if f.name not in kafka]
 
 
+_ICEBERG_SQL = {"IntegerType": "int", "LongType": "bigint", "DoubleType": "double", "StringType": "string",
+                "BooleanType": "boolean", "TimestamptzType": "timestamp"}
+
+
+def iceberg_value_columns(schema) -> list[ValueColumn] | None:
+    """:func:`value_columns` from a pyiceberg ``Schema`` (no Spark catalog lookup), for tables whose
+    value columns all have one of the Spark SQL types pyarrow parses (:data:`kafka_iceberg.arrow_json.ARROW_TYPES`);
+    None when a column has another type (ask Spark then)."""
+    kafka = {name for name, _ in KAFKA_COLUMNS.values()} | {KEY_PARSED}
+    out = []
+    for f in schema.fields:
+        if f.name in kafka:
+            continue
+        sql = _ICEBERG_SQL.get(type(f.field_type).__name__)
+        if sql is None:
+            return None
+        out.append(ValueColumn(f.name, sql, f.required))
+    return out
+
+
 def _sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

@@ -152,3 +152,20 @@ def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(spark, set
     assert len(offsets) == 2 * first.records and len(set(offsets)) == len(offsets), "each record once"
     view = current_view(catalog, spec)
     assert set(view.refs) == {"main", "side"}, "the attempt branch went with the publish"
+
+
+def test_value_columns_from_the_loaded_table_are_those_spark_reports(spark, settings, catalog, unique):
+    """The arrow path takes its value columns from the pyiceberg table ``prepare`` loaded, not from a
+    Spark table lookup: the same names, Spark SQL types and required flags, Kafka columns left out."""
+    from kafka_iceberg.spec import KAFKA_COLUMNS
+    from kafka_iceberg.transform import iceberg_value_columns, value_columns
+
+    qualified = f"{settings.catalog.name}.test.cols_{unique}"
+    kafka = ", ".join(f"{name} {typ}" for name, typ in KAFKA_COLUMNS.values())
+    spark.sql(f"CREATE TABLE {qualified} (i INT NOT NULL, l BIGINT, d DOUBLE, s STRING, b BOOLEAN, t TIMESTAMP, "
+              f"{kafka}) USING iceberg")
+    from_iceberg = iceberg_value_columns(load_table(catalog, f"test.cols_{unique}").schema())
+    assert from_iceberg == value_columns(spark.table(qualified).schema)
+    assert [c.name for c in from_iceberg] == ["i", "l", "d", "s", "b", "t"] and from_iceberg[0].required
+    spark.sql(f"ALTER TABLE {qualified} ADD COLUMN amount DECIMAL(10, 2)")
+    assert iceberg_value_columns(load_table(catalog, f"test.cols_{unique}").schema()) is None, "ask Spark"

@@ -21,7 +21,7 @@ from kafka_iceberg.errors import LakeError, MalformedRecordError
 from kafka_iceberg.planning import BatchPlan, split_ranges
 from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
 from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.transform import PROBLEM, classify, classify_parsed, new_fields, value_columns
+from kafka_iceberg.transform import PROBLEM, classify, classify_parsed, iceberg_value_columns, new_fields, value_columns
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
     """
     if lake.settings.json_parser == "arrow" and spec.upsert is None and spec.unknown_fields != "evolve" \
             and not spec.format.uses_registry and spec.key_format is None:
-        columns = tuple(_value_columns(lake, plan.target.identifier))
+        columns = tuple(_arrow_columns(lake, plan.target.identifier))
         if arrow_json.supported(columns):
             return _read_parsed(lake, spec, plan, columns)
     records = raw = raw_records(lake, spec.identifier, plan.offsets).persist()
@@ -231,6 +231,15 @@ def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
                    F.col(f"{PROBLEM}.reason").alias("reason")).first())
     return MalformedRecordError(spec.identifier, row["topic"], row["partition"], row["offset"],
                                 f"{row['kind']}: {row['reason']}")
+
+
+def _arrow_columns(lake: Lake, identifier: str):
+    """The value columns from the table this micro-batch loaded (``prepare``), else from Spark's catalog
+    (:func:`_value_columns`): a Spark table lookup would make Iceberg re-read the metadata the branch
+    commit just wrote."""
+    table = lake.loaded.get(identifier)
+    columns = iceberg_value_columns(table.schema()) if table is not None else None
+    return columns if columns is not None else _value_columns(lake, identifier)
 
 
 def _value_columns(lake: Lake, identifier: str):
