@@ -1,8 +1,9 @@
 """Goal 4 of the benchmark: a micro-batch's cost versus the table's snapshot history.
 
-A table is grown to 10, 100 and 1,000 snapshots with pyiceberg filler appends that carry the
-``kafka.*`` summary the write path writes, over records really produced to its topic; at each
-size one real micro-batch is timed. See docs/benchmark.md, "(4a) commit time versus snapshot count".
+One table per level is grown to 10, 100 and 1,000 snapshots with pyiceberg filler appends that
+carry the ``kafka.*`` summary the write path writes, over records really produced to its topic;
+then real micro-batches are timed in interleaved rounds, one per level per round. See
+docs/benchmark.md, "(4a) commit time versus snapshot count".
 """
 
 from __future__ import annotations
@@ -181,15 +182,16 @@ def _append_fillers(table, spec, partitions, records, offsets, max_ts, need, sch
         append_filler(table, filler_rows(rows, spec.topic, spec), summary, schema, data_dir)
 
 
-REPEATS = 5
-"""Timed micro-batches at each snapshot level; the level's figures are those of the median one."""
+REPEATS = 7
+"""Rounds of timed micro-batches: each round runs one batch on every level's table; a level's figures
+are those of its median batch."""
 
 
-def part_c(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, catalog, df,
-           levels: list[int], batch_records: int) -> list[dict]:
-    section(f"(c) commit time versus snapshot count ({batch_records:,}-record micro-batches)")
-    demo_data.create_topic(config, COMMITS_TOPIC, PARTITIONS, TOPIC_CONFIG)
-    spec = flights_spec("bench_commits", "bench.commits", COMMITS_TOPIC, 10_000_000)
+def _level_table(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, catalog, level: int):
+    """The spec and writer of the 4a table for ``level`` snapshots, on a topic of its own."""
+    topic = f"{COMMITS_TOPIC}.{level}"
+    demo_data.create_topic(config, topic, PARTITIONS, TOPIC_CONFIG)
+    spec = flights_spec(f"bench_commits_{level}", f"bench.commits_{level}", topic, 10_000_000)
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     writer.ensure_table()
     table = catalog.load_table(spec.identifier)
@@ -197,53 +199,73 @@ def part_c(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata,
     # property, so setting it keeps the filler manifests as Spark would have left them.
     with table.transaction() as tx:
         tx.set_properties({"commit.manifest-merge.enabled": "true"})
-    say(f"table {spec.identifier} on its own topic {COMMITS_TOPIC}. Filler snapshots: one pyiceberg append each\n"
-        "(Table.add_files of a Parquet file written by pyarrow) of 1 record per Kafka partition, records really\n"
-        "produced to the topic, with the kafka.* summary the write path writes (ingest_summary: offsets advanced,\n"
-        "max timestamps carried forward), so the committed offsets stay where the next micro-batch starts.")
-    rows = []
+    return spec, writer
+
+
+def part_c(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, catalog, df,
+           levels: list[int], batch_records: int) -> list[dict]:
+    section(f"(c) commit time versus snapshot count ({batch_records:,}-record micro-batches)")
+    say("one table per level, each on its own topic. Filler snapshots: one pyiceberg append each (Table.add_files\n"
+        "of a Parquet file written by pyarrow) of 1 record per Kafka partition, records really produced to the topic,\n"
+        "with the kafka.* summary the write path writes (ingest_summary: offsets advanced, max timestamps carried\n"
+        "forward), so the committed offsets stay where the next micro-batch starts. Then the levels are timed in\n"
+        f"{REPEATS} interleaved rounds (one batch per level per round, the order rotating), so a drift of the\n"
+        "machine or of the JIT over the run falls on every level alike.")
+    tables = {}
     for level in levels:
+        spec, writer = _level_table(spark, settings, config, kafka, catalog, level)
         t0 = time.perf_counter()
         added = grow_snapshots(catalog, spec, config, kafka, df, level)
-        fill_s = time.perf_counter() - t0
         table = catalog.load_table(spec.identifier)
-        before = len(table.metadata.snapshots)
-        meta_before = metadata_json_bytes(table)
         view = metadata_view(table)
-        state = state_at(view.snapshots, view.main)
-        high = {p: w.high for p, w in kafka.watermarks(COMMITS_TOPIC).items()}
-        consistent = state.offsets == high
-        runs = []  # a 1,000-record batch varies by +-20% between runs: the median of REPEATS
-        for _ in range(REPEATS):
-            done = sum(w.high for w in kafka.watermarks(COMMITS_TOPIC).values())
-            demo_data.produce(config, COMMITS_TOPIC, flights_records(df, done, batch_records))
-            runs.append(timed_batch(writer))
-        started_at_state = runs[0][3].start_offsets == state.offsets
-        plan_s, exec_s, result, plan = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
-        after_table = catalog.load_table(spec.identifier)
-        in_table = int(after_table.current_snapshot().summary.additional_properties.get("total-records", -1))
-        in_topic = sum(w.high - w.low for w in kafka.watermarks(COMMITS_TOPIC).values())
-        row = {
-            "snapshots": before, "plan_s": plan_s, "exec_s": exec_s,
-            "publish_s": result.phase_seconds.get("publish_s", float("nan")),
-            "write_s": result.phase_seconds.get("write_s", float("nan")),
-            "meta_bytes": meta_before, "meta_after": metadata_json_bytes(after_table),
-            "snapshots_after": len(after_table.metadata.snapshots), "records": result.records,
-        }
-        rows.append(row)
-        say(f"{before:>5,} snapshots ({added} filler appends in {fill_s:.1f} s; committed offsets == high watermarks: "
-            f"{'yes' if consistent else 'NO'}): {REPEATS} timed micro-batches of {result.records:,} records, "
-            f"execute {', '.join(f'{r[1]:.2f}' for r in runs)} s")
-        say(f"      median: plan {plan_s:.2f} s, execute {exec_s:.2f} s [{fmt_phases(result.phase_seconds)}]")
-        say(f"      check: rows in table (total-records) {in_table:,} = records in topic {in_topic:,}: "
-            f"{'OK' if in_table == in_topic else 'MISMATCH'}; plan started at the committed offsets: "
-            f"{'yes' if started_at_state else 'NO'}; snapshots now {row['snapshots_after']:,}")
-        if result.records != batch_records:
-            say(f"      WARNING: the batch read {result.records} records, expected {batch_records}")
+        consistent = state_at(view.snapshots, view.main).offsets == {
+            p: w.high for p, w in kafka.watermarks(spec.topic).items()}
+        tables[level] = {"spec": spec, "writer": writer, "runs": [], "snapshots": len(table.metadata.snapshots),
+                         "meta_bytes": metadata_json_bytes(table), "state": state_at(view.snapshots, view.main)}
+        say(f"{level:>5,}: {added} filler appends in {time.perf_counter() - t0:.1f} s; "
+            f"committed offsets == high watermarks: {'yes' if consistent else 'NO'}")
+    for i in range(REPEATS):
+        order = levels[i % len(levels):] + levels[:i % len(levels)]
+        for level in order:
+            t = tables[level]
+            done = sum(w.high for w in kafka.watermarks(t["spec"].topic).values())
+            demo_data.produce(config, t["spec"].topic, flights_records(df, done, batch_records))
+            t["runs"].append(timed_batch(t["writer"]))
+    rows = [_level_row(catalog, kafka, level, tables[level], batch_records) for level in levels]
+    _print_table(rows)
+    return rows
+
+
+def _level_row(catalog, kafka: KafkaMetadata, level: int, t: dict, batch_records: int) -> dict:
+    """Print one level's timed batches and return its figures (those of the median batch)."""
+    runs, spec = t["runs"], t["spec"]
+    started_at_state = runs[0][3].start_offsets == t["state"].offsets
+    plan_s, exec_s, result, plan = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+    after_table = catalog.load_table(spec.identifier)
+    in_table = int(after_table.current_snapshot().summary.additional_properties.get("total-records", -1))
+    in_topic = sum(w.high - w.low for w in kafka.watermarks(spec.topic).values())
+    row = {
+        "snapshots": t["snapshots"], "plan_s": plan_s, "exec_s": exec_s,
+        "publish_s": result.phase_seconds.get("publish_s", float("nan")),
+        "write_s": result.phase_seconds.get("write_s", float("nan")),
+        "meta_bytes": t["meta_bytes"], "meta_after": metadata_json_bytes(after_table),
+        "snapshots_after": len(after_table.metadata.snapshots), "records": result.records,
+    }
+    say(f"{t['snapshots']:>5,} snapshots: {len(runs)} timed micro-batches of {result.records:,} records, "
+        f"execute {', '.join(f'{r[1]:.2f}' for r in runs)} s")
+    say(f"      median: plan {plan_s:.2f} s, execute {exec_s:.2f} s [{fmt_phases(result.phase_seconds)}]")
+    say(f"      check: rows in table (total-records) {in_table:,} = records in topic {in_topic:,}: "
+        f"{'OK' if in_table == in_topic else 'MISMATCH'}; plan started at the committed offsets: "
+        f"{'yes' if started_at_state else 'NO'}; snapshots now {row['snapshots_after']:,}")
+    if result.records != batch_records:
+        say(f"      WARNING: the batch read {result.records} records, expected {batch_records}")
+    return row
+
+
+def _print_table(rows: list[dict]) -> None:
     say()
     say("snapshots before | plan s | execute s | publish s | write s | metadata.json bytes before -> after")
     say("-----------------+--------+-----------+-----------+---------+-------------------------------------")
     for r in rows:
         say(f"{r['snapshots']:>16,} | {r['plan_s']:>6.2f} | {r['exec_s']:>9.2f} | {r['publish_s']:>9.2f} | "
             f"{r['write_s']:>7.2f} | {r['meta_bytes']:>12,} -> {r['meta_after']:,}")
-    return rows
