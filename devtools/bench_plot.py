@@ -20,12 +20,14 @@ PANELS = [
         ("after (e3afd9f), warm session", 0.314, "19:09, same run"),
         ("arrow writer (ec2d917), first batch", 0.480, "22:09"),
         ("arrow writer (e0b82e5), first batch", 0.398, "23:45"),
+        ("read-task slice (56ec855), first batch", 0.374, "2026-11-25 10:36; (a) read 469,905/s"),
     ]),
     ("1,000-record micro-batch on a warm session, quiet machine", "seconds, median (goal 1.5)", [
         ("issue baseline (execute at 10 snapshots)", 2.65, ""),
         ("session start (ce5abf7)", 2.58, "4 Spark jobs, right after warm-up"),
         ("after (e3afd9f)", 1.24, "3 Spark jobs, after (1b)"),
         ("arrow writer (e0b82e5)", 0.90, "2 Spark jobs, 23:45"),
+        ("read-task slice (56ec855)", 0.61, "2 Spark jobs, 2026-11-25 10:36"),
     ]),
     ("Freshness p50 / p90 under 200 records/s for 8 min, quiet machine", "seconds (goal 10 / 20)", [
         ("issue baseline p50", 29.4, "one run per micro-batch"),
@@ -36,6 +38,8 @@ PANELS = [
         ("streaming, budget 300 s: p90", 3.3, ""),
         ("arrow writer (e0b82e5): p50", 1.0, "23:50"),
         ("arrow writer (e0b82e5): p90", 2.2, ""),
+        ("read-task slice (56ec855): p50", 0.6, "2026-11-25 10:40"),
+        ("read-task slice (56ec855): p90", 1.1, "max 30.0 s at the run hand-over"),
     ]),
 ]
 COLORS = ("#7f8c8d", "#2e86c1", "#a04000", "#1e8449")
