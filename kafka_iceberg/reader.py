@@ -178,7 +178,7 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
 
     from kafka_iceberg.errors import DataLossError
 
-    if msgs and not any(map(_ERROR, msgs)):  # the common case: records only, in offset order (a KafkaError is truthy)
+    if msgs and not any(map(_ERROR, msgs)):  # records only (a KafkaError is truthy): the common case
         return _take_records(msgs, end, position, chunk)
     transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
     good: list = []
