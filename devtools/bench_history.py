@@ -218,10 +218,10 @@ def part_c(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata,
         added = grow_snapshots(catalog, spec, config, kafka, df, level)
         table = catalog.load_table(spec.identifier)
         view = metadata_view(table)
-        consistent = state_at(view.snapshots, view.main).offsets == {
-            p: w.high for p, w in kafka.watermarks(spec.topic).items()}
+        state = state_at(view.snapshots, view.main)
+        consistent = state.offsets == {p: w.high for p, w in kafka.watermarks(spec.topic).items()}
         tables[level] = {"spec": spec, "writer": writer, "runs": [], "snapshots": len(table.metadata.snapshots),
-                         "meta_bytes": metadata_json_bytes(table), "state": state_at(view.snapshots, view.main)}
+                         "meta_bytes": metadata_json_bytes(table), "state": state}
         say(f"{level:>5,}: {added} filler appends in {time.perf_counter() - t0:.1f} s; "
             f"committed offsets == high watermarks: {'yes' if consistent else 'NO'}")
     for i in range(REPEATS):

@@ -43,7 +43,7 @@ _CHUNK = 50_000  # records per Arrow batch handed back to Spark
 _ERROR = operator.methodcaller("error")  # a message's error, None for a record
 
 
-def _batch(topic, partition, offsets, timestamps, keys, values, headers) -> pa.RecordBatch:
+def _batch(topic, partition, offsets, timestamps, keys, values, headers: pa.Array) -> pa.RecordBatch:
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
         [
@@ -53,7 +53,7 @@ def _batch(topic, partition, offsets, timestamps, keys, values, headers) -> pa.R
             pa.array(timestamps, pa.int64()),
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),
-            headers if isinstance(headers, pa.Array) else _header_array(headers),
+            headers,
         ],
         schema=_ARROW_SCHEMA,
     )

@@ -81,10 +81,13 @@ class NewField:
     why_not: str | None = None
 
 
+_NOT_VALUE_COLUMNS = {name for name, _ in KAFKA_COLUMNS.values()} | {KEY_PARSED}
+
+
 def value_columns(table_schema: T.StructType) -> list[ValueColumn]:
     """The table's value columns (every column but the Kafka metadata ones), from its Spark schema."""
-    kafka = {name for name, _ in KAFKA_COLUMNS.values()} | {KEY_PARSED}
-    return [ValueColumn(f.name, f.dataType.simpleString(), not f.nullable) for f in table_schema.fields if f.name not in kafka]
+    return [ValueColumn(f.name, f.dataType.simpleString(), not f.nullable) for f in table_schema.fields
+            if f.name not in _NOT_VALUE_COLUMNS]
 
 
 _ICEBERG_SQL = {"IntegerType": "int", "LongType": "bigint", "DoubleType": "double", "StringType": "string",
@@ -95,10 +98,9 @@ def iceberg_value_columns(schema) -> list[ValueColumn] | None:
     """:func:`value_columns` from a pyiceberg ``Schema`` (no Spark catalog lookup), for tables whose
     value columns all have one of the Spark SQL types pyarrow parses (:data:`kafka_iceberg.arrow_json.ARROW_TYPES`);
     None when a column has another type (ask Spark then)."""
-    kafka = {name for name, _ in KAFKA_COLUMNS.values()} | {KEY_PARSED}
     out = []
     for f in schema.fields:
-        if f.name in kafka:
+        if f.name in _NOT_VALUE_COLUMNS:
             continue
         sql = _ICEBERG_SQL.get(type(f.field_type).__name__)
         if sql is None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from kafka_iceberg import arrow_json
-from kafka_iceberg.reader import RAW_SCHEMA_DDL, PieceStats, _batch
+from kafka_iceberg.reader import RAW_SCHEMA_DDL, PieceStats, _batch, _no_headers
 from kafka_iceberg.transform import PROBLEM, ValueColumn, classify, classify_parsed
 from tests.helpers import make_spec
 
@@ -47,7 +47,7 @@ VALUES = [
 
 def _raw_batch() -> pa.RecordBatch:
     n = len(VALUES)
-    return _batch("t", 0, list(range(n)), [1_700_000_000_000 + i for i in range(n)], [b"k"] * n, VALUES, [None] * n)
+    return _batch("t", 0, list(range(n)), [1_700_000_000_000 + i for i in range(n)], [b"k"] * n, VALUES, _no_headers(n))
 
 
 def _frame(spark, batch: pa.RecordBatch, ddl: str):
