@@ -7,8 +7,8 @@ runs them in order (see docs/architecture.md):
 
 ``recover_tables`` -> ``plan_ingest`` (or ``plan_accept_gap``, or a replay's ``plan_range``)
 -> :func:`run_batch`: ``create_branch`` -> ``read_batch`` -> ``write_attempt`` (with the one
-``batch_summary``) -> ``publish`` (which drops the branch) -> dead-letter publish and branch
-drop, group mirror ->
+``batch_summary``; the arrow writer's files are committed by the publish) -> ``publish`` (one
+commit, which drops the branch) -> dead-letter publish and branch drop, group mirror ->
 :class:`BatchResult`.
 """
 

@@ -1,6 +1,6 @@
 """``LAKE_WRITER=arrow`` (kafka_iceberg/batch/files.py): the read tasks write the records pyarrow
 claimed as data files with pyiceberg's writer, a second job writes the good records only Spark
-could classify, and one pyiceberg commit puts them all in one snapshot. Real Spark, broker,
+could classify, and one catalog commit puts them all in one snapshot on ``main``. Real Spark, broker,
 catalog and DuckDB: the table must hold exactly what Spark's own writer makes of the same topic."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from confluent_kafka import Producer
 
 from kafka_iceberg.batch import files as files_module
@@ -87,7 +88,7 @@ def test_a_failed_commit_deletes_the_files_its_tasks_wrote(spark, settings, kafk
     def refuse(*args, **kwargs):
         raise RuntimeError("commit refused (test)")
 
-    monkeypatch.setattr("kafka_iceberg.batch.write.commit_files", refuse)
+    monkeypatch.setattr("kafka_iceberg.batch.files.StagedPublish.commit", refuse)
     try:
         run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
         raise AssertionError("the micro-batch should have failed")
@@ -103,10 +104,14 @@ def test_a_failed_commit_deletes_the_files_its_tasks_wrote(spark, settings, kafk
 
 def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, unique):
     """``files.data_files`` wraps pyiceberg's private ``_dataframe_to_data_files``: partitioned by the
-    table's spec, with the record counts and partition values a commit needs."""
-    identifier = f"test.pin_{unique}"
-    spark.sql(f"CREATE TABLE {settings.catalog.name}.{identifier} (id BIGINT NOT NULL, day DATE) USING iceberg "
-              "PARTITIONED BY (day)")
+    table's spec, with the record counts and partition values a commit needs. ``files.stage_publish``
+    (through the private ``Transaction._updates``, wrapped in ``staged_updates``) makes one commit
+    that appends them on the attempt branch's head, moves ``main`` there and drops the branch, and
+    the catalog refuses it unless both refs are where it requires them."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    identifier, qualified = f"test.pin_{unique}", f"{settings.catalog.name}.test.pin_{unique}"
+    spark.sql(f"CREATE TABLE {qualified} (id BIGINT NOT NULL, day DATE) USING iceberg PARTITIONED BY (day)")
     table = load_table(catalog, identifier)
     rows = pa.table({"id": pa.array([1, 2, 3], pa.int64()),
                      "day": pa.array([19000, 19000, 19001], pa.int32()).cast(pa.date32())},
@@ -114,14 +119,30 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     written = files_module.data_files(table.metadata, rows, table.io)
     assert sorted(f.record_count for f in written) == [1, 2]
     assert sorted(f.partition[0] for f in written) == [19000, 19001]
-    first = files_module.commit_files(table, "main", written, {"test.key": "v"})
-    assert sorted(r["id"] for r in spark.table(f"{settings.catalog.name}.{identifier}").collect()) == [1, 2, 3]
-    assert load_table(catalog, identifier).current_snapshot().summary.additional_properties["test.key"] == "v"
+
+    spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH b1")  # an empty table: an empty snapshot
+    table = load_table(catalog, identifier)
+    b1 = table.metadata.refs["b1"].snapshot_id
+    staged = files_module.stage_publish(table, written, {"test.key": "v"}, branch="b1", branch_base=b1,
+                                        ref="main", ref_base=None)
+    first = staged.commit()
+    assert sorted(r["id"] for r in spark.table(qualified).collect()) == [1, 2, 3]
+    assert set(first.metadata.refs) == {"main"}, "the branch went in the same commit"
+    head = load_table(catalog, identifier).current_snapshot()
+    assert head.snapshot_id == staged.snapshot_id and head.parent_snapshot_id == b1
+    assert head.summary.additional_properties["test.key"] == "v"
+
+    spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH b2")  # at main's head
+    table = load_table(catalog, identifier)
+    more = files_module.data_files(table.metadata, rows, table.io)
+    for wrong in (dict(branch_base=b1, ref_base=staged.snapshot_id), dict(branch_base=staged.snapshot_id, ref_base=b1)):
+        with pytest.raises(CommitFailedException):  # either requirement alone refuses it
+            files_module.stage_publish(table, more, {}, branch="b2", ref="main", **wrong).commit()
+    again = files_module.stage_publish(table, more, {"test.key": "w"}, branch="b2", branch_base=staged.snapshot_id,
+                                       ref="main", ref_base=staged.snapshot_id).commit()
     # the commit is produced without the table's history, but the catalog keeps all of it
-    again = files_module.commit_files(load_table(catalog, identifier), "main",
-                                      files_module.data_files(table.metadata, rows, table.io), {"test.key": "w"})
-    assert [s.snapshot_id for s in again.metadata.snapshots][:1] == [first.current_snapshot().snapshot_id]
-    assert len(again.metadata.snapshots) == 2 and again.current_snapshot().parent_snapshot_id == first.current_snapshot().snapshot_id
+    assert len(again.metadata.snapshots) == 3 and set(again.metadata.refs) == {"main"}
+    assert again.current_snapshot().parent_snapshot_id == staged.snapshot_id
     assert again.current_snapshot().summary["total-records"] == "6"
     assert "commit.manifest-merge.enabled" not in again.metadata.properties, "Java's default is not written to the table"
 
@@ -143,7 +164,7 @@ def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(spark, set
             spark.sql(f"ALTER TABLE {table} CREATE BRANCH side")
             spark.sql(f"INSERT INTO {table}.branch_side SELECT * FROM {table} LIMIT 1")
 
-    caplog.set_level("INFO", logger="kafka_iceberg.batch.write")
+    caplog.set_level("INFO", logger="kafka_iceberg.batch.publish")
     second = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog,
                              crash_hook=commit_elsewhere)
     assert "commit on the prepared metadata refused" in caplog.text, "the fallback ran (the check can fail)"

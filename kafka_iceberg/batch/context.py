@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 CRASH_POINTS = ("after_branch", "after_read", "after_write", "after_publish")
 """Where a micro-batch calls its crash hook, in write-path order: attempt branch created; records
-read from Kafka; data files written and committed to the attempt branch (not published); the
-target ref fast-forwarded and the attempt branch dropped, in one commit (the dead-letter table not
-yet published, its branch not dropped, consumer group not mirrored)."""
+read from Kafka; rows written, not published (data files committed to the attempt branch, or with
+the arrow writer data files no snapshot references yet); the batch published on the target ref and
+the attempt branch dropped, in one commit (the dead-letter table not yet published, its branch not
+dropped, consumer group not mirrored)."""
 
 CrashHook = Callable[[str], None]
 

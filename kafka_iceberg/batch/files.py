@@ -6,9 +6,11 @@ rows: the read task turns them into table rows (Arrow) and writes them as Parque
 the table's schema (field ids), partition spec, location provider and write properties, keeping at
 most :data:`FLUSH_ROWS` rows in memory. The task reports its files (pyiceberg ``DataFile``s)
 through an accumulator. The records Spark classified as good (the few pyarrow did not claim) are
-written the same way by a second Spark job (:func:`write_rows`). The driver then commits every
-file of the batch to the attempt branch in one pyiceberg append (manifests merged as Java's MergeAppend does) carrying the batch's snapshot
-summary (:func:`commit_files`): one snapshot, as with Spark's writer, and the same state contract.
+written the same way by a second Spark job (:func:`write_rows`). The publish phase then commits
+every file of the batch in one catalog commit (:func:`stage_publish`): one snapshot carrying the
+batch's snapshot summary, on top of the attempt branch's head, with the target ref moved to it and
+the attempt branch removed. Spark's writer needs three commits for the same (append to the branch,
+fast-forward, drop); the state contract is the same.
 
 An attempt whose commit fails deletes the files it wrote (:func:`discard`); the files of an
 attempt killed before its commit are orphans under the table location, and recovery deletes them
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -171,32 +174,78 @@ def discard(io, files: Sequence) -> None:
             log.warning("data file %s of a failed attempt was not deleted (%s); orphan removal will", f.file_path, exc)
 
 
-def commit_files(table, branch: str, files: Sequence, summary: Mapping[str, str], head: int | None = None):
-    """Commit ``files`` (pyiceberg ``DataFile`` s) to ``branch`` of ``table`` (a loaded pyiceberg
-    table) as one append snapshot carrying ``summary``; returns the table as committed. ``head``: the
-    snapshot id ``branch`` points at in the catalog when ``table`` was loaded before the branch was
-    created (the branch is then added to the copy the commit starts from). Manifests
-    are merged as Iceberg's Java ``MergeAppend`` (Spark's writer) does: ``commit.manifest-merge.enabled``
-    defaults to true there (pyiceberg's default is false), ``commit.manifest.min-count-to-merge`` 100.
-    Raises what pyiceberg's commit raises (``CommitFailedException`` when the branch moved).
+@dataclass(frozen=True)
+class StagedPublish:
+    """A commit :func:`stage_publish` prepared and :meth:`commit` sends: ``snapshot_id`` is known before it lands."""
 
-    The snapshot is produced on a copy of the metadata without the table's history (only the
-    branch head and ``main``'s head): pyiceberg deep-copies the whole metadata at every step of a
-    transaction, which at 1,000 snapshots costs about 0.6 s per commit. The catalog applies the
-    commit to the full current metadata, under the requirement that ``branch`` is still at its head.
+    snapshot_id: int
+    table: object  # the pyiceberg Table (without its history) the commit starts from
+    requirements: tuple
+    updates: tuple
+
+    def commit(self):
+        """Send the commit to the catalog; returns the table as committed (a pyiceberg ``Table``).
+
+        Raises:
+            CommitFailedException: a requirement failed (the ref or the branch moved, or the branch is gone).
+            ValueError: the catalog could not apply it to its current metadata (e.g. a newer sequence number).
+            Whatever the catalog raises when it is unavailable.
+        """
+        from pyiceberg.table import Table
+
+        t = self.table
+        response = t.catalog.commit_table(t, self.requirements, self.updates)
+        return Table(t.name(), response.metadata, response.metadata_location, t.io, t.catalog)
+
+
+def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch: str, branch_base: int,
+                  ref: str, ref_base: int | None) -> StagedPublish:
+    """Prepare one catalog commit that appends ``files`` (pyiceberg ``DataFile`` s) as one snapshot
+    carrying ``summary`` whose parent is ``branch_base`` (the attempt ``branch``'s head), points
+    ``ref`` at it and removes ``branch``; the catalog refuses it unless ``branch`` is still at
+    ``branch_base`` and ``ref`` at ``ref_base`` (None: ``ref`` must not exist). Writes the manifests
+    and the manifest list; commits nothing. ``table``: the loaded table; the branch is added at
+    ``branch_base`` to the copy the commit starts from when it was loaded before the branch existed.
+
+    Manifests are merged as Iceberg's Java ``MergeAppend`` (Spark's writer) does:
+    ``commit.manifest-merge.enabled`` defaults to true there (pyiceberg's default is false),
+    ``commit.manifest.min-count-to-merge`` 100. The snapshot is produced on a copy of the metadata
+    without the table's history (:func:`_without_history`): pyiceberg deep-copies the whole metadata
+    at every step of a transaction, which at 1,000 snapshots costs about 0.6 s per commit. The catalog
+    applies the commit to the full current metadata. pyiceberg's own commit retries are not used: a
+    retry on a moved ``ref`` would append the batch twice.
     """
-    tx = _without_history(table, branch, head).transaction()
+    from pyiceberg.table.refs import SnapshotRefType
+    from pyiceberg.table.update import (
+        AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate)
+
+    slim = _without_history(table, branch, branch_base)
+    tx = slim.transaction()
     with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).merge_append() as append:
         for f in files:
             append.append_data_file(f)
-    return tx.commit_transaction()
+    staged = staged_updates(tx)
+    snapshot_id = next(u.snapshot.snapshot_id for u in staged if isinstance(u, AddSnapshotUpdate))
+    updates = (*staged, SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id),
+               RemoveSnapshotRefUpdate(ref_name=branch))
+    requirements = (AssertTableUUID(uuid=slim.metadata.table_uuid),
+                    AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
+                    AssertRefSnapshotId(ref=ref, snapshot_id=ref_base))
+    return StagedPublish(snapshot_id, slim, requirements, updates)
+
+
+def staged_updates(tx) -> tuple:
+    """The table updates a pyiceberg ``Transaction`` staged and has not committed. Wraps its private
+    ``_updates`` once (pyiceberg keeps only the first ``AssertRefSnapshotId`` of a transaction, so a
+    commit that requires two refs builds its own requirements); tests/test_arrow_writer.py pins it."""
+    return tuple(tx._updates)
 
 
 def _without_history(table, branch: str, head: int | None = None):
     """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
     to them; ``branch`` at ``head`` when given); everything an append reads (schema, specs,
     properties, sequence number, the parent's manifest list and summary) is kept. Without a
-    ``commit.manifest-merge.enabled`` property the copy says true (Java's default, see :func:`commit_files`)."""
+    ``commit.manifest-merge.enabled`` property the copy says true (Java's default, see :func:`stage_publish`)."""
     from pyiceberg.table import Table
     from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 

@@ -1,9 +1,11 @@
 """The publish phase: the conditional commit of an attempt, then the follow-ups.
 
-The target ref is fast-forwarded to the attempt branch, and the branch dropped, in one commit,
-which Iceberg refuses unless the ref is still an ancestor of the branch; the JDBC catalog swaps
-the metadata pointer atomically, so of two attempts planned on the same base exactly one
-publishes and the other gets :class:`CommitConflictError`. Then the dead-letter snapshot is
+The attempt becomes the target ref's head, and the attempt branch is dropped, in one commit:
+the arrow writer's data files are committed as the new snapshot under requirements on both
+refs; a snapshot on the attempt branch is fast-forwarded to, which Iceberg refuses unless the
+ref is still an ancestor of the branch. The JDBC catalog swaps the metadata pointer atomically,
+so of two attempts planned on the same base exactly one publishes and the other gets
+:class:`CommitConflictError`. Then the dead-letter snapshot is
 published, the dead-letter branch dropped, and the committed offsets are mirrored into the
 consumer group.
 """
@@ -14,7 +16,9 @@ import logging
 from typing import Mapping
 
 from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.files import discard, stage_publish
 from kafka_iceberg.batch.types import PublishedCommit, WritePlan, WrittenAttempt
+from kafka_iceberg.catalog import TableMetadataView, is_transient_catalog_error, metadata_view
 from kafka_iceberg.errors import CommitConflictError, LakeError
 
 log = logging.getLogger(__name__)
@@ -23,20 +27,41 @@ _REFUSED = ("not an ancestor", "CommitFailedException", "refresh is required")
 
 
 def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCommit:
-    """Fast-forward the target ref to the attempt's snapshot and drop the attempt branch, in one
-    catalog commit, if the ref is still at the planned base. The commit point of the micro-batch.
+    """Make the attempt visible on the target ref, and drop the attempt branch, in one catalog
+    commit, if the ref is still at the planned base. The commit point of the micro-batch.
 
-    The commit goes through Iceberg's Java API: ``ManageSnapshots.fastForwardBranch`` (what the
-    ``fast_forward`` procedure calls) then ``removeBranch``. Iceberg refuses it unless the ref is
-    an ancestor of the branch, and the catalog refuses it if the table changed since the load it
-    starts from. The write phase's metadata is the first check, and the summary comes from it: no
-    pyiceberg load. A transient catalog error is retried only after re-reading the ref: at the new
-    snapshot means the commit landed; still at the base means retry; anything else is a conflict.
+    Data files (the arrow writer) are committed as the ref's new snapshot by :func:`_publish_files`.
+    A snapshot on the attempt branch is fast-forwarded to by :func:`_fast_forward`.
 
     Raises:
         CommitConflictError: the ref moved since the plan (nothing published).
+        LakeError: the attempt branch moved or vanished (recovery judged the attempt dead).
         CatalogUnavailableError: the retries ran out.
     """
+    if attempt.files is not None:
+        snapshot_id, view = _publish_files(lake, plan, attempt)
+    else:
+        snapshot_id, view = _fast_forward(lake, plan, attempt), attempt.history
+    summary = view.snapshots[snapshot_id].summary
+    return PublishedCommit(snapshot_id, int(summary.get("added-data-files", 0)),
+                           int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id,
+                           int(summary["total-records"]) if "total-records" in summary else None)
+
+
+def _moved(plan: WritePlan, head: object, how: str = "") -> CommitConflictError:
+    target = plan.target
+    return CommitConflictError(
+        f"table {target.identifier}: {target.ref} moved from snapshot {plan.base_snapshot_id} to {head} after this "
+        f"micro-batch was planned; another run committed first{how}. Nothing was published; rerun to re-plan.")
+
+
+def _fast_forward(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> int:
+    """Fast-forward the target ref to the attempt's snapshot and drop the branch, through Iceberg's
+    Java API: ``ManageSnapshots.fastForwardBranch`` (what the ``fast_forward`` procedure calls) then
+    ``removeBranch``, one commit. Iceberg refuses it unless the ref is an ancestor of the branch, and
+    the catalog if the table changed since the load it starts from. The write phase's metadata is
+    the first check. A transient catalog error is retried only after re-reading the ref: at the new
+    snapshot means the commit landed; still at the base means retry; anything else is a conflict."""
     target, ref = plan.target, plan.target.ref
 
     def check(view=None) -> int | None:
@@ -44,10 +69,7 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
         if head == attempt.snapshot_id:
             return head
         if head != plan.base_snapshot_id:
-            raise CommitConflictError(
-                f"table {target.identifier}: {ref} moved from snapshot {plan.base_snapshot_id} to {head} after this "
-                "micro-batch was planned; another run committed first. Nothing was published; rerun to re-plan."
-            )
+            raise _moved(plan, head)
         return None
 
     def fast_forward() -> int:
@@ -57,10 +79,8 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
         except Exception as exc:
             text = str(exc)
             if any(marker in text for marker in _REFUSED):
-                raise CommitConflictError(
-                    f"table {target.identifier}: {ref} moved after this micro-batch was planned (Iceberg refused the "
-                    f"fast-forward: {_java_message(text)}). Nothing was published; rerun to re-plan."
-                ) from None
+                raise _moved(plan, "another snapshot", f" (Iceberg refused the fast-forward: {_java_message(text)})") \
+                    from None
             raise
         return table.refs().get(ref).snapshotId()  # the table as committed, reloaded by Iceberg
 
@@ -70,10 +90,77 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
     if head != attempt.snapshot_id:
         raise CommitConflictError(f"table {target.identifier}: {ref} is at snapshot {head}, not "
                                   f"{attempt.snapshot_id}, after the fast-forward")
-    summary = attempt.history.snapshots[attempt.snapshot_id].summary
-    return PublishedCommit(attempt.snapshot_id, int(summary.get("added-data-files", 0)),
-                           int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id,
-                           int(summary["total-records"]) if "total-records" in summary else None)
+    return head
+
+
+def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tuple[int, TableMetadataView]:
+    """Commit the attempt's data files as the target ref's new snapshot (parent: the attempt branch's
+    head) and drop the branch, in one catalog commit (:func:`~kafka_iceberg.batch.files.publish_files`)
+    requiring the ref at the planned base and the branch at its head. Returns the snapshot id and the
+    table's metadata as committed.
+
+    The commit starts from the table as ``prepare`` loaded it. If the catalog refuses it while both
+    refs are where they should be (the table changed in between, e.g. another branch's commit), it
+    is made once more on a fresh load; a transient error is retried likewise after re-reading the
+    refs. A commit that did not land deletes the files.
+
+    Raises:
+        CommitConflictError, LakeError, CatalogUnavailableError: as :func:`publish`.
+    """
+    identifier, tried = plan.target.identifier, []
+    prepared = [t for t in [lake.loaded.get(identifier)] if t is not None and t.snapshot_by_id(attempt.branch_base)]
+
+    def check(view: TableMetadataView | None = None) -> int | None:
+        """Our snapshot id when a commit landed; None when both refs are where the commit needs them."""
+        view = view or lake.history(identifier)
+        head = view.refs.get(plan.target.ref)
+        if head in tried:
+            return head
+        if head != plan.base_snapshot_id:
+            raise _moved(plan, head)
+        if view.refs.get(attempt.branch) != attempt.branch_base:
+            raise LakeError(f"table {identifier}: attempt branch {attempt.branch} moved or vanished before its "
+                            "publish (recovery judged the attempt dead); nothing was published")
+        return None
+
+    def landed() -> tuple[int, TableMetadataView] | None:
+        view = lake.history(identifier)
+        head = check(view)
+        return None if head is None else (head, view)
+
+    def commit() -> tuple[int, TableMetadataView]:
+        from_prepared = bool(prepared)
+        staged = stage_publish(prepared.pop() if prepared else lake.load(identifier), attempt.files,
+                               attempt.summary, branch=attempt.branch, branch_base=attempt.branch_base,
+                               ref=plan.target.ref, ref_base=plan.base_snapshot_id)
+        tried.append(staged.snapshot_id)
+        try:
+            return staged.snapshot_id, metadata_view(staged.commit())
+        except Exception as exc:
+            if is_transient_catalog_error(exc) or check() is not None or not from_prepared:
+                raise
+            log.info("table %s: commit on the prepared metadata refused (%s); committing on a fresh load",
+                     identifier, exc)
+            return commit()
+
+    try:
+        return lake.retry(f"table {identifier}: publish the files of {attempt.branch} to {plan.target.ref}",
+                          commit, before_retry=landed)
+    except Exception:
+        _discard_unless_committed(lake, identifier, attempt.files, tried)
+        raise
+
+
+def _discard_unless_committed(lake: Lake, identifier: str, files, snapshot_ids: list[int]) -> None:
+    """After a failed publish: delete ``files`` unless one of ``snapshot_ids`` (the commits tried)
+    is in the table (a snapshot that landed keeps them). Best effort: left, they are orphans for
+    recovery and maintenance to delete."""
+    try:
+        table = lake.load(identifier)
+        if not any(table.snapshot_by_id(s) for s in snapshot_ids):
+            discard(table.io, files)
+    except Exception as exc:  # noqa: BLE001 - the original error matters more; orphan removal remains
+        log.warning("table %s: files of a failed publish were not checked for deletion (%s)", identifier, exc)
 
 
 def _java_message(text: str) -> str:

@@ -113,14 +113,25 @@ class ReadBatch:
 
 @dataclass(frozen=True)
 class WrittenAttempt:
-    """A batch committed to its attempt ``branch`` (not published): the table's new snapshot, the
-    dead-letter snapshot holding its bad records (None: none written), and the ``history`` of the
-    table as loaded right after the write (the publish phase checks the target ref in it)."""
+    """A batch written and not published, in one of two shapes:
+
+    - committed to its attempt ``branch`` as the table's new snapshot ``snapshot_id``, with the
+      ``history`` of the table as loaded right after (Spark's writer, upserts; the publish phase
+      fast-forwards the target ref to it);
+    - or as data ``files`` no snapshot references yet (pyiceberg ``DataFile`` s, ``LAKE_WRITER=arrow``),
+      with the snapshot ``summary`` to commit them under; ``snapshot_id`` and ``history`` are None,
+      and the publish phase commits them on top of ``branch_base`` in one commit.
+
+    ``dead_letter_snapshot_id``: the dead-letter snapshot holding its bad records (None: none written).
+    """
 
     branch: str
-    snapshot_id: int
+    snapshot_id: int | None
     dead_letter_snapshot_id: int | None
     history: object
+    files: tuple | None = None
+    summary: Mapping[str, str] = field(default_factory=dict)
+    branch_base: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""The write phase: the attempt branch, the snapshot summary, and the append of a batch's rows
-(good rows to the table, bad ones to the dead-letter table) to that branch, unpublished.
+"""The write phase: the attempt branch, the snapshot summary, and a batch's rows written,
+unpublished: bad ones appended to the dead-letter table's attempt branch; good ones appended to
+the table's attempt branch (Spark's writer, upserts) or held as data files for the publish
+phase's one commit (``LAKE_WRITER=arrow``).
 
-Every append reconciles: the new snapshot's ``added-records`` must equal the records the
-read phase counted for it, or nothing is published.
+Every write reconciles: the new snapshot's ``added-records`` (or the data files' record counts)
+must equal the records the read phase counted for it, or nothing is published.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import logging
 from typing import Mapping
 
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.files import commit_files, discard, file_writer, write_rows
+from kafka_iceberg.batch.files import discard, file_writer, write_rows
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog import TableMetadataView, is_transient_catalog_error, metadata_view
+from kafka_iceberg.catalog import TableMetadataView
 from kafka_iceberg.cdc import DELETE, reduce_changes
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.spec import TableSpec
@@ -144,64 +146,35 @@ def _committed(lake: Lake, identifier: str, branch: str, branch_base: int, write
     return head, view
 
 
-def append_files(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, branch_base: int,
-                 summary: Mapping[str, str]) -> tuple[int, TableMetadataView]:
+def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
     """``LAKE_WRITER=arrow``: the data files the read tasks wrote, plus files for the good records
-    Spark classified (:func:`~kafka_iceberg.batch.files.write_rows`), committed to ``branch`` as one
-    snapshot carrying ``summary``; returns its id and the metadata the commit returned.
-
-    The commit starts from the table as ``prepare`` loaded it (the branch added at ``branch_base``),
-    not a fresh load; if the table changed in between so that the catalog refuses that commit, it
-    is made once more on a fresh load while the branch is still at ``branch_base``.
+    Spark classified (:func:`~kafka_iceberg.batch.files.write_rows`); nothing is committed (the
+    publish phase commits them). Returns the pyiceberg ``DataFile`` s.
 
     Raises:
-        LakeError: as :func:`append` (the snapshot must add ``batch.records`` rows).
+        LakeError: the files do not hold ``batch.records`` rows (they are deleted; nothing is published).
     """
     files = list(batch.data_files)
-    prepared = [t for t in [lake.loaded.get(spec.identifier)] if t is not None and t.snapshot_by_id(branch_base)]
-
-    def write():
-        if prepared:
-            try:
-                return metadata_view(commit_files(prepared.pop(), branch, files, summary, head=branch_base))
-            except Exception as exc:
-                if is_transient_catalog_error(exc):
-                    raise
-                log.info("table %s: commit on the prepared metadata refused (%s); committing on a fresh load",
-                         spec.identifier, exc)
-        table = lake.load(spec.identifier)
-        ref = table.metadata.refs.get(branch)
-        if ref is None or ref.snapshot_id != branch_base:
-            raise LakeError(f"table {spec.identifier}: attempt branch {branch} moved or vanished before its commit")
-        return metadata_view(commit_files(table, branch, files, summary))
-
     try:
         if batch.records > sum(f.record_count for f in files):
             files += write_rows(lake.spark, file_writer(lake, spec, batch.columns),
                                 table_rows(batch.classified, spec, list(batch.columns)))
-        return _committed(lake, spec.identifier, branch, branch_base, write, batch.records, "added")
+        written = sum(f.record_count for f in files)
+        if written != batch.records:
+            raise LakeError(f"table {spec.identifier}: micro-batch does not reconcile: its data files hold {written} "
+                            f"rows but {batch.records} records were added; nothing was published")
     except Exception:
-        _discard_unless_committed(lake, spec.identifier, branch, branch_base, files)
+        discard((lake.loaded.get(spec.identifier) or lake.load(spec.identifier)).io, files)
         raise
-
-
-def _discard_unless_committed(lake: Lake, identifier: str, branch: str, branch_base: int, files: list) -> None:
-    """After a failed commit: delete ``files`` when ``branch`` is still at ``branch_base`` (no snapshot
-    references them); a snapshot that landed keeps them, for recovery to expire. Best effort."""
-    try:
-        table = lake.load(identifier)
-        ref = table.metadata.refs.get(branch)
-        if ref is not None and ref.snapshot_id == branch_base:
-            discard(table.io, files)
-    except Exception as exc:  # noqa: BLE001 - the original error matters more; orphan removal remains
-        log.warning("table %s: files of the failed attempt %s were not checked for deletion (%s)", identifier, branch, exc)
+    return tuple(files)
 
 
 def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, branch: str, branch_base: int,
                   commit_id: str) -> WrittenAttempt:
-    """Write the batch to the attempt ``branch`` (created at ``branch_base``): bad records first to the
-    same-named branch of the dead-letter table (when the target has one), then the good rows
-    with the summary, which points at that dead-letter snapshot.
+    """Write the batch for the attempt ``branch`` (created at ``branch_base``): bad records first to the
+    same-named branch of the dead-letter table (when the target has one), then the good rows with
+    the summary, which points at that dead-letter snapshot: appended to ``branch``, or (arrow writer)
+    as data files the publish phase commits (see :class:`~kafka_iceberg.batch.types.WrittenAttempt`).
 
     Raises:
         LakeError: a write did not reconcile. CatalogUnavailableError: retries ran out.
@@ -219,8 +192,8 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
         snapshot_id, history = merge(lake, spec, batch, branch, summary)
         return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
     if batch.data_files is not None:
-        snapshot_id, history = append_files(lake, spec, batch, branch, branch_base, summary)
-        return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
+        return WrittenAttempt(branch, None, dlq_snapshot, None, files=write_files(lake, spec, batch), summary=summary,
+                              branch_base=branch_base)
     rows = table_rows(batch.classified, spec, list(batch.columns))
     snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added",
                                   shuffle=shuffle)
