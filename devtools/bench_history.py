@@ -182,7 +182,7 @@ def _append_fillers(table, spec, partitions, records, offsets, max_ts, need, sch
         append_filler(table, filler_rows(rows, spec.topic, spec), summary, schema, data_dir)
 
 
-REPEATS = 7
+REPEATS = 15
 """Rounds of timed micro-batches: each round runs one batch on every level's table; a level's figures
 are those of its median batch."""
 

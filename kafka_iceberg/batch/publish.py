@@ -95,7 +95,7 @@ def _fast_forward(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> int:
 
 def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tuple[int, TableMetadataView]:
     """Commit the attempt's data files as the target ref's new snapshot (parent: the attempt branch's
-    head) and drop the branch, in one catalog commit (:func:`~kafka_iceberg.batch.files.publish_files`)
+    head) and drop the branch, in one catalog commit (:func:`~kafka_iceberg.batch.files.stage_publish`)
     requiring the ref at the planned base and the branch at its head. Returns the snapshot id and the
     table's metadata as committed.
 
