@@ -21,6 +21,7 @@ PANELS = [
         ("arrow writer (ec2d917), first batch", 0.480, "22:09"),
         ("arrow writer (e0b82e5), first batch", 0.398, "23:45"),
         ("read-task slice (56ec855), first batch", 0.374, "2026-11-25 10:36; (a) read 469,905/s"),
+        ("one publish commit (6e8297b), first batch", 0.340, "2026-11-25 14:29; (a) read 448,669/s"),
     ]),
     ("1,000-record micro-batch on a warm session, quiet machine", "seconds, median (goal 1.5)", [
         ("issue baseline (execute at 10 snapshots)", 2.65, ""),
@@ -28,6 +29,7 @@ PANELS = [
         ("after (e3afd9f)", 1.24, "3 Spark jobs, after (1b)"),
         ("arrow writer (e0b82e5)", 0.90, "2 Spark jobs, 23:45"),
         ("read-task slice (56ec855)", 0.61, "2 Spark jobs, 2026-11-25 10:36"),
+        ("one publish commit (6e8297b)", 0.62, "2 Spark jobs, 2026-11-25 14:29"),
     ]),
     ("Freshness p50 / p90 under 200 records/s for 8 min, quiet machine", "seconds (goal 10 / 20)", [
         ("issue baseline p50", 29.4, "one run per micro-batch"),
@@ -40,6 +42,8 @@ PANELS = [
         ("arrow writer (e0b82e5): p90", 2.2, ""),
         ("read-task slice (56ec855): p50", 0.6, "2026-11-25 10:40"),
         ("read-task slice (56ec855): p90", 1.1, "max 30.0 s at the run hand-over"),
+        ("one publish commit (6e8297b): p50", 0.6, "2026-11-25 14:33"),
+        ("one publish commit (6e8297b): p90", 1.0, "max 25.8 s at the run hand-over"),
     ]),
 ]
 COLORS = ("#7f8c8d", "#2e86c1", "#a04000", "#1e8449")
