@@ -236,6 +236,11 @@ def part_c(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata,
     return rows
 
 
+def _each(runs: list, phases: tuple[str, ...]) -> str:
+    """Per timed batch, the sum of ``phases`` (seconds), comma-separated."""
+    return ", ".join(f"{sum(r[2].phase_seconds.get(p, 0.0) for p in phases):.2f}" for r in runs)
+
+
 def _level_row(catalog, kafka: KafkaMetadata, level: int, t: dict, batch_records: int) -> dict:
     """Print one level's timed batches and return its figures (those of the median batch)."""
     runs, spec = t["runs"], t["spec"]
@@ -253,6 +258,7 @@ def _level_row(catalog, kafka: KafkaMetadata, level: int, t: dict, batch_records
     }
     say(f"{t['snapshots']:>5,} snapshots: {len(runs)} timed micro-batches of {result.records:,} records, "
         f"execute {', '.join(f'{r[1]:.2f}' for r in runs)} s")
+    say(f"      read_s of each: {_each(runs, ('read_s',))} s; branch_s + publish_s: {_each(runs, ('branch_s', 'publish_s'))} s")
     say(f"      median: plan {plan_s:.2f} s, execute {exec_s:.2f} s [{fmt_phases(result.phase_seconds)}]")
     say(f"      check: rows in table (total-records) {in_table:,} = records in topic {in_topic:,}: "
         f"{'OK' if in_table == in_topic else 'MISMATCH'}; plan started at the committed offsets: "
