@@ -133,6 +133,8 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     assert head.summary.additional_properties["test.key"] == "v"
 
     spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH b2")  # at main's head
+    load_table(catalog, identifier).manage_snapshots().create_branch(  # a retention setting on main
+        staged.snapshot_id, "main", min_snapshots_to_keep=5).commit()
     table = load_table(catalog, identifier)
     more = files_module.data_files(table.metadata, rows, table.io)
     for wrong in (dict(branch_base=b1, ref_base=staged.snapshot_id), dict(branch_base=staged.snapshot_id, ref_base=b1)):
@@ -144,6 +146,7 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     assert len(again.metadata.snapshots) == 3 and set(again.metadata.refs) == {"main"}
     assert again.current_snapshot().parent_snapshot_id == staged.snapshot_id
     assert again.current_snapshot().summary["total-records"] == "6"
+    assert again.metadata.refs["main"].min_snapshots_to_keep == 5, "main keeps its retention, as a fast-forward does"
     assert "commit.manifest-merge.enabled" not in again.metadata.properties, "Java's default is not written to the table"
 
 

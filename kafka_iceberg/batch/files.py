@@ -202,7 +202,7 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
                   ref: str, ref_base: int | None) -> StagedPublish:
     """Prepare one catalog commit that appends ``files`` (pyiceberg ``DataFile`` s) as one snapshot
     carrying ``summary`` whose parent is ``branch_base`` (the attempt ``branch``'s head), points
-    ``ref`` at it and removes ``branch``; the catalog refuses it unless ``branch`` is still at
+    ``ref`` at it (keeping its retention settings) and removes ``branch``; the catalog refuses it unless ``branch`` is still at
     ``branch_base`` and ``ref`` at ``ref_base`` (None: ``ref`` must not exist). Writes the manifests
     and the manifest list; commits nothing. ``table``: the loaded table; the branch is added at
     ``branch_base`` to the copy the commit starts from when it was loaded before the branch existed.
@@ -226,7 +226,10 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
             append.append_data_file(f)
     staged = staged_updates(tx)
     snapshot_id = next(u.snapshot.snapshot_id for u in staged if isinstance(u, AddSnapshotUpdate))
-    updates = (*staged, SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id),
+    kept = table.metadata.refs.get(ref)  # its retention settings stay, as Java's fast-forward keeps them
+    retention = {k: getattr(kept, k, None) for k in ("max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep")}
+    updates = (*staged, SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id,
+                                             **retention),
                RemoveSnapshotRefUpdate(ref_name=branch))
     requirements = (AssertTableUUID(uuid=slim.metadata.table_uuid),
                     AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),

@@ -164,7 +164,9 @@ def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
             raise LakeError(f"table {spec.identifier}: micro-batch does not reconcile: its data files hold {written} "
                             f"rows but {batch.records} records were added; nothing was published")
     except Exception:
-        discard((lake.loaded.get(spec.identifier) or lake.load(spec.identifier)).io, files)
+        table = lake.loaded.get(spec.identifier)  # prepare's load; without one the files stay for recovery
+        if table is not None:
+            discard(table.io, files)
         raise
     return tuple(files)
 
