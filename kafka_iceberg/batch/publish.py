@@ -18,7 +18,7 @@ from typing import Mapping
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, stage_publish
 from kafka_iceberg.batch.types import PublishedCommit, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog import TableMetadataView, is_transient_catalog_error, metadata_view
+from kafka_iceberg.catalog import TableMetadataView, is_transient_catalog_error
 from kafka_iceberg.errors import CommitConflictError, LakeError
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,10 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
         CatalogUnavailableError: the retries ran out.
     """
     if attempt.files is not None:
-        snapshot_id, view = _publish_files(lake, plan, attempt)
+        snapshot_id, summary = _publish_files(lake, plan, attempt)
     else:
-        snapshot_id, view = _fast_forward(lake, plan, attempt), attempt.history
-    summary = view.snapshots[snapshot_id].summary
+        snapshot_id = _fast_forward(lake, plan, attempt)
+        summary = attempt.history.snapshots[snapshot_id].summary
     return PublishedCommit(snapshot_id, int(summary.get("added-data-files", 0)),
                            int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id,
                            int(summary["total-records"]) if "total-records" in summary else None)
@@ -93,11 +93,11 @@ def _fast_forward(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> int:
     return head
 
 
-def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tuple[int, TableMetadataView]:
+def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tuple[int, Mapping[str, str]]:
     """Commit the attempt's data files as the target ref's new snapshot (parent: the attempt branch's
     head) and drop the branch, in one catalog commit (:func:`~kafka_iceberg.batch.files.stage_publish`)
-    requiring the ref at the planned base and the branch at its head. Returns the snapshot id and the
-    table's metadata as committed.
+    requiring the ref at the planned base and the branch at its head. Returns the snapshot id and its
+    summary (only that snapshot is read from the committed metadata: no view of the whole history).
 
     The commit starts from the table as ``prepare`` loaded it. If the catalog refuses it while both
     refs are where they should be (the table changed in between, e.g. another branch's commit), it
@@ -123,19 +123,20 @@ def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tupl
                             "publish (recovery judged the attempt dead); nothing was published")
         return None
 
-    def landed() -> tuple[int, TableMetadataView] | None:
+    def landed() -> tuple[int, Mapping[str, str]] | None:
         view = lake.history(identifier)
         head = check(view)
-        return None if head is None else (head, view)
+        return None if head is None else (head, view.snapshots[head].summary)
 
-    def commit() -> tuple[int, TableMetadataView]:
+    def commit() -> tuple[int, Mapping[str, str]]:
         from_prepared = bool(prepared)
         staged = stage_publish(prepared.pop() if prepared else lake.load(identifier), attempt.files,
                                attempt.summary, branch=attempt.branch, branch_base=attempt.branch_base,
                                ref=plan.target.ref, ref_base=plan.base_snapshot_id)
         tried.append(staged.snapshot_id)
         try:
-            return staged.snapshot_id, metadata_view(staged.commit())
+            committed = staged.commit().metadata.snapshot_by_id(staged.snapshot_id)
+            return staged.snapshot_id, dict(committed.summary.additional_properties)
         except Exception as exc:
             if is_transient_catalog_error(exc) or check() is not None or not from_prepared:
                 raise
