@@ -1,5 +1,5 @@
 """Data files written by Spark tasks with pyiceberg's Parquet writer (``LAKE_WRITER=arrow``), and
-their commit to the attempt branch as one snapshot.
+their publish as one snapshot.
 
 Records pyarrow claimed in the read task (:mod:`kafka_iceberg.arrow_json`) never become Spark
 rows: the read task turns them into table rows (Arrow) and writes them as Parquet data files with
@@ -179,23 +179,23 @@ class StagedPublish:
     """A commit :func:`stage_publish` prepared and :meth:`commit` sends: ``snapshot_id`` is known before it lands."""
 
     snapshot_id: int
-    table: object  # the pyiceberg Table (without its history) the commit starts from
+    table: object  # the pyiceberg Table, with its whole history, the commit applies to (its base)
     requirements: tuple
     updates: tuple
 
     def commit(self):
-        """Send the commit to the catalog; returns the table as committed (a pyiceberg ``Table``).
+        """Commit on the base (:func:`kafka_iceberg.batch.commit.commit`); returns the table as
+        committed (a pyiceberg ``Table``).
 
         Raises:
-            CommitFailedException: a requirement failed (the ref or the branch moved, or the branch is gone).
-            ValueError: the catalog could not apply it to its current metadata (e.g. a newer sequence number).
+            CommitFailedException: a requirement failed (the ref or the branch moved, or the branch is
+                gone); StaleBaseError (a subclass): the table moved since the base was loaded.
+            ValueError: the updates do not apply to the base (e.g. a newer sequence number).
             Whatever the catalog raises when it is unavailable.
         """
-        from pyiceberg.table import Table
+        from kafka_iceberg.batch.commit import commit
 
-        t = self.table
-        response = t.catalog.commit_table(t, self.requirements, self.updates)
-        return Table(t.name(), response.metadata, response.metadata_location, t.io, t.catalog)
+        return commit(self.table, self.requirements, self.updates)
 
 
 def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch: str, branch_base: int,
@@ -204,15 +204,16 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
     carrying ``summary`` whose parent is ``branch_base`` (the attempt ``branch``'s head), points
     ``ref`` at it (keeping its retention settings) and removes ``branch``; the catalog refuses it unless ``branch`` is still at
     ``branch_base`` and ``ref`` at ``ref_base`` (None: ``ref`` must not exist). Writes the manifests
-    and the manifest list; commits nothing. ``table``: the loaded table; the branch is added at
-    ``branch_base`` to the copy the commit starts from when it was loaded before the branch existed.
+    and the manifest list; commits nothing. ``table``: the table as this micro-batch last loaded or
+    committed it, the commit's base (:mod:`kafka_iceberg.batch.commit`: the requirements are checked
+    against it, and the catalog's pointer moves only while it still names it).
 
     Manifests are merged as Iceberg's Java ``MergeAppend`` (Spark's writer) does:
     ``commit.manifest-merge.enabled`` defaults to true there (pyiceberg's default is false),
     ``commit.manifest.min-count-to-merge`` 100. The snapshot is produced on a copy of the metadata
     without the table's history (:func:`_without_history`): pyiceberg deep-copies the whole metadata
-    at every step of a transaction, which at 1,000 snapshots costs about 0.6 s per commit. The catalog
-    applies the commit to the full current metadata. pyiceberg's own commit retries are not used: a
+    at every step of a transaction, which at 1,000 snapshots costs about 0.6 s per commit. The commit
+    applies the updates to the base's full metadata. pyiceberg's own commit retries are not used: a
     retry on a moved ``ref`` would append the batch twice.
     """
     from pyiceberg.table.refs import SnapshotRefType
@@ -234,7 +235,7 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
     requirements = (AssertTableUUID(uuid=slim.metadata.table_uuid),
                     AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
                     AssertRefSnapshotId(ref=ref, snapshot_id=ref_base))
-    return StagedPublish(snapshot_id, slim, requirements, updates)
+    return StagedPublish(snapshot_id, table, requirements, updates)
 
 
 def staged_updates(tx) -> tuple:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Mapping
 
+from kafka_iceberg.batch.commit import StaleBaseError, commit
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, file_writer, write_rows
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
@@ -70,26 +71,58 @@ def max_timestamps(previous: Mapping[int, int], stats) -> dict[int, int]:
 
 def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | None) -> int:
     """Create ``branch`` at ``at_snapshot`` (``main`` of an empty table); returns its head snapshot id.
-    At a snapshot: one commit through Iceberg's Java API (``ManageSnapshots.createBranch``, what
-    ``ALTER TABLE ... CREATE BRANCH`` calls). On an empty table: that DDL, which makes an empty
-    snapshot, and one metadata load to learn its id.
+    At a snapshot: one commit on the metadata this micro-batch last loaded (:func:`_commit_branch`).
+    On an empty table: ``ALTER TABLE ... CREATE BRANCH``, which makes an empty snapshot, and one
+    metadata load to learn its id.
 
     Raises:
         LakeError: the branch was not created. CatalogUnavailableError: the retries ran out.
+        CommitFailedException: the branch exists already, or the table kept moving.
     """
     def created():
         return lake.history(identifier).refs.get(branch)
 
     what = f"table {identifier}: create branch {branch}"
     if at_snapshot is not None:
-        lake.retry(what, lambda: lake.java_table(identifier).manageSnapshots().createBranch(branch, at_snapshot)
-                   .commit(), before_retry=created)
+        lake.retry(what, lambda: _commit_branch(lake, identifier, branch, at_snapshot), before_retry=created)
         return at_snapshot
     lake.sql(what, f"ALTER TABLE {lake.catalog_name}.{identifier} CREATE BRANCH `{branch}`", before_retry=created)
     head = created()
     if head is None:
         raise LakeError(f"table {identifier}: branch {branch} was not created")
     return head
+
+
+BRANCH_COMMIT_TRIES = 4
+"""Commits of a new attempt branch tried on a fresh load when the table moved meanwhile (Iceberg's
+Java default of ``commit.retry.num-retries`` is 4 as well)."""
+
+
+def _commit_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int) -> None:
+    """The branch commit (:func:`kafka_iceberg.batch.commit.commit`): on the table as this micro-batch
+    last loaded it (no reload of the history), or, when another commit landed since, on a fresh load.
+    The committed table becomes the one later phases start from (``lake.loaded``).
+
+    Raises:
+        CommitFailedException: the branch exists (another attempt by that name), or the table moved
+            under each of :data:`BRANCH_COMMIT_TRIES` tries.
+    """
+    from pyiceberg.table.refs import SnapshotRefType
+    from pyiceberg.table.update import AssertRefSnapshotId, SetSnapshotRefUpdate
+
+    requirements = (AssertRefSnapshotId(ref=branch, snapshot_id=None),)  # None: the branch must not exist
+    updates = (SetSnapshotRefUpdate(ref_name=branch, type=SnapshotRefType.BRANCH, snapshot_id=at_snapshot),)
+    base = lake.loaded.get(identifier)
+    for attempt in range(BRANCH_COMMIT_TRIES):
+        if base is None or base.snapshot_by_id(at_snapshot) is None:
+            base = lake.load(identifier)
+        try:
+            lake.loaded[identifier] = commit(base, requirements, updates)
+            return
+        except StaleBaseError:
+            if attempt + 1 == BRANCH_COMMIT_TRIES:
+                raise
+            base = None
 
 
 def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, summary: Mapping[str, str],

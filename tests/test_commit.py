@@ -1,0 +1,96 @@
+"""Commits on a known base (kafka_iceberg/batch/commit.py) against a real pyiceberg SqlCatalog on
+SQLite: the metadata they write equals pyiceberg's own commit's (this pins the private pyiceberg
+functions the module wraps), they round-trip through the catalog, and a stale base or a failed
+requirement commits nothing. The write path's tests run the same commits under Spark and Java."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    RemoveSnapshotRefUpdate,
+    SetSnapshotRefUpdate,
+    update_table_metadata,
+)
+from pyiceberg.types import LongType, NestedField, StringType
+
+from kafka_iceberg.batch.commit import StaleBaseError, apply_updates, commit
+from kafka_iceberg.batch.files import staged_updates
+
+
+@pytest.fixture()
+def table(tmp_path: Path):
+    """An unpartitioned table with three appends, on a SqlCatalog named like Spark's (``lake``)."""
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("db")
+    schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "s", StringType(), required=False))
+    t = catalog.create_table("db.t", schema)
+    for i in range(3):
+        t.append(pa.table({"id": pa.array([i], pa.int64()), "s": [f"r{i}"]}), snapshot_properties={"kafka.records": "1"})
+    return catalog.load_table("db.t")
+
+
+def _branch(name: str, snapshot_id: int) -> SetSnapshotRefUpdate:
+    return SetSnapshotRefUpdate(ref_name=name, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id)
+
+
+def _metadata_files(t) -> set[str]:
+    return {p.name for p in Path(t.location().removeprefix("file://"), "metadata").glob("*.metadata.json")}
+
+
+def test_apply_updates_equals_pyicebergs_update_table_metadata(table):
+    head = table.metadata.current_snapshot_id
+    tx = table.transaction()
+    tx.append(pa.table({"id": pa.array([9], pa.int64()), "s": ["r9"]}))
+    appended = staged_updates(tx)  # AddSnapshot + SetSnapshotRef(main): last-updated-ms is the snapshot's
+    cases = [appended, (_branch("attempt", head),), (_branch("attempt", head), RemoveSnapshotRefUpdate(ref_name="attempt"))]
+    for updates in cases:
+        ours = apply_updates(table.metadata, updates, table.metadata_location)
+        theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
+        assert ours.model_copy(update={"last_updated_ms": 0}) == theirs.model_copy(update={"last_updated_ms": 0}), updates
+        assert ours.metadata_log[-1].metadata_file == table.metadata_location
+    assert apply_updates(table.metadata, (), table.metadata_location) is table.metadata  # no change, no new metadata
+
+
+def test_commit_round_trips_through_the_catalog_and_names_the_next_version(table):
+    head = table.metadata.current_snapshot_id
+    committed = commit(table, (AssertRefSnapshotId(ref="attempt", snapshot_id=None),), (_branch("attempt", head),))
+    loaded = table.catalog.load_table("db.t")
+    assert loaded.metadata_location == committed.metadata_location != table.metadata_location
+    assert loaded.metadata == committed.metadata and loaded.metadata.refs["attempt"].snapshot_id == head
+    before, after = (Path(t.metadata_location).name.split("-", 1)[0] for t in (table, committed))
+    assert int(after) == int(before) + 1
+    # the next commit starts from the committed table without a load
+    again = commit(committed, (AssertRefSnapshotId(ref="attempt", snapshot_id=head),),
+                   (RemoveSnapshotRefUpdate(ref_name="attempt"),))
+    assert "attempt" not in table.catalog.load_table("db.t").metadata.refs
+    assert again.metadata.refs.keys() == table.metadata.refs.keys()
+
+
+def test_a_stale_base_commits_nothing_and_leaves_no_metadata_file(table):
+    head = table.metadata.current_snapshot_id
+    first = commit(table, (), (_branch("a", head),))
+    files = _metadata_files(table)
+    with pytest.raises(StaleBaseError, match="moved since"):
+        commit(table, (AssertRefSnapshotId(ref="b", snapshot_id=None),), (_branch("b", head),))  # base before `first`
+    loaded = table.catalog.load_table("db.t")
+    assert loaded.metadata_location == first.metadata_location and "b" not in loaded.metadata.refs
+    assert _metadata_files(table) == files, "the refused commit's metadata.json was deleted"
+
+
+def test_a_requirement_is_checked_against_the_base_before_anything_is_written(table):
+    head = table.metadata.current_snapshot_id
+    first = commit(table, (), (_branch("a", head),))
+    files = _metadata_files(table)
+    with pytest.raises(CommitFailedException) as refused:
+        commit(first, (AssertRefSnapshotId(ref="a", snapshot_id=None),), (_branch("a", head),))
+    assert not isinstance(refused.value, StaleBaseError)
+    assert _metadata_files(table) == files
+    assert table.catalog.load_table("db.t").metadata_location == first.metadata_location
