@@ -100,34 +100,21 @@ def cheap_metadata_copies():
     pyiceberg 0.12's ``update_table_metadata`` ends with a deep copy of the whole table metadata,
     and ``Transaction.table_metadata`` calls it on every access (about 20 times per append), so
     one append to a table with ~1,000 snapshots costs seconds and the growth is O(snapshots^2).
-    The metadata models are frozen (pydantic ``frozen=True``) and every update builds new
-    objects with ``model_copy(update=...)``, so the same function without that final deep copy
-    returns equal metadata. Only the filler growth runs under this patch; the timed
-    micro-batches run the write path unchanged."""
+    Under this patch it is the write path's :func:`kafka_iceberg.batch.commit.apply_updates`, the
+    same function without that copy (tests/test_commit.py pins the two equal). Only the filler
+    growth runs under it; the timed micro-batches run the write path unchanged."""
     import pyiceberg.catalog as catalog_module
     import pyiceberg.table as table_module
     import pyiceberg.table.update as update_module
-    from pyiceberg.utils.datetime import datetime_to_millis
+
+    from kafka_iceberg.batch.commit import apply_updates
 
     original = update_module.update_table_metadata
 
     def update_table_metadata(base_metadata, updates, enforce_validation=False, metadata_location=None):
         if enforce_validation:
             return original(base_metadata, updates, enforce_validation, metadata_location)
-        context = update_module._TableMetadataUpdateContext()
-        new_metadata = base_metadata
-        for update in updates:
-            new_metadata = update_module._apply_table_update(update, new_metadata, context)
-        if context.has_changes():
-            if metadata_location:
-                new_metadata = update_module._update_table_metadata_log(
-                    new_metadata, metadata_location, base_metadata.last_updated_ms)
-            if base_metadata.last_updated_ms == new_metadata.last_updated_ms:
-                new_metadata = new_metadata.model_copy(
-                    update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
-        new_metadata.spec().check_compatible(new_metadata.schema())
-        new_metadata.sort_order().check_compatible(new_metadata.schema())
-        return new_metadata  # the original returns new_metadata.model_copy(deep=True) here
+        return apply_updates(base_metadata, tuple(updates), metadata_location)
 
     modules = (update_module, table_module, catalog_module)
     for module in modules:
@@ -255,6 +242,7 @@ def _level_row(catalog, kafka: KafkaMetadata, level: int, t: dict, batch_records
         "write_s": result.phase_seconds.get("write_s", float("nan")),
         "meta_bytes": t["meta_bytes"], "meta_after": metadata_json_bytes(after_table),
         "snapshots_after": len(after_table.metadata.snapshots), "records": result.records,
+        "commits_s": sorted(sum(r[2].phase_seconds.get(k, 0.0) for k in ("branch_s", "publish_s")) for r in runs)[len(runs) // 2],
     }
     say(f"{t['snapshots']:>5,} snapshots: {len(runs)} timed micro-batches of {result.records:,} records, "
         f"execute {', '.join(f'{r[1]:.2f}' for r in runs)} s")

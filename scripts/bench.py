@@ -253,7 +253,8 @@ def print_summary(args, summary: dict, started: float) -> None:
         say("4 flat in history")
         for r in rows:
             say(f"  1,000 records at {r['snapshots']:>5,} snapshots  execute {r['exec_s']:>6.2f} s  "
-                f"publish {r['publish_s']:>5.2f} s  metadata.json {r['meta_bytes']:>10,} B")
+                f"publish {r['publish_s']:>5.2f} s  branch+publish {r['commits_s']:>5.2f} s  "
+                f"metadata.json {r['meta_bytes']:>10,} B")
         say(f"  ratio {rows[-1]['snapshots']:,} / {rows[0]['snapshots']:,} snapshots: "
             f"{rate(rows[-1]['exec_s'], rows[0]['exec_s']):.2f}  |  goal <= 1.2")
     if "dup" in summary:

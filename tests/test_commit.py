@@ -56,6 +56,10 @@ def test_apply_updates_equals_pyicebergs_update_table_metadata(table):
         theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
         assert ours.model_copy(update={"last_updated_ms": 0}) == theirs.model_copy(update={"last_updated_ms": 0}), updates
         assert ours.metadata_log[-1].metadata_file == table.metadata_location
+        unlogged = apply_updates(table.metadata, updates, None)  # as Transaction.table_metadata applies them
+        assert unlogged.model_copy(update={"last_updated_ms": 0}) == \
+            update_table_metadata(table.metadata, updates).model_copy(update={"last_updated_ms": 0})
+        assert unlogged.metadata_log == table.metadata.metadata_log
     assert apply_updates(table.metadata, (), table.metadata_location) is table.metadata  # no change, no new metadata
 
 

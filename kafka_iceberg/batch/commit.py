@@ -66,9 +66,9 @@ def commit(table, requirements: tuple = (), updates: tuple = ()):
     return Table(table.name(), metadata, location, io, catalog)
 
 
-def apply_updates(base, updates: tuple, base_location: str):
+def apply_updates(base, updates: tuple, base_location: str | None):
     """``base`` (pyiceberg ``TableMetadata``) with ``updates`` applied and ``base_location``
-    appended to its metadata log; ``base`` itself when nothing changes.
+    appended to its metadata log (unless None); ``base`` itself when nothing changes.
 
     This is pyiceberg 0.12's ``update_table_metadata`` without its last step, a deep copy of the
     whole result: the metadata models are frozen and every update builds new objects, so the
@@ -84,7 +84,8 @@ def apply_updates(base, updates: tuple, base_location: str):
         metadata = _apply_table_update(update, metadata, context)
     if not context.has_changes():
         return base
-    metadata = _update_table_metadata_log(metadata, base_location, base.last_updated_ms)
+    if base_location:
+        metadata = _update_table_metadata_log(metadata, base_location, base.last_updated_ms)
     if metadata.last_updated_ms == base.last_updated_ms:
         metadata = metadata.model_copy(update={"last_updated_ms": int(time.time() * 1000)})
     metadata.spec().check_compatible(metadata.schema())
