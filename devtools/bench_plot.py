@@ -22,6 +22,7 @@ PANELS = [
         ("arrow writer (e0b82e5), first batch", 0.398, "23:45"),
         ("read-task slice (56ec855), first batch", 0.374, "2026-11-25 10:36; (a) read 469,905/s"),
         ("one publish commit (6e8297b), first batch", 0.340, "2026-11-25 14:29; (a) read 448,669/s"),
+        ("commits on metadata in hand (c3a3b6a), first", 0.358, "2026-11-25 19:22; (a) read 419,355/s"),
     ]),
     ("1,000-record micro-batch on a warm session, quiet machine", "seconds, median (goal 1.5)", [
         ("issue baseline (execute at 10 snapshots)", 2.65, ""),
@@ -30,6 +31,14 @@ PANELS = [
         ("arrow writer (e0b82e5)", 0.90, "2 Spark jobs, 23:45"),
         ("read-task slice (56ec855)", 0.61, "2 Spark jobs, 2026-11-25 10:36"),
         ("one publish commit (6e8297b)", 0.62, "2 Spark jobs, 2026-11-25 14:29"),
+        ("commits on metadata in hand (c3a3b6a)", 0.69, "2 Spark jobs, 2026-11-25 19:22"),
+    ]),
+    ("(4a) what 1,000 snapshots add to a 1,000-record micro-batch: its commits, median", "seconds, branch + publish at 1,000 minus at 10 snapshots", [
+        ("three commits (Phase F, 56ec855)", 0.09, "0.08-0.10 s"),
+        ("append and publish in one (Phase G, a74a2c9)", 0.07, "run 5"),
+        ("same code, this session (a084fa7)", 0.08, "0.04 -> 0.12 s, 2026-11-25 17:47"),
+        ("commits on metadata in hand (342ed8c)", 0.02, "0.03 -> 0.05 s, 17:51"),
+        ("commits on metadata in hand (c3a3b6a)", 0.0, "0.04 -> 0.04 s, full run 19:22; 4a ratio 0.88"),
     ]),
     ("Freshness p50 / p90 under 200 records/s for 8 min, quiet machine", "seconds (goal 10 / 20)", [
         ("issue baseline p50", 29.4, "one run per micro-batch"),
@@ -44,6 +53,8 @@ PANELS = [
         ("read-task slice (56ec855): p90", 1.1, "max 30.0 s at the run hand-over"),
         ("one publish commit (6e8297b): p50", 0.6, "2026-11-25 14:33"),
         ("one publish commit (6e8297b): p90", 1.0, "max 25.8 s at the run hand-over"),
+        ("commits on metadata in hand (c3a3b6a): p50", 0.7, "2026-11-25 19:27"),
+        ("commits on metadata in hand (c3a3b6a): p90", 1.3, "max 32.3 s at the run hand-over"),
     ]),
 ]
 COLORS = ("#7f8c8d", "#2e86c1", "#a04000", "#1e8449")
