@@ -220,7 +220,7 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
     from pyiceberg.table.update import (
         AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate)
 
-    slim = _without_history(table, branch, branch_base)
+    slim = _without_history(table, branch)
     tx = slim.transaction()
     with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).merge_append() as append:
         for f in files:
@@ -245,18 +245,15 @@ def staged_updates(tx) -> tuple:
     return tuple(tx._updates)
 
 
-def _without_history(table, branch: str, head: int | None = None):
+def _without_history(table, branch: str):
     """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
-    to them; ``branch`` at ``head`` when given); everything an append reads (schema, specs,
-    properties, sequence number, the parent's manifest list and summary) is kept. Without a
-    ``commit.manifest-merge.enabled`` property the copy says true (Java's default, see :func:`stage_publish`)."""
+    to them); everything an append reads (schema, specs, properties, sequence number, the parent's
+    manifest list and summary) is kept. Without a ``commit.manifest-merge.enabled`` property the
+    copy says true (Java's default, see :func:`stage_publish`)."""
     from pyiceberg.table import Table
-    from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 
     md = table.metadata
     refs = {name: ref for name, ref in md.refs.items() if name in (branch, "main")}
-    if head is not None:
-        refs[branch] = SnapshotRef(snapshot_id=head, snapshot_ref_type=SnapshotRefType.BRANCH)
     heads = {ref.snapshot_id for ref in refs.values()}
     properties = {_MERGE_ENABLED: "true", **md.properties}  # Java's default; only this commit reads it
     slim = md.model_copy(update={"snapshots": [s for s in md.snapshots if s.snapshot_id in heads], "refs": refs,

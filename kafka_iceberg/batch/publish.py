@@ -99,10 +99,10 @@ def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tupl
     requiring the ref at the planned base and the branch at its head. Returns the snapshot id and its
     summary (only that snapshot is read from the committed metadata: no view of the whole history).
 
-    The commit starts from the table as ``prepare`` loaded it. If the catalog refuses it while both
-    refs are where they should be (the table changed in between, e.g. another branch's commit), it
-    is made once more on a fresh load; a transient error is retried likewise after re-reading the
-    refs. A commit that did not land deletes the files.
+    The commit applies to the table as the branch commit returned it (:mod:`kafka_iceberg.batch.commit`).
+    If it is refused while both refs are where they should be (the table changed in between, e.g.
+    another branch's commit), it is made once more on a fresh load; a transient error is retried
+    likewise after re-reading the refs. A commit that did not land deletes the files.
 
     Raises:
         CommitConflictError, LakeError, CatalogUnavailableError: as :func:`publish`.
