@@ -12,7 +12,7 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test bench dev clean dagster-home accept-gap status rehearse backfill replay validate
+.PHONY: install system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse backfill replay validate
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -36,8 +36,17 @@ dagster-home:
 demo: install dagster-home
 	$(PY) scripts/demo.py
 
-test: install
+test: install lint
 	$(PY) -m pytest -q -ra
+
+# ruff: lint and format check (configured in pyproject.toml); make format rewrites
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # the failure rehearsal, full size: make rehearse [REHEARSE_ARGS="--kills 40 --seed 1"]
 rehearse: install

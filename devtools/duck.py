@@ -53,7 +53,11 @@ def s3_secret_sql(props: dict[str, str]) -> str:
         parts.append(f"REGION '{props['s3.region']}'")
     if props.get("s3.endpoint"):
         endpoint = urlparse(props["s3.endpoint"])
-        parts += [f"ENDPOINT '{endpoint.netloc}'", "URL_STYLE 'path'", f"USE_SSL {str(endpoint.scheme == 'https').lower()}"]
+        parts += [
+            f"ENDPOINT '{endpoint.netloc}'",
+            "URL_STYLE 'path'",
+            f"USE_SSL {str(endpoint.scheme == 'https').lower()}",
+        ]
     return f"CREATE OR REPLACE SECRET lake_s3 ({', '.join(parts)})"
 
 
@@ -61,7 +65,7 @@ def local_path(metadata_location: str) -> str:
     """Strip ``file:``/``file://`` from a metadata location so DuckDB can open it."""
     for prefix in ("file://", "file:"):
         if metadata_location.startswith(prefix):
-            return metadata_location[len(prefix):]
+            return metadata_location[len(prefix) :]
     return metadata_location
 
 

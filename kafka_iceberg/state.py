@@ -59,8 +59,8 @@ layer builds from pyiceberg snapshots.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 KEY_TOPIC = "kafka.topic"
 KEY_OFFSETS = "kafka.offsets"
@@ -113,7 +113,7 @@ class IngestState:
     accepted_gaps: tuple = ()
 
     @classmethod
-    def empty(cls) -> "IngestState":
+    def empty(cls) -> IngestState:
         """State of a table that has ingested nothing."""
         return cls(None, {}, {}, None)
 

@@ -4,12 +4,11 @@ It shows lineage from the Kafka topics through the Iceberg tables to a derived t
 and it is rebuilt in full from the tables' current snapshots on every materialization.
 """
 
-
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
 from dagster_pyspark import PySparkResource
 
-from lake_assets.vocabulary import commit_pool
-from resources import IcebergCatalogResource
+from kafka_iceberg.lake_assets.vocabulary import commit_pool
+from kafka_iceberg.resources import IcebergCatalogResource
 
 FLIGHTS = AssetKey(["lake", "nyc", "flights"])
 WEATHER = AssetKey(["lake", "nyc", "weather"])
@@ -75,5 +74,5 @@ def hourly_departure_delay_asset(sqlite_catalog: bool = True):
         kinds={"iceberg", "spark"},
         pool=commit_pool(sqlite_catalog),
         description="Hourly departure delay by origin airport joined with that hour's weather (Spark SQL over the "
-                    "Iceberg tables).",
+        "Iceberg tables).",
     )(hourly_departure_delay)

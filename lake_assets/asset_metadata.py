@@ -12,7 +12,7 @@
 - :data:`RETRY_POLICY` and :data:`NOT_RETRYABLE`: micro-batches are safe to retry by design
   (the snapshot summary decides what is read); bad input is not retried.
 (The topic asset's observations of its watermarks and ``retention.ms`` are made by the
-retention sensor, :func:`sensors.retention.topic_observation`.)
+retention sensor, :func:`kafka_iceberg.sensors.retention.topic_observation`.)
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from dagster import (
     TableSchema,
 )
 
+from kafka_iceberg.declaration.spec import KAFKA_COLUMNS, TableSpec
 from kafka_iceberg.errors import ConfigError, DataLossError, MalformedRecordError, OffsetsAheadError, TopicNotFoundError
-from kafka_iceberg.spec import KAFKA_COLUMNS, TableSpec
 
 RETRY_POLICY = RetryPolicy(max_retries=3, delay=15, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 """Up to 3 retries of a failed micro-batch step, after about 15, 30 and 60 s (broker or catalog
@@ -74,10 +74,19 @@ def column_schema(spec: TableSpec, iceberg_fields=None):
         rows = [(name, typ.lower(), required) for name, typ, required in spec.table_columns()]
     else:
         rows = [(f.name, str(f.field_type), bool(f.required)) for f in iceberg_fields]
-    return MetadataValue.table_schema(TableSchema(columns=[
-        TableColumn(name=name, type=typ, description=docs.get(name), constraints=TableColumnConstraints(nullable=not req))
-        for name, typ, req in rows
-    ]))
+    return MetadataValue.table_schema(
+        TableSchema(
+            columns=[
+                TableColumn(
+                    name=name,
+                    type=typ,
+                    description=docs.get(name),
+                    constraints=TableColumnConstraints(nullable=not req),
+                )
+                for name, typ, req in rows
+            ]
+        )
+    )
 
 
 def declaration_line(tables_file: Path, spec: TableSpec) -> int | None:
@@ -97,9 +106,13 @@ def definition_metadata(spec: TableSpec, tables_file: Path | None, catalog_name:
     """Definition metadata of the table asset (see the module docstring)."""
     refs = []
     if tables_file is not None:
-        refs.append(LocalFileCodeReference(file_path=str(Path(tables_file).resolve()),
-                                           line_number=declaration_line(Path(tables_file), spec),
-                                           label=f"declaration of {spec.name}"))
+        refs.append(
+            LocalFileCodeReference(
+                file_path=str(Path(tables_file).resolve()),
+                line_number=declaration_line(Path(tables_file), spec),
+                label=f"declaration of {spec.name}",
+            )
+        )
     refs.append(LocalFileCodeReference(file_path=str(Path(__file__).with_name("tables.py")), label="asset definition"))
     return {
         "dagster/table_name": f"{catalog_name}.{spec.identifier}",
@@ -108,5 +121,12 @@ def definition_metadata(spec: TableSpec, tables_file: Path | None, catalog_name:
     }
 
 
-__all__ = ["KAFKA_COLUMN_DOCS", "NOT_RETRYABLE", "RETRY_POLICY", "column_schema", "declaration_line",
-           "definition_metadata", "freshness_policy"]
+__all__ = [
+    "KAFKA_COLUMN_DOCS",
+    "NOT_RETRYABLE",
+    "RETRY_POLICY",
+    "column_schema",
+    "declaration_line",
+    "definition_metadata",
+    "freshness_policy",
+]

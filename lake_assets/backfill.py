@@ -4,7 +4,7 @@ One micro-batch reads at most ``max_records_per_partition`` (the *bound*) offset
 partition. A table whose largest per-partition offset lag (high watermark minus committed
 offset) is ``L`` records therefore needs ``ceil(L / bound)`` micro-batches to catch up
 (:func:`plan_catch_up`). Such a catch-up is one Dagster **asset backfill** over that many
-micro-batch slots of the table asset (:data:`lake_assets.vocabulary.MICRO_BATCHES`; a ring of
+micro-batch slots of the table asset (:data:`kafka_iceberg.lake_assets.vocabulary.MICRO_BATCHES`; a ring of
 :data:`RING_SLOTS` keys every table reuses, least recently used first, :func:`next_slots`); the asset's
 ``BackfillPolicy.multi_run(1)`` makes it one run per slot, i.e. one run per micro-batch. It
 shows under *Runs -> Backfills* in the UI like any other backfill.
@@ -29,7 +29,7 @@ The backfill daemon (part of ``dagster dev``; ``dagster-daemon run`` in producti
 the runs, as for every Dagster backfill.
 
 Dagster APIs used that are not exported at the top level (1.13) come from
-:mod:`lake_assets.dagster_internals`, the one module that imports ``dagster._…``.
+:mod:`kafka_iceberg.lake_assets.dagster_internals`, the one module that imports ``dagster._…``.
 """
 
 from __future__ import annotations
@@ -37,13 +37,16 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
 
-from kafka_iceberg.spec import TableSpec
-from lake_assets.dagster_internals import (
+from kafka_iceberg.batch.planning import offset_lag
+from kafka_iceberg.catalog.tables import load_catalog, read_state
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.lake_assets.dagster_internals import (
     BACKFILL_ID_TAG,
     AssetGraphSubset,
     BulkActionsFilter,
@@ -51,10 +54,10 @@ from lake_assets.dagster_internals import (
     PartitionBackfill,
     make_new_backfill_id,
 )
-from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
 
 RING_SLOTS = 50
-"""Micro-batch slots (partition keys of :data:`lake_assets.vocabulary.MICRO_BATCHES`) every table
+"""Micro-batch slots (partition keys of :data:`kafka_iceberg.lake_assets.vocabulary.MICRO_BATCHES`) every table
 reuses, so partitions stay bounded whatever the uptime and the number of tables."""
 
 MAX_BACKFILL_BATCHES = RING_SLOTS
@@ -152,7 +155,7 @@ def plan_catch_up(
     Args:
         spec: the table declaration (its ``max_records_per_partition`` is the bound).
         lag_by_partition: ``{partition: offset lag}``, e.g. from
-            :func:`kafka_iceberg.planning.offset_lag` (records by offset, >= 0).
+            :func:`kafka_iceberg.batch.planning.offset_lag` (records by offset, >= 0).
         has_state: whether the table has committed offsets (a snapshot with ``kafka.offsets``).
         cap: most micro-batches to plan (>= 1).
 
@@ -249,8 +252,9 @@ def backfill_url(ui_url: str, backfill_id: str) -> str:
     return f"{ui_url.rstrip('/')}/runs/b/{backfill_id}"
 
 
-def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool, wait_s: float | None,
-                     kafka=None) -> int:
+def backfill_command(
+    settings, spec: TableSpec, batches: int | None, force: bool, wait_s: float | None, kafka=None
+) -> int:
     """``lake backfill``: submit a backfill of micro-batches for ``spec`` to the instance at ``$DAGSTER_HOME``.
 
     ``batches`` slots, or by default as many as the table's lag needs (:func:`plan_catch_up`,
@@ -258,13 +262,10 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
     completed successfully within ``wait_s`` seconds; the backfill daemon must run) or when
     there is no lag; 1 when the waited-for backfill failed or is still running; 2 when refused
     (``batches`` outside 1..1000, or the table is being materialized and not ``force``).
-    ``kafka``: the :class:`~kafka_iceberg.kafka_client.KafkaMetadata` to read watermarks with
+    ``kafka``: the :class:`~kafka_iceberg.kafka.admin.KafkaMetadata` to read watermarks with
     (default: one for ``settings``). Prints the backfill id and its UI link (``DAGSTER_UI_URL``). Raises
     ``BrokerUnavailableError``/``CatalogUnavailableError`` (the CLI's exit 3).
     """
-    from kafka_iceberg.catalog import load_catalog, read_state
-    from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-    from kafka_iceberg.planning import offset_lag
 
     state = read_state(load_catalog(settings.catalog), spec.identifier)
     kafka = kafka or KafkaMetadata(KafkaConfig.from_settings(settings))
@@ -281,20 +282,29 @@ def backfill_command(settings, spec: TableSpec, batches: int | None, force: bool
     instance = DagsterInstance.from_config(str(settings.dagster_home))
     busy = table_in_progress(instance, spec)
     if busy and not force:
-        print(f"lake: bad input: {spec.identifier}: {busy} is still in progress; not submitting (use --force)", file=sys.stderr)
+        print(
+            f"lake: bad input: {spec.identifier}: {busy} is still in progress; not submitting (use --force)",
+            file=sys.stderr,
+        )
         return 2
     keys = next_slots(instance, spec, batches)
-    reason = (f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
-              f"bound {plan.bound} per partition")
+    reason = (
+        f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
+        f"bound {plan.bound} per partition"
+    )
     backfill_id = submit_backfill(
-        instance, spec, keys,
+        instance,
+        spec,
+        keys,
         tags={TABLE_TAG: spec.identifier, "lake/trigger": reason, "lake/launched-by": "cli"},
         title=f"catch up {spec.identifier}: {batches} micro-batches",
         description=reason,
     )
     ui = settings.dagster_ui_url
     print(f"backfill {backfill_id}: {spec.identifier}, {batches} micro-batch runs, slots {keys[0]} .. {keys[-1]}")
-    print(f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}")
+    print(
+        f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}"
+    )
     return 0 if wait_s is None else wait_for_backfill(instance, backfill_id, batches, wait_s)
 
 
@@ -317,23 +327,28 @@ def wait_for_backfill(instance: DagsterInstance, backfill_id: str, runs: int, wa
                 print(f"backfill {backfill_id}: {backfill.status.value}")
                 return 0 if backfill.status == BulkActionStatus.COMPLETED_SUCCESS else 1
             time.sleep(2)
-    print(f"backfill {backfill_id} still running after {wait_s:.0f} s (is the daemon running? make dev)", file=sys.stderr)
+    print(
+        f"backfill {backfill_id} still running after {wait_s:.0f} s (is the daemon running? make dev)", file=sys.stderr
+    )
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m lake_assets.backfill --table NAME [--batches N] [--force] [--wait SECONDS]``:
-    the same as ``lake backfill`` (:func:`backfill_command`; exit codes of :mod:`kafka_iceberg.cli`)."""
-    from kafka_iceberg.cli import main as lake
-
-    return lake(["backfill", *(sys.argv[1:] if argv is None else argv)])
-
-
 __all__ = [
-    "ACTIVE_BACKFILL_STATUSES", "CatchUpPlan", "backfill_command", "wait_for_backfill", "MAX_BACKFILL_BATCHES", "TABLE_TAG", "backfill_run_request",
-    "RING_SLOTS", "backfill_subset", "backfill_url", "choose_slots", "main", "new_slot_keys", "next_slots",
-    "ring_slot_keys", "plan_catch_up", "submit_backfill", "table_in_progress",
+    "ACTIVE_BACKFILL_STATUSES",
+    "CatchUpPlan",
+    "backfill_command",
+    "wait_for_backfill",
+    "MAX_BACKFILL_BATCHES",
+    "TABLE_TAG",
+    "backfill_run_request",
+    "RING_SLOTS",
+    "backfill_subset",
+    "backfill_url",
+    "choose_slots",
+    "new_slot_keys",
+    "next_slots",
+    "ring_slot_keys",
+    "plan_catch_up",
+    "submit_backfill",
+    "table_in_progress",
 ]
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,12 +10,19 @@ fails there first and this module is checked against the new release.
 """
 
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.storage.tags import BACKFILL_ID_TAG
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+from dagster._core.storage.tags import BACKFILL_ID_TAG
 from dagster._core.utils import make_new_backfill_id
 
 WRITTEN_FOR = "1.13.27"
 """The Dagster release these imports were written and tested for."""
 
-__all__ = ["BACKFILL_ID_TAG", "AssetGraphSubset", "BulkActionStatus", "BulkActionsFilter", "PartitionBackfill", "WRITTEN_FOR",
-           "make_new_backfill_id"]
+__all__ = [
+    "BACKFILL_ID_TAG",
+    "AssetGraphSubset",
+    "BulkActionStatus",
+    "BulkActionsFilter",
+    "PartitionBackfill",
+    "WRITTEN_FOR",
+    "make_new_backfill_id",
+]

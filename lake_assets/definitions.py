@@ -3,33 +3,39 @@ the quarantine check, the demo's downstream asset and ``ingest_all`` (when the d
 declared), the replay job, the sensors and the schedules.
 
 The only module that imports :mod:`sensors` and :mod:`schedules`; they take their shared names
-from :mod:`lake_assets.vocabulary`, never from an asset module. Settings are read once
-(:func:`kafka_iceberg.settings.load_settings`: the environment, no connection) and the resources
+from :mod:`kafka_iceberg.lake_assets.vocabulary`, never from an asset module. Settings are read once
+(:func:`kafka_iceberg.config.settings.load_settings`: the environment, no connection) and the resources
 built once from them; loading the code location opens no catalog and no broker connection, so a
 catalog or broker outage leaves the UI and the sensors up (the sensors' ticks report the outage).
 """
 
 from __future__ import annotations
 
-from dagster import AssetSelection, Definitions, ExecutorDefinition, define_asset_job, in_process_executor, multiprocess_executor
+from dagster import (
+    AssetSelection,
+    Definitions,
+    ExecutorDefinition,
+    define_asset_job,
+    in_process_executor,
+    multiprocess_executor,
+)
 
-import schedules
-import sensors
-from kafka_iceberg.settings import Settings, load_settings
-from kafka_iceberg.spec import TableSpec, load_table_specs
-from lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset
-from lake_assets.liveness import liveness_executor
-from lake_assets.quality import quarantine_check
-from lake_assets.replay import replay_job
-from lake_assets.tables import table_asset, table_checks, topic_asset
-from resources import default_resources
+from kafka_iceberg import schedules, sensors
+from kafka_iceberg.config.settings import Settings, load_settings
+from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
+from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset
+from kafka_iceberg.lake_assets.liveness import liveness_executor
+from kafka_iceberg.lake_assets.quality import quarantine_check
+from kafka_iceberg.lake_assets.replay import replay_job
+from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
+from kafka_iceberg.resources import default_resources
 
 
 def executor(settings: Settings) -> ExecutorDefinition:
     """The executor of every job, from ``LAKE_DAGSTER_EXECUTOR``: ``in_process`` (default; SQLite
     admits one committing process, so steps share one process and one Spark session), or with a
     PostgreSQL catalog ``multiprocess`` or ``k8s`` (dagster-k8s) to run tables in parallel. Each
-    tags its runs with their worker's liveness and reaps dead runs (:mod:`lake_assets.liveness`)."""
+    tags its runs with their worker's liveness and reaps dead runs (:mod:`kafka_iceberg.lake_assets.liveness`)."""
     if settings.dagster_executor == "multiprocess":
         return liveness_executor(multiprocess_executor)
     if settings.dagster_executor == "k8s":
@@ -50,15 +56,19 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
     """The code location's definitions for the declared tables ``specs``. Opens no connection.
 
     The demo's downstream asset and ``ingest_all`` are included only when ``specs`` declare the
-    demo's source tables (:data:`lake_assets.analytics.SOURCE_TABLES`), so a user's own tables file
+    demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`), so a user's own tables file
     gets only its own assets."""
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs}
     return Definitions(
         assets=[
             *(topic_asset(s) for s in specs),
-            *(table_asset(s, sqlite_catalog=sqlite, tables_file=settings.tables_file, catalog_name=settings.catalog.name)
-              for s in specs),
+            *(
+                table_asset(
+                    s, sqlite_catalog=sqlite, tables_file=settings.tables_file, catalog_name=settings.catalog.name
+                )
+                for s in specs
+            ),
             *([hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else []),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],

@@ -32,12 +32,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Callable
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, Executor, ExecutorDefinition, RunsFilter, executor
 
-from lake_assets.vocabulary import TABLE_TAG
+from kafka_iceberg.lake_assets.vocabulary import TABLE_TAG
 
 HOST_TAG = "lake/worker-host"
 """Run tag: host name of the run's worker process."""
@@ -119,8 +119,9 @@ def _ours(run: DagsterRun) -> bool:
     return TABLE_TAG in run.tags or any(key.path[0] == "lake" for key in (run.asset_selection or ()))
 
 
-def reap_untagged_runs(instance: DagsterInstance, exclude_run_id: str | None = None,
-                       grace_s: float = UNTAGGED_GRACE_S) -> list[str]:
+def reap_untagged_runs(
+    instance: DagsterInstance, exclude_run_id: str | None = None, grace_s: float = UNTAGGED_GRACE_S
+) -> list[str]:
     """Mark failed the runs of this code location that stayed NOT_STARTED or STARTED for ``grace_s``
     seconds (since their last status change) without liveness tags, and free any slot they hold.
     Never touches ``exclude_run_id``. Returns their run ids; reads and writes the instance only."""
@@ -131,8 +132,14 @@ def reap_untagged_runs(instance: DagsterInstance, exclude_run_id: str | None = N
         run = record.dagster_run
         if run.run_id == exclude_run_id or HOST_TAG in run.tags or not _ours(run):
             continue
-        reaped.append(_fail(instance, run, f"run {run.status.value} for over {grace_s:.0f} s without liveness tags: "
-                            "its worker died before reaching the executor; marked failed by the next liveness check"))
+        reaped.append(
+            _fail(
+                instance,
+                run,
+                f"run {run.status.value} for over {grace_s:.0f} s without liveness tags: "
+                "its worker died before reaching the executor; marked failed by the next liveness check",
+            )
+        )
     return reaped
 
 
@@ -149,8 +156,14 @@ def reap_dead_runs(instance: DagsterInstance, exclude_run_id: str | None = None)
     for run in instance.get_runs(filters=RunsFilter(statuses=RUNNING, tags={HOST_TAG: host})):
         if run.run_id == exclude_run_id or PID_TAG not in run.tags or worker_alive(dict(run.tags)):
             continue
-        reaped.append(_fail(instance, run, f"run worker pid {run.tags[PID_TAG]} on {host} is gone (killed or crashed); "
-                            "marked failed and its pool slots freed by the next run's liveness check"))
+        reaped.append(
+            _fail(
+                instance,
+                run,
+                f"run worker pid {run.tags[PID_TAG]} on {host} is gone (killed or crashed); "
+                "marked failed and its pool slots freed by the next run's liveness check",
+            )
+        )
     for run_id in _slot_holders(instance) - {exclude_run_id, *reaped}:
         run = instance.get_run_by_id(run_id)
         if run is None or run.status in ENDED:
@@ -163,8 +176,13 @@ class LivenessWatch:
     """Calls :func:`reap_dead_runs` every ``interval_s`` seconds in a daemon thread until
     :meth:`stop`; errors are passed to ``on_error`` (a check must never fail the run)."""
 
-    def __init__(self, instance: DagsterInstance, run_id: str, interval_s: float = CHECK_INTERVAL_S,
-                 on_error: Callable[[Exception], None] = lambda exc: None):
+    def __init__(
+        self,
+        instance: DagsterInstance,
+        run_id: str,
+        interval_s: float = CHECK_INTERVAL_S,
+        on_error: Callable[[Exception], None] = lambda exc: None,
+    ):
         self._instance, self._run_id, self._interval_s, self._on_error = instance, run_id, interval_s, on_error
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lake-run-liveness", daemon=True)
@@ -207,7 +225,9 @@ class _LivenessExecutor(Executor):
         instance.add_run_tags(run_id, worker_tags())
         watch = LivenessWatch(instance, run_id, on_error=lambda exc: plan_context.log.warning(f"liveness check: {exc}"))
         for dead in watch.check():
-            plan_context.log.warning(f"run {dead}: its worker is gone or it had ended; marked failed / pool slots freed")
+            plan_context.log.warning(
+                f"run {dead}: its worker is gone or it had ended; marked failed / pool slots freed"
+            )
         watch.start()
         try:
             yield from self._inner.execute(plan_context, execution_plan)
@@ -226,6 +246,17 @@ def liveness_executor(base: ExecutorDefinition) -> ExecutorDefinition:
     return _executor
 
 
-__all__ = ["CHECK_INTERVAL_S", "HOST_TAG", "LivenessWatch", "PID_TAG", "START_TAG", "UNTAGGED_GRACE_S",
-           "liveness_executor", "process_start_time", "reap_dead_runs", "reap_untagged_runs", "worker_alive",
-           "worker_tags"]
+__all__ = [
+    "CHECK_INTERVAL_S",
+    "HOST_TAG",
+    "LivenessWatch",
+    "PID_TAG",
+    "START_TAG",
+    "UNTAGGED_GRACE_S",
+    "liveness_executor",
+    "process_start_time",
+    "reap_dead_runs",
+    "reap_untagged_runs",
+    "worker_alive",
+    "worker_tags",
+]

@@ -1,35 +1,49 @@
 """The ``quarantine`` asset check of each table: bad records, blocked schema changes, and the
-dead-letter accounting (see :func:`kafka_iceberg.checks.quarantine`). Failures alert Slack."""
+dead-letter accounting (see :func:`kafka_iceberg.ops.checks.quarantine`). Failures alert Slack."""
 
 from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg import checks
-from kafka_iceberg.alerts import alert_on_check, pick_measure
-from kafka_iceberg.catalog import load_table, metadata_view
-from kafka_iceberg.spec import TableSpec
-from lake_assets.tables import check_result
-from lake_assets.vocabulary import table_key
-from resources import IcebergCatalogResource
+from kafka_iceberg.catalog.tables import load_table, metadata_view
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.tables import check_result
+from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.ops import checks
+from kafka_iceberg.ops.alerts import alert_on_check, pick_measure
+from kafka_iceberg.resources import IcebergCatalogResource
 
 
 def quarantine_check(spec: TableSpec):
     """The non-blocking ``quarantine`` check of ``spec``'s table asset (severity WARN)."""
 
-    @asset_check(asset=table_key(spec), name="quarantine", blocking=False,
-                 description=(f"Latest micro-batch: quarantine rate at most {spec.bad_records.max_quarantine_rate:.2%}, "
-                              f"no record blocked by the table schema, and read = added + quarantined, reconciled "
-                              f"with {spec.bad_records.dead_letter_identifier}."))
+    @asset_check(
+        asset=table_key(spec),
+        name="quarantine",
+        blocking=False,
+        description=(
+            f"Latest micro-batch: quarantine rate at most {spec.bad_records.max_quarantine_rate:.2%}, "
+            f"no record blocked by the table schema, and read = added + quarantined, reconciled "
+            f"with {spec.bad_records.dead_letter_identifier}."
+        ),
+    )
     def _quarantine(pyspark: PySparkResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
         cat = catalog.load()
         table = load_table(cat, spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
         dlq = load_table(cat, spec.bad_records.dead_letter_identifier)
-        outcome = checks.quarantine(pyspark.spark_session, cat.name, spec, metadata_view(table),
-                                    metadata_view(dlq) if dlq is not None else None)
-        alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "quarantine",
-                       *pick_measure("quarantine", outcome.figures), outcome.summary, severity="WARN")
+        outcome = checks.quarantine(
+            pyspark.spark_session, cat.name, spec, metadata_view(table), metadata_view(dlq) if dlq is not None else None
+        )
+        alert_on_check(
+            outcome.passed,
+            spec.identifier,
+            table_key(spec).path,
+            "quarantine",
+            *pick_measure("quarantine", outcome.figures),
+            outcome.summary,
+            severity="WARN",
+        )
         return check_result(outcome, AssetCheckSeverity.WARN)
 
     _quarantine.__name__ = f"{spec.name}_quarantine"

@@ -4,8 +4,6 @@ branch of the table, and validate it against the original. Launched from the UI'
 :func:`kafka_iceberg.replay.run_replay`.
 """
 
-from typing import Optional
-
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -21,13 +19,13 @@ from dagster import (
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from kafka_iceberg.catalog import load_table
+from kafka_iceberg.batch.recovery import commit_token
+from kafka_iceberg.catalog.tables import load_table
+from kafka_iceberg.declaration.spec import find_table, load_table_specs
 from kafka_iceberg.errors import ConfigError
-from kafka_iceberg.recovery import commit_token
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, commit_pool
 from kafka_iceberg.replay import ReplayRequest, ReplayResult, run_replay
-from kafka_iceberg.spec import find_table, load_table_specs
-from lake_assets.vocabulary import IN_PROGRESS, commit_pool
-from resources import IcebergCatalogResource, KafkaResource, settings_for
+from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, settings_for
 
 
 class ReplayConfig(Config):
@@ -35,27 +33,37 @@ class ReplayConfig(Config):
     ``from_snapshot``), at most one end, and at most one target; see docs/operations.md."""
 
     table: str = Field(description="declared table: its name (flights) or identifier (nyc.flights)")
-    from_offsets: Optional[str] = Field(
-        default=None, description='start offsets per partition, "0:100,1:250" (only these partitions), or "earliest"')
-    from_time: Optional[str] = Field(
-        default=None, description="start time, ISO-8601 (2013-01-01T05:00:00Z) or ms since epoch: per partition the "
-                                  "first offset whose record timestamp is at or after it")
-    from_snapshot: Optional[str] = Field(
-        default=None, description="snapshot id of the table's main ancestry whose committed offsets are the start "
-                                  "(a string: snapshot ids exceed JavaScript's integer precision); needed for branch")
-    to_offsets: Optional[str] = Field(
-        default=None, description='exclusive end offsets "0:500,1:900"; default: the original\'s committed offsets')
-    to_time: Optional[str] = Field(
-        default=None, description="exclusive end time, ISO-8601 or ms since epoch")
-    into: Optional[str] = Field(
-        default=None, description="new table namespace.table (default <namespace>.<table>_replay_<digest>)")
-    branch: Optional[str] = Field(
-        default=None, description="rebuild on branch replay_<branch> of the table itself, from from_snapshot")
+    from_offsets: str | None = Field(
+        default=None, description='start offsets per partition, "0:100,1:250" (only these partitions), or "earliest"'
+    )
+    from_time: str | None = Field(
+        default=None,
+        description="start time, ISO-8601 (2013-01-01T05:00:00Z) or ms since epoch: per partition the "
+        "first offset whose record timestamp is at or after it",
+    )
+    from_snapshot: str | None = Field(
+        default=None,
+        description="snapshot id of the table's main ancestry whose committed offsets are the start "
+        "(a string: snapshot ids exceed JavaScript's integer precision); needed for branch",
+    )
+    to_offsets: str | None = Field(
+        default=None, description='exclusive end offsets "0:500,1:900"; default: the original\'s committed offsets'
+    )
+    to_time: str | None = Field(default=None, description="exclusive end time, ISO-8601 or ms since epoch")
+    into: str | None = Field(
+        default=None, description="new table namespace.table (default <namespace>.<table>_replay_<digest>)"
+    )
+    branch: str | None = Field(
+        default=None, description="rebuild on branch replay_<branch> of the table itself, from from_snapshot"
+    )
     validate_against_original: bool = Field(
-        default=True, description="compare the replay with the original over the same offsets (the end may then not "
-                                   "exceed the original's committed offsets); a mismatch fails the run")
-    max_records_per_partition: Optional[int] = Field(
-        default=None, description="offsets per partition per micro-batch (default: the table's)")
+        default=True,
+        description="compare the replay with the original over the same offsets (the end may then not "
+        "exceed the original's committed offsets); a mismatch fails the run",
+    )
+    max_records_per_partition: int | None = Field(
+        default=None, description="offsets per partition per micro-batch (default: the table's)"
+    )
 
 
 def _liveness(context: OpExecutionContext):
@@ -70,7 +78,9 @@ def replay_metadata(result: ReplayResult, catalog_name: str) -> dict[str, object
         "original_table": MetadataValue.text(result.original),
         "target_table": MetadataValue.text(result.target),
         "branch": MetadataValue.text(result.branch or "none (new table)"),
-        "offset_ranges": MetadataValue.json({str(p): {"start": s, "end": e} for p, (s, e) in result.range.ranges.items()}),
+        "offset_ranges": MetadataValue.json(
+            {str(p): {"start": s, "end": e} for p, (s, e) in result.range.ranges.items()}
+        ),
         "committed_offsets": MetadataValue.json({str(p): o for p, o in sorted(result.offsets.items())}),
         "records": MetadataValue.int(result.records),
         "batches": MetadataValue.int(result.batches),
@@ -95,10 +105,30 @@ def replay_metadata(result: ReplayResult, catalog_name: str) -> dict[str, object
 def _request(config: ReplayConfig) -> ReplayRequest:
     """The :class:`ReplayRequest` of the job's Launchpad config (raises ``ReplayError`` on bad input)."""
     return ReplayRequest.from_strings(
-        from_offsets=config.from_offsets, from_time=config.from_time, from_snapshot=config.from_snapshot,
-        to_offsets=config.to_offsets, to_time=config.to_time, into=config.into, branch=config.branch,
-        validate=config.validate_against_original, max_records_per_partition=config.max_records_per_partition,
+        from_offsets=config.from_offsets,
+        from_time=config.from_time,
+        from_snapshot=config.from_snapshot,
+        to_offsets=config.to_offsets,
+        to_time=config.to_time,
+        into=config.into,
+        branch=config.branch,
+        validate=config.validate_against_original,
+        max_records_per_partition=config.max_records_per_partition,
     )
+
+
+def _target_event(result, catalog_name: str, pycatalog):
+    """The replay target's event: a materialization of a new table, or an observation of a rebuilt branch."""
+    md = replay_metadata(result, catalog_name)
+    key = AssetKey(["lake", *result.target.split(".")])
+    if result.branch is not None:
+        return AssetObservation(
+            asset_key=key, description=f"rebuilt on branch {result.branch}; main unchanged", metadata=md
+        )
+    table = load_table(pycatalog, result.target)
+    if table is not None and table.current_snapshot() is not None:
+        md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
+    return AssetMaterialization(asset_key=key, description=f"replay of {result.original}", metadata=md)
 
 
 def replay_job(sqlite_catalog: bool = True):
@@ -133,27 +163,28 @@ def replay_job(sqlite_catalog: bool = True):
         request = _request(config)
         pycatalog = catalog.load()
         result = run_replay(
-            pyspark.spark_session, settings, spec, request,
-            kafka=kafka.metadata(), catalog=pycatalog, commit_id=context.run_id, is_alive=_liveness(context),
-            declared=[s.identifier for s in specs], progress=context.log.info,
+            pyspark.spark_session,
+            settings,
+            spec,
+            request,
+            kafka=kafka.metadata(),
+            catalog=pycatalog,
+            commit_id=context.run_id,
+            is_alive=_liveness(context),
+            declared=[s.identifier for s in specs],
+            progress=context.log.info,
         )
-        md = replay_metadata(result, settings.catalog.name)
-        key = AssetKey(["lake", *result.target.split(".")])
-        if result.branch is None:
-            table = load_table(pycatalog, result.target)
-            if table is not None and table.current_snapshot() is not None:
-                md["dagster/row_count"] = MetadataValue.int(int(table.current_snapshot().summary["total-records"]))
-            yield AssetMaterialization(asset_key=key, description=f"replay of {result.original}", metadata=md)
-        else:
-            yield AssetObservation(asset_key=key, description=f"rebuilt on branch {result.branch}; main unchanged",
-                                   metadata=md)
+        yield _target_event(result, settings.catalog.name, pycatalog)
         report = result.validation
         if report is not None and not report.valid:
             raise Failure(description=report.summary(), metadata={"validation": MetadataValue.json(report.to_dict())})
         context.log.info(report.summary() if report else f"replay {'complete' if result.complete else 'incomplete'}")
 
-    @job(name="replay", description="Replay a declared table's Kafka offset range into a new table or a branch "
-                                    "(replay_<name>), validated against the original. Configure in the Launchpad.")
+    @job(
+        name="replay",
+        description="Replay a declared table's Kafka offset range into a new table or a branch "
+        "(replay_<name>), validated against the original. Configure in the Launchpad.",
+    )
     def _job():
         _replay()
 

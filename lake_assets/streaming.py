@@ -20,7 +20,7 @@ What stays the same:
   or by a job, commits exactly one micro-batch, as before. Only runs launched by a sensor
   (tag ``dagster/sensor_name``) stream.
 
-``Settings.stream`` (:class:`~kafka_iceberg.settings_models.StreamSettings`) holds the two bounds:
+``Settings.stream`` (:class:`~kafka_iceberg.config.models.StreamSettings`) holds the two bounds:
 ``budget_s`` (``LAKE_STREAM_BUDGET_S``, seconds, default 300; 0 turns streaming off) bounds a run's
 loop: no micro-batch starts after it. ``idle_s`` (``LAKE_STREAM_IDLE_S``, seconds, default 2) is how
 long a run with no lag left waits for new records before it ends.
@@ -29,12 +29,19 @@ long a run with no lag left waits for new records before it ends.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from dagster import AssetExecutionContext, AssetMaterialization, DagsterRunStatus, MaterializeResult, MetadataValue, RunsFilter
+from dagster import (
+    AssetExecutionContext,
+    AssetMaterialization,
+    DagsterRunStatus,
+    MaterializeResult,
+    MetadataValue,
+    RunsFilter,
+)
 
-from kafka_iceberg.kafka_client import KafkaMetadata
-from kafka_iceberg.settings_models import StreamSettings
+from kafka_iceberg.config.models import StreamSettings
+from kafka_iceberg.kafka.admin import KafkaMetadata
 
 POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
 
@@ -70,8 +77,13 @@ def wait_for_lag(kafka: KafkaMetadata, topic: str, committed: dict[int, int], ti
         time.sleep(POLL_S)
 
 
-def materialize_stream(context: AssetExecutionContext, kafka: KafkaMetadata, topic: str,
-                       one_batch: Callable[[], MaterializeResult], stream: StreamSettings) -> MaterializeResult:
+def materialize_stream(
+    context: AssetExecutionContext,
+    kafka: KafkaMetadata,
+    topic: str,
+    one_batch: Callable[[], MaterializeResult],
+    stream: StreamSettings,
+) -> MaterializeResult:
     """Run ``one_batch`` (one whole micro-batch, returning its ``MaterializeResult``) once, and
     again while records wait and the budget lasts (:func:`stream_budget_s` of ``stream.budget_s``;
     ``stream.idle_s`` seconds of waiting for new records at most).
@@ -86,14 +98,19 @@ def materialize_stream(context: AssetExecutionContext, kafka: KafkaMetadata, top
         lag = wait_for_lag(kafka, topic, committed_offsets(result), min(idle_s, deadline - time.monotonic()))
         if lag == 0 or time.monotonic() >= deadline:
             break
-        context.log_event(AssetMaterialization(asset_key=context.asset_key, partition=context.partition_key,
-                                               metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)}))
+        context.log_event(
+            AssetMaterialization(
+                asset_key=context.asset_key,
+                partition=context.partition_key,
+                metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)},
+            )
+        )
         result, commits = one_batch(), commits + 1
     if commits > 1:
-        context.log.info(f"streaming run: {commits} micro-batches in {time.monotonic() - started:.1f} s "
-                         f"(budget {budget:.0f} s)")
+        context.log.info(
+            f"streaming run: {commits} micro-batches in {time.monotonic() - started:.1f} s (budget {budget:.0f} s)"
+        )
     return MaterializeResult(metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)})
 
 
-__all__ = ["committed_offsets", "materialize_stream", "others_waiting", "stream_budget_s",
-           "wait_for_lag"]
+__all__ = ["committed_offsets", "materialize_stream", "others_waiting", "stream_budget_s", "wait_for_lag"]

@@ -1,32 +1,31 @@
 """One Dagster asset, plus two asset checks, per declared table.
 
-Thin by design: the asset calls :func:`kafka_iceberg.pipeline.run_micro_batch` and turns
-its result into materialization metadata; the checks call :mod:`kafka_iceberg.checks`.
+Thin by design: the asset calls :func:`kafka_iceberg.batch.pipeline.run_micro_batch` and turns
+its result into materialization metadata; the checks call :mod:`kafka_iceberg.ops.checks`.
 
-Every table asset is partitioned by :data:`lake_assets.vocabulary.MICRO_BATCHES`, a dynamic partitions definition
+Every table asset is partitioned by :data:`kafka_iceberg.lake_assets.vocabulary.MICRO_BATCHES`, a dynamic partitions definition
 shared by all tables whose keys are a fixed ring of slots (``slot-00`` … ``slot-49``,
-:func:`lake_assets.backfill.ring_slot_keys`) that every table reuses, least recently used
+:func:`kafka_iceberg.lake_assets.backfill.ring_slot_keys`) that every table reuses, least recently used
 first, so partitions stay bounded. A partition key is a micro-batch *slot*, not an offset range: a run of
 any slot ingests the table's next bounded micro-batch from its committed offsets (the Kafka
 offsets in the Iceberg snapshot summary decide what is read), so slots run in any order
 commit consecutive offset ranges, re-running an old slot never re-ingests, and a slot that
 finds nothing new commits nothing. The offset ranges a slot committed are in its
 materialization metadata (``offset_ranges``). Backfills over several slots run one slot per
-run (``BackfillPolicy.multi_run(1)``); see :mod:`lake_assets.backfill`.
+run (``BackfillPolicy.multi_run(1)``); see :mod:`kafka_iceberg.lake_assets.backfill`.
 """
-
 
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dagster import (
-    AssetCheckResult,
-    BackfillPolicy,
     AssetCheckExecutionContext,
+    AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetSpec,
+    BackfillPolicy,
     BetaWarning,
     Failure,
     MaterializeResult,
@@ -37,19 +36,32 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg import checks
-from kafka_iceberg.alerts import Alert, AlertSink, alert_on_check, pick_measure
-from kafka_iceberg.catalog import load_table, metadata_view, qualified
-from kafka_iceberg.pipeline import BatchResult, run_micro_batch
-from kafka_iceberg.planning import offset_lag
-from kafka_iceberg.recovery import commit_token
-from kafka_iceberg.settings import Settings
-from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.batch.pipeline import BatchResult, run_micro_batch
+from kafka_iceberg.batch.planning import offset_lag
+from kafka_iceberg.batch.recovery import commit_token
+from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
+from kafka_iceberg.config.settings import Settings, load_settings
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.asset_metadata import (
+    NOT_RETRYABLE,
+    RETRY_POLICY,
+    column_schema,
+    definition_metadata,
+    freshness_policy,
+)
+from kafka_iceberg.lake_assets.streaming import materialize_stream
+from kafka_iceberg.lake_assets.vocabulary import (
+    IN_PROGRESS,
+    MICRO_BATCHES,
+    SQLITE_POOL,
+    table_key,
+    table_pool,
+    topic_key,
+)
+from kafka_iceberg.ops import checks
+from kafka_iceberg.ops.alerts import Alert, AlertSink, alert_on_check, pick_measure
+from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 from kafka_iceberg.state import state_at
-from lake_assets.streaming import materialize_stream
-from lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool, topic_key
-from lake_assets.asset_metadata import NOT_RETRYABLE, RETRY_POLICY, column_schema, definition_metadata, freshness_policy
-from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
 
 def topic_asset(spec: TableSpec) -> AssetSpec:
@@ -106,8 +118,6 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
 def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: Path | None, catalog_name: str):
     """The ``@asset`` decorator of :func:`table_asset`, with its policies and metadata."""
     if tables_file is None:
-        from kafka_iceberg.settings import load_settings
-
         tables_file = load_settings().tables_file
 
     with warnings.catch_warnings():
@@ -141,61 +151,78 @@ def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: P
         )
 
 
-def table_asset(spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path | None = None, catalog_name: str = "lake"):
+def _one_batch(
+    spec: TableSpec,
+    context: AssetExecutionContext,
+    pyspark: PySparkResource,
+    kafka: KafkaResource,
+    catalog: IcebergCatalogResource,
+    slack: LakeSlackResource,
+    settings: Settings,
+) -> MaterializeResult:
+    """One micro-batch of ``spec`` through the write path, as a materialization's metadata."""
+    try:
+        result = run_micro_batch(
+            pyspark.spark_session,
+            settings,
+            spec,
+            commit_id=context.run_id,
+            kafka=kafka.metadata(),
+            catalog=catalog.load(),
+            is_alive=_dagster_liveness(context),
+        )
+    except NOT_RETRYABLE as exc:  # a retry cannot fix these; broker and catalog errors are retried
+        raise Failure(description=str(exc), allow_retries=False) from exc
+    if result.recovery.did_anything:
+        context.log.warning(f"recovered after dead attempts on {spec.identifier}: {result.recovery}")
+    context.log.info(
+        f"{spec.identifier} slot {context.partition_key}: {result.records} records, "
+        f"snapshot {result.snapshot_id}, lag left {result.total_lag}"
+    )
+    if result.schema_changes:
+        alert_schema_change(spec, result.schema_changes, slack.sink())
+    md = materialization_metadata(result)
+    if result.total_records is not None:
+        md["dagster/row_count"] = MetadataValue.int(result.total_records)
+    md["dagster/table_name"] = MetadataValue.text(qualified(settings, spec))
+    if spec.unknown_fields == "evolve":  # the live schema, with columns added by evolution
+        table = load_table(catalog.load(), spec.identifier)
+        if table is not None:
+            md["dagster/column_schema"] = column_schema(spec, table.schema().fields)
+    return MaterializeResult(metadata=md)
+
+
+def table_asset(
+    spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path | None = None, catalog_name: str = "lake"
+):
     """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot).
 
     The partition key only names the slot; what is read is decided by the table's committed
     offsets when the run plans. A run must target exactly one slot (a backfill makes one run
     per slot); ``sqlite_catalog`` picks the concurrency pool (:func:`table_pool`). Owners, tags,
     a ``FreshnessPolicy``, a ``RetryPolicy``, the column schema, the table name and code
-    references come from the declaration (:mod:`lake_assets.asset_metadata`); ``tables_file``
+    references come from the declaration (:mod:`kafka_iceberg.lake_assets.asset_metadata`); ``tables_file``
     (default: the declarations file of the settings) is what the code references point at.
     """
     decorator = _table_asset_decorator(spec, sqlite_catalog, tables_file, catalog_name)
 
-    def _one_batch(
-        context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
-        slack: LakeSlackResource, settings: Settings,
-    ) -> MaterializeResult:
-        try:
-            result = run_micro_batch(
-                pyspark.spark_session,
-                settings,
-                spec,
-                commit_id=context.run_id,
-                kafka=kafka.metadata(),
-                catalog=catalog.load(),
-                is_alive=_dagster_liveness(context),
-            )
-        except NOT_RETRYABLE as exc:  # a retry cannot fix these; broker and catalog errors are retried
-            raise Failure(description=str(exc), allow_retries=False) from exc
-        if result.recovery.did_anything:
-            context.log.warning(f"recovered after dead attempts on {spec.identifier}: {result.recovery}")
-        context.log.info(
-            f"{spec.identifier} slot {context.partition_key}: {result.records} records, "
-            f"snapshot {result.snapshot_id}, lag left {result.total_lag}"
-        )
-        if result.schema_changes:
-            alert_schema_change(spec, result.schema_changes, slack.sink())
-        md = materialization_metadata(result)
-        if result.total_records is not None:
-            md["dagster/row_count"] = MetadataValue.int(result.total_records)
-        md["dagster/table_name"] = MetadataValue.text(qualified(settings, spec))
-        if spec.unknown_fields == "evolve":  # the live schema, with columns added by evolution
-            table = load_table(catalog.load(), spec.identifier)
-            if table is not None:
-                md["dagster/column_schema"] = column_schema(spec, table.schema().fields)
-        return MaterializeResult(metadata=md)
-
     @decorator
     def _materialize(
-        context: AssetExecutionContext, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource,
+        context: AssetExecutionContext,
+        pyspark: PySparkResource,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> MaterializeResult:
         # a sensor-launched run keeps committing while lag remains (lake_assets/streaming.py)
         settings = settings_for(kafka, catalog)  # once per run, shared by its micro-batches
-        return materialize_stream(context, kafka.metadata(), spec.topic,
-                                  lambda: _one_batch(context, pyspark, kafka, catalog, slack, settings), settings.stream)
+        return materialize_stream(
+            context,
+            kafka.metadata(),
+            spec.topic,
+            lambda: _one_batch(spec, context, pyspark, kafka, catalog, slack, settings),
+            settings.stream,
+        )
 
     _materialize.__name__ = f"ingest_{spec.name}"
     return _materialize
@@ -205,20 +232,33 @@ def alert_schema_change(spec: TableSpec, changes: list[dict], sink: AlertSink | 
     """Post a WARN alert that schema evolution changed the table, or that a registry schema change
     was blocked and its records quarantined (never a silent schema change)."""
     blocked = [c for c in changes if c.get("change") == "blocked"]
-    value = ", ".join(f"schema id {c['schema_id']} blocked" if c.get("change") == "blocked" else
-                      f"{'~' if c.get('change') == 'promotion' else '+'}{c['column']} {c['type']}" for c in changes)
-    summary = (f"{spec.identifier}: blocked schema change in topic {spec.topic}, records quarantined: "
-               + "; ".join(c["reason"] for c in blocked)) if blocked else (
-        f"{spec.identifier}: new fields in topic {spec.topic} were added as optional columns (unknown_fields: evolve)")
-    return (sink or AlertSink.from_env()).send(Alert(
-        table=spec.identifier,
-        asset_key_path=list(table_key(spec).path),
-        measure="schema_changes",
-        value=value,
-        severity="WARN",
-        summary=summary,
-        source=f"asset {spec.name}",
-    ))
+    value = ", ".join(
+        f"schema id {c['schema_id']} blocked"
+        if c.get("change") == "blocked"
+        else f"{'~' if c.get('change') == 'promotion' else '+'}{c['column']} {c['type']}"
+        for c in changes
+    )
+    summary = (
+        (
+            f"{spec.identifier}: blocked schema change in topic {spec.topic}, records quarantined: "
+            + "; ".join(c["reason"] for c in blocked)
+        )
+        if blocked
+        else (
+            f"{spec.identifier}: new fields in topic {spec.topic} were added as optional columns (unknown_fields: evolve)"
+        )
+    )
+    return (sink or AlertSink.from_env()).send(
+        Alert(
+            table=spec.identifier,
+            asset_key_path=list(table_key(spec).path),
+            measure="schema_changes",
+            value=value,
+            severity="WARN",
+            summary=summary,
+            source=f"asset {spec.name}",
+        )
+    )
 
 
 def check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> AssetCheckResult:
@@ -240,24 +280,54 @@ def check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> 
 
 def table_checks(spec: TableSpec) -> list:
     """The ``duplicate_free`` and ``freshness`` asset checks of one table."""
+    return [_duplicate_free_check(spec), _freshness_check(spec)]
 
-    @asset_check(asset=table_key(spec), name="duplicate_free", blocking=False,
-                 description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.")
-    def _duplicate_free(context: AssetCheckExecutionContext, pyspark: PySparkResource, kafka: KafkaResource,
-                        catalog: IcebergCatalogResource, slack: LakeSlackResource) -> AssetCheckResult:
+
+def _duplicate_free_check(spec: TableSpec):
+    @asset_check(
+        asset=table_key(spec),
+        name="duplicate_free",
+        blocking=False,
+        description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.",
+    )
+    def _duplicate_free(
+        context: AssetCheckExecutionContext,
+        pyspark: PySparkResource,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ) -> AssetCheckResult:
         settings = settings_for(kafka, catalog)
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
         # after the run's own commits: only the rows they added; a check run on its own: the full scan
-        outcome = checks.duplicate_free(pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table),
-                                        commit_id=context.run.run_id)
-        alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "duplicate_free",
-                       *pick_measure("duplicate_free", outcome.figures), outcome.summary, sink=slack.sink(), severity="ERROR")
+        outcome = checks.duplicate_free(
+            pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run.run_id
+        )
+        alert_on_check(
+            outcome.passed,
+            spec.identifier,
+            table_key(spec).path,
+            "duplicate_free",
+            *pick_measure("duplicate_free", outcome.figures),
+            outcome.summary,
+            sink=slack.sink(),
+            severity="ERROR",
+        )
         return check_result(outcome, AssetCheckSeverity.ERROR)
 
-    @asset_check(asset=table_key(spec), name="freshness", blocking=False,
-                 description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.")
+    _duplicate_free.__name__ = f"{spec.name}_duplicate_free"
+    return _duplicate_free
+
+
+def _freshness_check(spec: TableSpec):
+    @asset_check(
+        asset=table_key(spec),
+        name="freshness",
+        blocking=False,
+        description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.",
+    )
     def _freshness(kafka: KafkaResource, catalog: IcebergCatalogResource, slack: LakeSlackResource) -> AssetCheckResult:
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
@@ -267,19 +337,38 @@ def table_checks(spec: TableSpec) -> list:
         outcome = checks.freshness(spec, view, lag)
         if "valid_through_ms" in outcome.figures:
             outcome.figures["valid_through"] = datetime.fromtimestamp(
-                outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc).isoformat()
+                outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc
+            ).isoformat()
         outcome.figures["lag_by_partition"] = {str(p): v for p, v in lag.items()}
-        alert_on_check(outcome.passed, spec.identifier, table_key(spec).path, "freshness",
-                       *pick_measure("freshness", outcome.figures), outcome.summary, sink=slack.sink(), severity="WARN")
+        alert_on_check(
+            outcome.passed,
+            spec.identifier,
+            table_key(spec).path,
+            "freshness",
+            *pick_measure("freshness", outcome.figures),
+            outcome.summary,
+            sink=slack.sink(),
+            severity="WARN",
+        )
         return check_result(outcome, AssetCheckSeverity.WARN)
 
-    _duplicate_free.__name__ = f"{spec.name}_duplicate_free"
     _freshness.__name__ = f"{spec.name}_freshness"
-    return [_duplicate_free, _freshness]
+    return _freshness
 
 
 # IN_PROGRESS, MICRO_BATCHES, SQLITE_POOL, table_key, table_pool and topic_key live in
-# lake_assets.vocabulary; they stay importable from here for existing callers.
-__all__ = ["IN_PROGRESS", "MICRO_BATCHES", "SQLITE_POOL", "alert_schema_change", "check_result", "table_asset", "table_checks",
-           "table_key", "table_pool", "topic_asset", "topic_key",
-           "materialization_metadata"]
+# kafka_iceberg.lake_assets.vocabulary; they stay importable from here for existing callers.
+__all__ = [
+    "IN_PROGRESS",
+    "MICRO_BATCHES",
+    "SQLITE_POOL",
+    "alert_schema_change",
+    "check_result",
+    "table_asset",
+    "table_checks",
+    "table_key",
+    "table_pool",
+    "topic_asset",
+    "topic_key",
+    "materialization_metadata",
+]

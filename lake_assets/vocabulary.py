@@ -1,18 +1,18 @@
 """The Dagster layer's shared vocabulary: asset keys, the micro-batch partitions, concurrency pools,
 run tags and run statuses.
 
-Asset modules (:mod:`lake_assets.tables`, ``analytics``, ``quality``, ``replay``), the backfill
-library (:mod:`lake_assets.backfill`), the sensors and the schedules all import these names from
+Asset modules (:mod:`kafka_iceberg.lake_assets.tables`, ``analytics``, ``quality``, ``replay``), the backfill
+library (:mod:`kafka_iceberg.lake_assets.backfill`), the sensors and the schedules all import these names from
 here, so sensors and schedules never import an asset module, and the composition root
-(:mod:`lake_assets.definitions`) is the only module that imports sensors and schedules. This
-module imports nothing from the project but :class:`kafka_iceberg.spec.TableSpec`.
+(:mod:`kafka_iceberg.lake_assets.definitions`) is the only module that imports sensors and schedules. This
+module imports nothing from the project but :class:`kafka_iceberg.declaration.spec.TableSpec`.
 """
 
 from __future__ import annotations
 
 from dagster import AssetKey, DagsterRunStatus, DynamicPartitionsDefinition
 
-from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.declaration.spec import TableSpec
 
 
 def key_part(name: str) -> str:
@@ -33,7 +33,7 @@ def table_key(spec: TableSpec) -> AssetKey:
 
 MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
 """The partitions of every table asset: micro-batch slots (keys from
-:func:`lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
+:func:`kafka_iceberg.lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
 demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
 can hold every table plus the unpartitioned downstream asset."""
 
@@ -57,10 +57,22 @@ def commit_pool(sqlite_catalog: bool) -> str | None:
 TABLE_TAG = "lake/table"
 """Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
 
-IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+IN_PROGRESS = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
 """Run statuses during which a run may still write."""
 
 __all__ = [
-    "IN_PROGRESS", "MICRO_BATCHES", "SQLITE_POOL", "TABLE_TAG", "commit_pool", "key_part", "table_key", "table_pool",
+    "IN_PROGRESS",
+    "MICRO_BATCHES",
+    "SQLITE_POOL",
+    "TABLE_TAG",
+    "commit_pool",
+    "key_part",
+    "table_key",
+    "table_pool",
     "topic_key",
 ]

@@ -1,7 +1,7 @@
 """Dagster resources: Kafka, Spark (dagster-pyspark) and the Iceberg catalog.
 
-Built once, by the composition root (:mod:`lake_assets.definitions`), from one
-:class:`~kafka_iceberg.settings.Settings` (:func:`kafka_iceberg.settings.load_settings`: every
+Built once, by the composition root (:mod:`kafka_iceberg.lake_assets.definitions`), from one
+:class:`~kafka_iceberg.config.settings.Settings` (:func:`kafka_iceberg.config.settings.load_settings`: every
 variable with a documented default, docs/configuration.md), so the same code runs against the dev
 broker and SQLite catalog on a laptop and against a real Kafka cluster and a PostgreSQL catalog in
 production.
@@ -16,18 +16,24 @@ the UI shows the variable's name. The catalog's credentials (``PYICEBERG_CATALOG
 ``spark_config`` carries no password, key or token.
 """
 
-
 import dataclasses
 import json
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg.catalog import catalog_conf, load_catalog, spark_conf
-from kafka_iceberg.catalog_config import SECRET_KEYS
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.settings import CatalogSettings, Settings, export_spark_environment, load_settings, run_catalog
-from resources.slack import LakeSlackResource
+from kafka_iceberg.catalog.config import SECRET_KEYS
+from kafka_iceberg.catalog.spark import catalog_conf, spark_conf
+from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.config.settings import (
+    CatalogSettings,
+    Settings,
+    export_spark_environment,
+    load_settings,
+    run_catalog,
+)
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.resources.slack import LakeSlackResource
 
 
 class KafkaResource(ConfigurableResource):
@@ -54,14 +60,14 @@ class KafkaResource(ConfigurableResource):
 
 class IcebergCatalogResource(ConfigurableResource):
     """The Iceberg catalog: the JDBC catalog of ``uri`` (SQLite by default, PostgreSQL), or any
-    catalog of ``LAKE_CATALOG_PROPERTIES`` (:mod:`kafka_iceberg.catalog_config`).
+    catalog of ``LAKE_CATALOG_PROPERTIES`` (:mod:`kafka_iceberg.catalog.config`).
 
     ``name``: ``LAKE_CATALOG_NAME`` (default ``lake``; Spark SQL names tables
     ``lake.<namespace>.<table>``). ``uri``: ``LAKE_CATALOG_URI`` (default
     ``sqlite:///$LAKE_HOME/catalog.db``; ``postgresql://user:pw@host:5432/db`` for
     PostgreSQL). ``warehouse``: ``LAKE_WAREHOUSE`` (default ``file://$LAKE_HOME/warehouse``).
     ``properties_json``: ``LAKE_CATALOG_PROPERTIES``. The catalog is resolved when a run uses it,
-    as :func:`kafka_iceberg.settings.load_settings` does, so its credentials
+    as :func:`kafka_iceberg.config.settings.load_settings` does, so its credentials
     (``PYICEBERG_CATALOG__<NAME>__*``, ``LAKE_CATALOG_SECRETS_DIR``) come from the run's environment.
     """
 
@@ -85,7 +91,7 @@ class IcebergCatalogResource(ConfigurableResource):
 
 def settings_for(kafka: KafkaResource, catalog: IcebergCatalogResource) -> Settings:
     """Runtime settings with the Kafka and catalog parts taken from the resources; the rest is the
-    process's :func:`~kafka_iceberg.settings.load_settings` (built once per environment)."""
+    process's :func:`~kafka_iceberg.config.settings.load_settings` (built once per environment)."""
     base = load_settings()
     return dataclasses.replace(
         base,
@@ -129,7 +135,7 @@ class LakeSparkResource(PySparkResource):
 def _is_secret_key(spark_key: str, catalog_name: str) -> bool:
     """True for ``spark.sql.catalog.<name>.<credential property>`` (``jdbc.password``, ``s3.secret-access-key``, ...)."""
     prefix = f"spark.sql.catalog.{catalog_name}."
-    return spark_key.startswith(prefix) and spark_key[len(prefix):] in SECRET_KEYS
+    return spark_key.startswith(prefix) and spark_key[len(prefix) :] in SECRET_KEYS
 
 
 def _from_env_or(settings: Settings, name: str, value: str):
@@ -146,17 +152,22 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
     ``EnvVar("SLACK_BOT_TOKEN")``). Opens no connection.
 
     Raises:
-        ConfigError: a JDBC driver jar is missing (see :func:`kafka_iceberg.catalog.spark_conf`).
+        ConfigError: a JDBC driver jar is missing (see :func:`kafka_iceberg.catalog.spark.spark_conf`).
     """
     settings = settings or load_settings()
     catalog = settings.catalog
-    from_properties = any(k == "LAKE_CATALOG_PROPERTIES" or k.startswith("PYICEBERG_CATALOG__")
-                          or k == "LAKE_CATALOG_SECRETS_DIR" for k in settings.from_process_env)
+    from_properties = any(
+        k == "LAKE_CATALOG_PROPERTIES" or k.startswith("PYICEBERG_CATALOG__") or k == "LAKE_CATALOG_SECRETS_DIR"
+        for k in settings.from_process_env
+    )
     # a properties catalog is resolved from the run's environment; its uri here could hold a password
     uri = "" if from_properties else catalog.sqlalchemy_uri.replace("postgresql+psycopg2://", "postgresql://")
     catalog_resource = IcebergCatalogResource(
-        name=catalog.name, uri=_from_env_or(settings, "LAKE_CATALOG_URI", uri), warehouse=catalog.warehouse,
-        properties_json=_from_env_or(settings, "LAKE_CATALOG_PROPERTIES", ""))
+        name=catalog.name,
+        uri=_from_env_or(settings, "LAKE_CATALOG_URI", uri),
+        warehouse=catalog.warehouse,
+        properties_json=_from_env_or(settings, "LAKE_CATALOG_PROPERTIES", ""),
+    )
     visible_conf = {k: v for k, v in spark_conf(settings).items() if not _is_secret_key(k, catalog.name)}
     return {
         "kafka": KafkaResource(
@@ -165,11 +176,20 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
             timeout_s=settings.kafka_timeout_s,
         ),
         "catalog": catalog_resource,
-        "pyspark": LakeSparkResource(spark_config=visible_conf, catalog=catalog_resource,
-                                     open_retry_s=settings.catalog_retry_s),
+        "pyspark": LakeSparkResource(
+            spark_config=visible_conf, catalog=catalog_resource, open_retry_s=settings.catalog_retry_s
+        ),
         # the token is an EnvVar of the process, so the other Slack settings come from its environment too
         "slack": LakeSlackResource.from_env(),
     }
 
 
-__all__ = ["IcebergCatalogResource", "KafkaResource", "LakeSlackResource", "LakeSparkResource", "PySparkResource", "default_resources", "settings_for"]
+__all__ = [
+    "IcebergCatalogResource",
+    "KafkaResource",
+    "LakeSlackResource",
+    "LakeSparkResource",
+    "PySparkResource",
+    "default_resources",
+    "settings_for",
+]

@@ -1,10 +1,10 @@
 """The scheduled full-scan ``duplicate_free`` check of each table (thin).
 
 After a run that committed, the ``duplicate_free`` asset check reads only the rows that run
-added (:mod:`kafka_iceberg.incremental_check`). What that cannot see (the rows of a run that
+added (:mod:`kafka_iceberg.ops.incremental_check`). What that cannot see (the rows of a run that
 crashed before its check, a table rewritten outside the write path) the full scan finds: the
 job ``duplicate_free_full_<name>`` runs the same asset check in a run of its own, which commits
-nothing, so :func:`kafka_iceberg.checks.duplicate_free` scans the whole table. Its schedule runs
+nothing, so :func:`kafka_iceberg.ops.checks.duplicate_free` scans the whole table. Its schedule runs
 daily by default (``maintenance.full_check``, cron in UTC).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dagster import AssetCheckKey, AssetSelection, DefaultScheduleStatus, ScheduleDefinition, define_asset_job
 
-from kafka_iceberg.spec import TableSpec
-from lake_assets.vocabulary import table_key
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.vocabulary import table_key
 
 CHECK_NAME = "duplicate_free"
 

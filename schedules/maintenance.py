@@ -1,4 +1,4 @@
-"""Dagster jobs and schedules around :mod:`kafka_iceberg.maintenance` (thin)."""
+"""Dagster jobs and schedules around :mod:`kafka_iceberg.ops.maintenance` (thin)."""
 
 from dagster import (
     AssetObservation,
@@ -11,11 +11,11 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg import maintenance
-from kafka_iceberg.catalog import load_table, metadata_view
-from kafka_iceberg.spec import TableSpec
-from lake_assets.vocabulary import table_key, table_pool
-from resources import IcebergCatalogResource
+from kafka_iceberg.catalog.tables import load_table, metadata_view
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.vocabulary import table_key, table_pool
+from kafka_iceberg.ops import maintenance
+from kafka_iceberg.resources import IcebergCatalogResource
 
 
 def result_metadata(result: maintenance.MaintenanceResult) -> dict:
@@ -40,14 +40,16 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
         if kind == "compact":
             return maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
         if kind == "expire_snapshots":
-            return maintenance.expire(spark, catalog_name, spec.identifier, policy.max_snapshot_age_s,
-                                      policy.retain_last, view=view())
+            return maintenance.expire(
+                spark, catalog_name, spec.identifier, policy.max_snapshot_age_s, policy.retain_last, view=view()
+            )
         return maintenance.remove_orphans(spark, catalog_name, spec.identifier, policy.orphan_older_than_s)
 
     @op(name=f"{kind}_{spec.name}_op", pool=table_pool(spec, sqlite_catalog))
     def _op(context: OpExecutionContext, pyspark: PySparkResource, catalog: IcebergCatalogResource):
-        result = run(pyspark.spark_session, catalog.name,
-                     lambda: metadata_view(load_table(catalog.load(), spec.identifier)))
+        result = run(
+            pyspark.spark_session, catalog.name, lambda: metadata_view(load_table(catalog.load(), spec.identifier))
+        )
         context.log.info(
             f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after}, "
             f"bytes {result.bytes_before} -> {result.bytes_after}, "
@@ -55,8 +57,11 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
         )
         context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result_metadata(result)))
 
-    @job(name=f"{kind}_{spec.name}", description=f"{kind.replace('_', ' ')} on {spec.identifier}",
-         tags={"lake/table": spec.identifier, "lake/maintenance": kind})
+    @job(
+        name=f"{kind}_{spec.name}",
+        description=f"{kind.replace('_', ' ')} on {spec.identifier}",
+        tags={"lake/table": spec.identifier, "lake/maintenance": kind},
+    )
     def _job():
         _op()
 

@@ -33,10 +33,10 @@ from dagster import DagsterInstance  # noqa: E402
 
 from devtools import cdc_demo, demo_data, devbroker, duck, formats_demo  # noqa: E402
 from devtools import registry as dev_registry  # noqa: E402
-from kafka_iceberg.catalog import load_catalog, load_table, metadata_view, read_state  # noqa: E402
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata  # noqa: E402
-from kafka_iceberg.planning import offset_lag  # noqa: E402
-from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
+from kafka_iceberg.batch.planning import offset_lag  # noqa: E402
+from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state
+from kafka_iceberg.config.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata  # noqa: E402
 from kafka_iceberg.state import state_at  # noqa: E402
 
 MAX_ROUNDS = 20
@@ -68,11 +68,15 @@ def seed_topics(config: KafkaConfig, registry_url: str) -> None:
     print(f"topic {demo_data.FLIGHTS.topic} (JSON): produced {produced} records now ({time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
     produced = formats_demo.seed_weather_avro(config, registry_url)
-    print(f"topic {formats_demo.WEATHER_TOPIC} (Avro): produced {produced} records now ({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"topic {formats_demo.WEATHER_TOPIC} (Avro): produced {produced} records now ({time.perf_counter() - t0:.1f} s)"
+    )
     t0 = time.perf_counter()
     produced, expected = formats_demo.seed_planes(config, registry_url)
-    print(f"topic {formats_demo.PLANES_TOPIC} (nested Avro): produced {produced} of {expected} plane-days now "
-          f"({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"topic {formats_demo.PLANES_TOPIC} (nested Avro): produced {produced} of {expected} plane-days now "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
     client = SchemaRegistryClient({"url": registry_url})
     for subject in sorted(client.get_subjects()):
         latest = client.get_latest_version(subject)
@@ -101,11 +105,10 @@ def main() -> int:
 
 
 def _ingest_and_report(settings, config, cdc_db) -> int:
-    from lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
-
-    from lake_assets.backfill import new_slot_keys
-    from lake_assets.liveness import reap_dead_runs, worker_tags
-    from lake_assets.vocabulary import MICRO_BATCHES
+    from kafka_iceberg.lake_assets.backfill import new_slot_keys
+    from kafka_iceberg.lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
+    from kafka_iceberg.lake_assets.liveness import reap_dead_runs, worker_tags
+    from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES
 
     instance = DagsterInstance.get()
     released = reap_dead_runs(instance)  # e.g. the runs of a killed make demo: they would hold the pool slots
@@ -139,7 +142,9 @@ def _ingest_and_report(settings, config, cdc_db) -> int:
             if "records" in ev.materialization.metadata
         }
         evaluations = result.get_asset_check_evaluations()
-        print(f"round {round_no}: run {result.run_id} (slot {slot}) ingested {records} in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"round {round_no}: run {result.run_id} (slot {slot}) ingested {records} in {time.perf_counter() - t0:.1f} s"
+        )
         catalog = load_catalog(settings.catalog)
         lag = 0
         for spec in specs:
@@ -166,11 +171,17 @@ def _ingest_and_report(settings, config, cdc_db) -> int:
         match = "OK" if rows == in_topic else "MISMATCH"
         ok &= rows == in_topic
         ingest_snapshots = sum(1 for s in view.snapshots.values() if s.is_ingest)
-        print(f"{settings.catalog.name}.{spec.identifier:<14} rows (DuckDB) {rows:>8}  records in topic {in_topic:>8}  {match}")
-        print(f"    committed offsets {state.offsets}  snapshot {state.snapshot_id}  ingest snapshots {ingest_snapshots}")
+        print(
+            f"{settings.catalog.name}.{spec.identifier:<14} rows (DuckDB) {rows:>8}  records in topic {in_topic:>8}  {match}"
+        )
+        print(
+            f"    committed offsets {state.offsets}  snapshot {state.snapshot_id}  ingest snapshots {ingest_snapshots}"
+        )
     derived = load_table(catalog, "analytics.hourly_departure_delay")
     if derived is not None:
-        print(f"{settings.catalog.name}.analytics.hourly_departure_delay rows (DuckDB) {duck.count_rows(derived.metadata_location, con)}")
+        print(
+            f"{settings.catalog.name}.analytics.hourly_departure_delay rows (DuckDB) {duck.count_rows(derived.metadata_location, con)}"
+        )
     print("\nchecks:")
     for ev in sorted(evaluations, key=lambda e: (e.asset_key.to_user_string(), e.check_name)):
         status = "PASSED" if ev.passed else "FAILED"
@@ -188,8 +199,10 @@ def _print_cdc_comparison(settings, spec, cdc_db, table, rows: int, in_topic: in
     """Print the upsert table against PostgreSQL (EXCEPT ALL both ways); True when they are equal."""
     pg_rows, _, only_iceberg, only_postgres = cdc_demo.compare(cdc_db, table.metadata_location)
     equal = rows == pg_rows and only_iceberg == only_postgres == 0
-    print(f"{settings.catalog.name}.{spec.identifier:<14} rows (DuckDB) {rows:>8}  rows in PostgreSQL {pg_rows:>6}  "
-          f"{'OK' if equal else 'MISMATCH'}  ({in_topic} Debezium change events applied by key)")
+    print(
+        f"{settings.catalog.name}.{spec.identifier:<14} rows (DuckDB) {rows:>8}  rows in PostgreSQL {pg_rows:>6}  "
+        f"{'OK' if equal else 'MISMATCH'}  ({in_topic} Debezium change events applied by key)"
+    )
     print(f"    EXCEPT ALL: rows only in Iceberg {only_iceberg}, rows only in PostgreSQL {only_postgres}")
     print(f"    committed offsets {state.offsets}  snapshot {state.snapshot_id}")
     return equal

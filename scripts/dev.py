@@ -20,7 +20,7 @@ sys.path.insert(0, str(CHECKOUT))
 
 from devtools import devbroker  # noqa: E402
 from devtools import registry as dev_registry  # noqa: E402
-from kafka_iceberg.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
+from kafka_iceberg.config.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
 
 
 def main() -> None:

@@ -6,13 +6,17 @@ backfills of micro-batches, lake_assets/backfill.py) and a retention-headroom se
 
 from __future__ import annotations
 
+from kafka_iceberg.sensors.alerts import run_failure_alert_sensor
+from kafka_iceberg.sensors.lag import lag_sensor
+from kafka_iceberg.sensors.liveness import run_liveness_sensor
+from kafka_iceberg.sensors.retention import retention_sensor
+
 
 def all_sensors(specs) -> list:
     """The sensors of the code location for the declared tables."""
-    from sensors.alerts import run_failure_alert_sensor
-    from sensors.lag import lag_sensor
-    from sensors.liveness import run_liveness_sensor
-    from sensors.retention import retention_sensor
-
-    return [*(lag_sensor(s) for s in specs), *(retention_sensor(s) for s in specs), run_failure_alert_sensor,
-            run_liveness_sensor]
+    return [
+        *(lag_sensor(s) for s in specs),
+        *(retention_sensor(s) for s in specs),
+        run_failure_alert_sensor,
+        run_liveness_sensor,
+    ]

@@ -1,11 +1,11 @@
-"""Dagster glue for Slack alerts (the alert itself lives in :mod:`kafka_iceberg.alerts`).
+"""Dagster glue for Slack alerts (the alert itself lives in :mod:`kafka_iceberg.ops.alerts`).
 
 - :data:`run_failure_alert_sensor`: a ``run_failure_sensor`` that posts one alert per failed
   run of this code location, naming the job, the run id, the assets whose steps failed, the
   error's first line, and linking to ``<DAGSTER_UI_URL>/runs/<run id>`` (and to the first
   failed asset's page). It is RUNNING by default: without ``SLACK_BOT_TOKEN`` it only logs.
 - :func:`alert_on_check`: what the asset checks call; posts when a check failed
-  (re-exported from :mod:`kafka_iceberg.alerts`, where ``lake_assets`` should import it from
+  (re-exported from :mod:`kafka_iceberg.ops.alerts`, where ``lake_assets`` should import it from
   to avoid importing the ``sensors`` package from ``lake_assets``).
 
 No ``from __future__ import annotations`` here: Dagster inspects the annotations of
@@ -13,7 +13,7 @@ decorated functions.
 """
 
 import logging
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from dagster import (
     AssetKey,
@@ -24,15 +24,15 @@ from dagster import (
     run_failure_sensor,
 )
 
-from kafka_iceberg.alerts import Alert, AlertSink, alert_on_check, pick_measure
-from resources.slack import LakeSlackResource
+from kafka_iceberg.ops.alerts import Alert, AlertSink, alert_on_check, pick_measure
+from kafka_iceberg.resources.slack import LakeSlackResource
 
 log = logging.getLogger(__name__)
 
 _IMPLICIT_ASSET_JOB = "__ASSET_JOB"
 
 
-def _first_line(text: Optional[str]) -> str:
+def _first_line(text: str | None) -> str:
     for line in (text or "").splitlines():
         if line.strip():
             return line.strip()
@@ -51,7 +51,7 @@ def _root_error_line(error) -> str:
 
 
 def _identifier(key: AssetKey) -> str:
-    # lake_assets.tables.table_key: lake/<namespace>/<table> <-> <namespace>.<table>
+    # kafka_iceberg.lake_assets.tables.table_key: lake/<namespace>/<table> <-> <namespace>.<table>
     path = key.path
     return ".".join(path[1:]) if len(path) > 1 and path[0] == "lake" else "/".join(path)
 
@@ -131,7 +131,9 @@ def _failed_assets(context: RunFailureSensorContext) -> tuple[list, list, str]:
                 failed_keys.append(key)
         if not error_line and ev.event_specific_data is not None:
             error_line = _root_error_line(getattr(ev.event_specific_data, "error", None))
-    unmaterialized = sorted((k for k in selection if k not in materialized and k not in failed_keys), key=lambda k: k.path)
+    unmaterialized = sorted(
+        (k for k in selection if k not in materialized and k not in failed_keys), key=lambda k: k.path
+    )
     if not failed_keys and not step_failures:
         # the run failed outside any step (launch, resource init): every asset is suspect
         failed_keys, unmaterialized = unmaterialized, []
@@ -140,7 +142,7 @@ def _failed_assets(context: RunFailureSensorContext) -> tuple[list, list, str]:
 
 def make_run_failure_alert_sensor(
     name: str = "run_failure_alert_sensor",
-    sink_factory: Optional[Callable[[], AlertSink]] = None,
+    sink_factory: Callable[[], AlertSink] | None = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> SensorDefinition:
     """A ``run_failure_sensor`` that posts :func:`run_failure_alert` for each failed run.
@@ -148,7 +150,7 @@ def make_run_failure_alert_sensor(
     Args:
         name: the sensor's name.
         sink_factory: builds the :class:`AlertSink` at each evaluation (default: the ``slack``
-            resource's, :class:`resources.slack.LakeSlackResource`).
+            resource's, :class:`kafka_iceberg.resources.slack.LakeSlackResource`).
         default_status: RUNNING by default, so alerts work without a click in the UI.
 
     Monitors the jobs of its own code location (``ingest_all`` and UI materializations).

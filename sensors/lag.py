@@ -2,7 +2,7 @@
 
 Each evaluation reads the table's committed offsets and newest ingest snapshot time (its
 snapshot summary), the topic's high watermarks and the table's runs that failed since that
-snapshot, judges them with :class:`kafka_iceberg.lag.LagHistory` (kept in the sensor cursor;
+snapshot, judges them with :class:`kafka_iceberg.ops.lag.LagHistory` (kept in the sensor cursor;
 rules over the table's commits and cadence, see docs/operations.md#lag) and records an
 ``AssetObservation`` on the table asset, so the asset page plots offset lag, time lag and
 status over time. A change of alert *level* (OK -> WARN, -> ERROR for STALL or STOP, and the
@@ -11,17 +11,17 @@ recovery back to OK) posts one Slack message; a level that holds posts nothing.
 It triggers when the offset lag reaches the table's ``lag.max_offset_lag`` or when lag is left
 and the last commit is older than ``lag.max_interval`` (the table's cadence). Triggering is
 the normal work of the sensor and posts nothing. What it requests depends on the backlog, the
-largest per-partition lag (:func:`lake_assets.backfill.plan_catch_up`):
+largest per-partition lag (:func:`kafka_iceberg.lake_assets.backfill.plan_catch_up`):
 
 - within one micro-batch (backlog <= ``max_records_per_partition``): one run of a micro-batch
   slot of the table asset (the table's least recently used slot of the ring,
-  :func:`lake_assets.backfill.next_slots`; a slot whose last run failed comes first);
+  :func:`kafka_iceberg.lake_assets.backfill.next_slots`; a slot whose last run failed comes first);
 - larger: one asset backfill over ``ceil(backlog / bound)`` slots (at most
-  :data:`lake_assets.backfill.MAX_BACKFILL_BATCHES`), one run per micro-batch, shown under
+  :data:`kafka_iceberg.lake_assets.backfill.MAX_BACKFILL_BATCHES`), one run per micro-batch, shown under
   *Runs -> Backfills*; a backfill posts one WARN naming the backlog.
 
 Nothing is requested while the table is already being materialized: a queued or running run
-of the table, or a backfill of it not yet finished (:func:`lake_assets.backfill.table_in_progress`).
+of the table, or a backfill of it not yet finished (:func:`kafka_iceberg.lake_assets.backfill.table_in_progress`).
 """
 
 import time
@@ -40,13 +40,19 @@ from dagster import (
     sensor,
 )
 
-from kafka_iceberg.alerts import Alert, AlertSink
-from kafka_iceberg.catalog import read_state
-from kafka_iceberg.lag import STALL_ATTEMPTS, LagEvaluation, LagHistory, LagRules, observation
-from kafka_iceberg.spec import TableSpec
-from lake_assets.backfill import CatchUpPlan, backfill_run_request, next_slots, plan_catch_up, table_in_progress
-from lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_key
-from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
+from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.backfill import (
+    CatchUpPlan,
+    backfill_run_request,
+    next_slots,
+    plan_catch_up,
+    table_in_progress,
+)
+from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_key
+from kafka_iceberg.ops.alerts import Alert, AlertSink
+from kafka_iceberg.ops.lag import STALL_ATTEMPTS, LagEvaluation, LagHistory, LagRules, observation
+from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
 
 def observation_metadata(evaluation: LagEvaluation, last_commit_ms) -> dict:
@@ -58,7 +64,9 @@ def observation_metadata(evaluation: LagEvaluation, last_commit_ms) -> dict:
         "status_reason": MetadataValue.text(evaluation.reason),
         "offset_lag_by_partition": MetadataValue.json({str(p): v for p, v in evaluation.offset_lag.items()}),
         "time_lag_s_by_partition": MetadataValue.json({str(p): v for p, v in evaluation.time_lag_s.items()}),
-        "last_commit": MetadataValue.timestamp(last_commit_ms / 1000) if last_commit_ms else MetadataValue.text("never"),
+        "last_commit": MetadataValue.timestamp(last_commit_ms / 1000)
+        if last_commit_ms
+        else MetadataValue.text("never"),
     }
 
 
@@ -76,10 +84,12 @@ def should_trigger(spec: TableSpec, evaluation: LagEvaluation, last_commit_ms, n
 
 def failed_attempts(instance: DagsterInstance, spec: TableSpec, last_commit_ms: int | None) -> int:
     """Runs of the table (tagged ``lake/table``) created after its last commit that failed
-    (counted up to :data:`kafka_iceberg.lag.STALL_ATTEMPTS`)."""
+    (counted up to :data:`kafka_iceberg.ops.lag.STALL_ATTEMPTS`)."""
     after = None if last_commit_ms is None else datetime.fromtimestamp(last_commit_ms / 1000, tz=timezone.utc)
-    runs = instance.get_runs(filters=RunsFilter(tags={TABLE_TAG: spec.identifier}, statuses=[DagsterRunStatus.FAILURE],
-                                                created_after=after), limit=STALL_ATTEMPTS)
+    runs = instance.get_runs(
+        filters=RunsFilter(tags={TABLE_TAG: spec.identifier}, statuses=[DagsterRunStatus.FAILURE], created_after=after),
+        limit=STALL_ATTEMPTS,
+    )
     return len(runs)
 
 
@@ -107,10 +117,14 @@ def alert_backfill(
 ) -> bool:
     """Post a WARN that the backlog needs a backfill: measure ``backlog_records`` = the largest
     per-partition lag (records by offset) against one micro-batch's bound. Never raises."""
-    value = (f"{plan.max_partition_lag} records in partition {plan.partition}, "
-             f"{plan.batches} micro-batches of {plan.bound} per partition")
-    summary = (f"{spec.identifier} on topic {spec.topic}: offset lag {evaluation.total_offset_lag} records; launched a "
-               f"backfill of {plan.batches} runs, one micro-batch each" + (" (capped; more follow)" if plan.capped else ""))
+    value = (
+        f"{plan.max_partition_lag} records in partition {plan.partition}, "
+        f"{plan.batches} micro-batches of {plan.bound} per partition"
+    )
+    summary = (
+        f"{spec.identifier} on topic {spec.topic}: offset lag {evaluation.total_offset_lag} records; launched a "
+        f"backfill of {plan.batches} runs, one micro-batch each" + (" (capped; more follow)" if plan.capped else "")
+    )
     return (sink or AlertSink.from_env()).send(
         Alert(
             table=spec.identifier,
@@ -125,8 +139,15 @@ def alert_backfill(
     )
 
 
-def _requests(context, spec: TableSpec, evaluation: LagEvaluation, has_state: bool, reason: str, now_ms: int,
-              sink: AlertSink | None = None):
+def _requests(
+    context,
+    spec: TableSpec,
+    evaluation: LagEvaluation,
+    has_state: bool,
+    reason: str,
+    now_ms: int,
+    sink: AlertSink | None = None,
+):
     """The run or backfill request for a trigger, with its new slots; ``([], [], why not)`` when busy."""
     busy = table_in_progress(context.instance, spec)
     if busy:
@@ -139,8 +160,9 @@ def _requests(context, spec: TableSpec, evaluation: LagEvaluation, has_state: bo
         alert_backfill(spec, evaluation, plan, keys, sink)
         run = backfill_run_request(spec, keys, tags)
     else:
-        run = RunRequest(run_key=f"{spec.identifier}:{now_ms}", asset_selection=[table_key(spec)],
-                         partition_key=keys[0], tags=tags)
+        run = RunRequest(
+            run_key=f"{spec.identifier}:{now_ms}", asset_selection=[table_key(spec)], partition_key=keys[0], tags=tags
+        )
     what = f"{reason}: {'backfill of ' if plan.needs_backfill else 'run of '}{len(keys)} micro-batch(es)"
     return [run], [MICRO_BATCHES.build_add_request(new)] if new else [], what
 
@@ -157,34 +179,59 @@ def lag_sensor(spec: TableSpec):
         description=f"Consumer lag of {spec.identifier} on {spec.topic}: observe, judge over its commits and cadence, "
         "trigger a micro-batch, or a backfill of micro-batches when the backlog exceeds one.",
     )
-    def _lag(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource,
-             slack: LakeSlackResource):
+    def _lag(
+        context: SensorEvaluationContext,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ):
         now_ms = int(time.time() * 1000)
         state = read_state(catalog.load(), spec.identifier)
         last_commit_ms = state.snapshot_timestamp_ms
         watermarks = kafka.metadata().watermarks(spec.topic)
         committed = {p: state.offsets.get(p, w.low) for p, w in watermarks.items()}
         history = LagHistory.from_json(context.cursor)
-        evaluation = history.observe(observation(
-            now_ms, committed, {p: w.high for p, w in watermarks.items()}, last_commit_ms,
-            failed_attempts(context.instance, spec, last_commit_ms)), rules)
+        evaluation = history.observe(
+            observation(
+                now_ms,
+                committed,
+                {p: w.high for p, w in watermarks.items()},
+                last_commit_ms,
+                failed_attempts(context.instance, spec, last_commit_ms),
+            ),
+            rules,
+        )
         if evaluation.level_changed:
             alert_lag_status(spec, evaluation, slack.sink())
         run_requests, partition_requests, what = [], [], "no"
         reason = should_trigger(spec, evaluation, last_commit_ms, now_ms)
         if reason:
-            run_requests, partition_requests, what = _requests(context, spec, evaluation, bool(state.offsets), reason,
-                                                               now_ms, slack.sink())
+            run_requests, partition_requests, what = _requests(
+                context, spec, evaluation, bool(state.offsets), reason, now_ms, slack.sink()
+            )
         context.log.info(
             f"{spec.identifier}: status {evaluation.status} ({evaluation.reason}), offset lag "
             f"{evaluation.total_offset_lag}, time lag {evaluation.max_time_lag_s:.0f} s, trigger: {what}"
         )
-        observation_event = AssetObservation(asset_key=table_key(spec), metadata=observation_metadata(evaluation, last_commit_ms))
-        return SensorResult(run_requests=run_requests, asset_events=[observation_event], cursor=history.to_json(),
-                            dynamic_partitions_requests=partition_requests)
+        observation_event = AssetObservation(
+            asset_key=table_key(spec), metadata=observation_metadata(evaluation, last_commit_ms)
+        )
+        return SensorResult(
+            run_requests=run_requests,
+            asset_events=[observation_event],
+            cursor=history.to_json(),
+            dynamic_partitions_requests=partition_requests,
+        )
 
     return _lag
 
 
-__all__ = ["TABLE_TAG", "alert_backfill", "alert_lag_status", "failed_attempts", "lag_sensor", "observation_metadata",
-           "should_trigger"]
+__all__ = [
+    "TABLE_TAG",
+    "alert_backfill",
+    "alert_lag_status",
+    "failed_attempts",
+    "lag_sensor",
+    "observation_metadata",
+    "should_trigger",
+]

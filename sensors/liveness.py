@@ -1,13 +1,13 @@
 """The ``run_liveness`` sensor: every 30 s, runs of this host whose worker process died are marked
 failed and their concurrency-pool slots freed, and so are the slots of runs that already ended
-(:func:`lake_assets.liveness.reap_dead_runs`). Every run also checks when it starts and while it
+(:func:`kafka_iceberg.lake_assets.liveness.reap_dead_runs`). Every run also checks when it starts and while it
 waits; this sensor covers the time when no run of the table is executing (so the lag sensor does
 not see a dead run as in progress). Runs on other hosts: Dagster's run monitoring (dagster.yaml).
 """
 
 from dagster import DefaultSensorStatus, SensorEvaluationContext, SkipReason, sensor
 
-from lake_assets.liveness import reap_dead_runs
+from kafka_iceberg.lake_assets.liveness import reap_dead_runs
 
 
 @sensor(

@@ -3,7 +3,7 @@
 Each evaluation reads per partition the log start offset, the table's committed offset, the
 high watermark, the topic's ``retention.ms`` and the timestamp of the oldest unread record
 (one fetch per lagging partition), computes headroom and ratio
-(:mod:`kafka_iceberg.retention`), records them as an ``AssetObservation`` on the table (and the
+(:mod:`kafka_iceberg.ops.retention`), records them as an ``AssetObservation`` on the table (and the
 topic's watermarks and ``retention.ms`` as one on the topic asset, so the lineage graph shows
 the source's state), and
 posts a Slack alert when the status changes into WARN, ERROR or DATA_LOSS. Data loss also
@@ -13,18 +13,17 @@ to accept a gap deliberately.
 
 import json
 import time
-
-from typing import Mapping
+from collections.abc import Mapping
 
 from dagster import AssetObservation, DefaultSensorStatus, MetadataValue, SensorEvaluationContext, SensorResult, sensor
 
-from kafka_iceberg.alerts import Alert, AlertSink
-from kafka_iceberg.catalog import read_state
-from kafka_iceberg.planning import Watermarks, offset_lag
-from kafka_iceberg.retention import PartitionRetention, evaluate
-from kafka_iceberg.spec import TableSpec
-from lake_assets.vocabulary import table_key, topic_key
-from resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
+from kafka_iceberg.batch.planning import Watermarks, offset_lag
+from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.vocabulary import table_key, topic_key
+from kafka_iceberg.ops.alerts import Alert, AlertSink
+from kafka_iceberg.ops.retention import PartitionRetention, evaluate
+from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
 
 def retention_metadata(status: str, parts: list[PartitionRetention], retention_ms: int) -> dict:
@@ -35,29 +34,44 @@ def retention_metadata(status: str, parts: list[PartitionRetention], retention_m
         "headroom_s": MetadataValue.float(min(headrooms)) if headrooms else MetadataValue.text("unbounded"),
         "unread_ratio": MetadataValue.float(max((p.ratio for p in parts), default=0.0)),
         "retention_ms": MetadataValue.int(retention_ms),
-        "partitions": MetadataValue.json({
-            str(p.partition): {"low": p.low, "committed": p.committed, "high": p.high, "headroom_s": p.headroom_s,
-                               "ratio": p.ratio, "oldest_unread_ms": p.oldest_unread_ms, "status": p.status}
-            for p in parts
-        }),
+        "partitions": MetadataValue.json(
+            {
+                str(p.partition): {
+                    "low": p.low,
+                    "committed": p.committed,
+                    "high": p.high,
+                    "headroom_s": p.headroom_s,
+                    "ratio": p.ratio,
+                    "oldest_unread_ms": p.oldest_unread_ms,
+                    "status": p.status,
+                }
+                for p in parts
+            }
+        ),
     }
 
 
-def topic_observation(key, spec: TableSpec, watermarks: Mapping[int, Watermarks], retention_ms: int) -> AssetObservation:
+def topic_observation(
+    key, spec: TableSpec, watermarks: Mapping[int, Watermarks], retention_ms: int
+) -> AssetObservation:
     """An observation of the topic asset: high and low watermarks per partition (offsets), the
     summed high watermark, and ``retention.ms`` (``-1``: unbounded)."""
-    return AssetObservation(asset_key=key, metadata={
-        "high_watermark_total": MetadataValue.int(sum(w.high for w in watermarks.values())),
-        "high_watermarks": MetadataValue.json({str(p): w.high for p, w in sorted(watermarks.items())}),
-        "low_watermarks": MetadataValue.json({str(p): w.low for p, w in sorted(watermarks.items())}),
-        "partitions": MetadataValue.int(len(watermarks)),
-        "retention_ms": MetadataValue.int(retention_ms),
-        "retention": MetadataValue.text("unbounded" if retention_ms < 0 else f"{retention_ms / 3_600_000:g} h"),
-    })
+    return AssetObservation(
+        asset_key=key,
+        metadata={
+            "high_watermark_total": MetadataValue.int(sum(w.high for w in watermarks.values())),
+            "high_watermarks": MetadataValue.json({str(p): w.high for p, w in sorted(watermarks.items())}),
+            "low_watermarks": MetadataValue.json({str(p): w.low for p, w in sorted(watermarks.items())}),
+            "partitions": MetadataValue.int(len(watermarks)),
+            "retention_ms": MetadataValue.int(retention_ms),
+            "retention": MetadataValue.text("unbounded" if retention_ms < 0 else f"{retention_ms / 3_600_000:g} h"),
+        },
+    )
 
 
-def alert_retention(spec: TableSpec, status: str, previous: str, parts: list[PartitionRetention],
-                    sink: AlertSink | None = None) -> bool:
+def alert_retention(
+    spec: TableSpec, status: str, previous: str, parts: list[PartitionRetention], sink: AlertSink | None = None
+) -> bool:
     """Post a Slack alert for a change into WARN (WARN) or ERROR/DATA_LOSS (ERROR). Never raises."""
     worst = [p for p in parts if p.status == status]
     if status == "DATA_LOSS":
@@ -65,17 +79,22 @@ def alert_retention(spec: TableSpec, status: str, previous: str, parts: list[Par
         value = "; ".join(f"partition {p.partition}: committed {p.committed} < log start {p.low}" for p in worst)
     else:
         measure = "retention_headroom_s"
-        value = "; ".join(f"partition {p.partition}: {p.headroom_s if p.headroom_s is not None else 'unbounded'} s, "
-                          f"unread ratio {p.ratio}" for p in worst)
-    return (sink or AlertSink.from_env()).send(Alert(
-        table=spec.identifier,
-        asset_key_path=list(table_key(spec).path),
-        measure=measure,
-        value=value,
-        severity="WARN" if status == "WARN" else "ERROR",
-        summary=f"{spec.identifier} on topic {spec.topic}: retention status {status} (was {previous})",
-        source=f"sensor {spec.name}_retention",
-    ))
+        value = "; ".join(
+            f"partition {p.partition}: {p.headroom_s if p.headroom_s is not None else 'unbounded'} s, "
+            f"unread ratio {p.ratio}"
+            for p in worst
+        )
+    return (sink or AlertSink.from_env()).send(
+        Alert(
+            table=spec.identifier,
+            asset_key_path=list(table_key(spec).path),
+            measure=measure,
+            value=value,
+            severity="WARN" if status == "WARN" else "ERROR",
+            summary=f"{spec.identifier} on topic {spec.topic}: retention status {status} (was {previous})",
+            source=f"sensor {spec.name}_retention",
+        )
+    )
 
 
 def retention_sensor(spec: TableSpec):
@@ -87,8 +106,12 @@ def retention_sensor(spec: TableSpec):
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Retention headroom of {spec.identifier} on {spec.topic}: time and share of the log left before unread records are deleted.",
     )
-    def _retention(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource,
-                   slack: LakeSlackResource):
+    def _retention(
+        context: SensorEvaluationContext,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ):
         now_ms = int(time.time() * 1000)
         meta = kafka.metadata()
         committed = read_state(catalog.load(), spec.identifier).offsets
@@ -103,8 +126,10 @@ def retention_sensor(spec: TableSpec):
             alert_retention(spec, status, previous, parts, slack.sink())
         context.log.info(f"{spec.identifier}: retention status {status}")
         return SensorResult(
-            asset_events=[AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms)),
-                          topic_observation(topic_key(spec), spec, watermarks, retention_ms)],
+            asset_events=[
+                AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms)),
+                topic_observation(topic_key(spec), spec, watermarks, retention_ms),
+            ],
             cursor=json.dumps({"status": status}),
         )
 

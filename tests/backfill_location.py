@@ -13,12 +13,12 @@ import os
 
 from dagster import Definitions, in_process_executor
 
-from kafka_iceberg.settings import load_settings
-from kafka_iceberg.spec import parse_table_spec
-from lake_assets.liveness import liveness_executor
-from lake_assets.tables import table_asset, table_checks, topic_asset
-from resources import default_resources
-from sensors.lag import lag_sensor
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.spec import parse_table_spec
+from kafka_iceberg.lake_assets.liveness import liveness_executor
+from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.lag import lag_sensor
 
 settings = load_settings()
 spec = parse_table_spec(json.loads(os.environ["LAKE_TEST_TABLE_JSON"]))

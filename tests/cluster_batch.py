@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import sys
 
-from kafka_iceberg.catalog import get_spark, load_catalog, load_table, metadata_view, qualified
-from kafka_iceberg.checks import duplicate_free
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.pipeline import run_micro_batch
-from kafka_iceberg.settings import load_settings
-from kafka_iceberg.spec import parse_table_spec
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.spark import get_spark
+from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, qualified
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.spec import parse_table_spec
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.ops.checks import duplicate_free
 
 
 def executor_tasks(spark) -> dict[str, int]:
@@ -37,13 +38,17 @@ def main(raw_spec: str, commit_id: str) -> None:
     result = run_micro_batch(spark, settings, spec, commit_id=commit_id, kafka=kafka, catalog=catalog)
     view = metadata_view(load_table(catalog, spec.identifier))
     check = duplicate_free(spark, qualified(settings, spec), spec, view)
-    print(json.dumps({
-        "master": spark.sparkContext.master,
-        "committed": result.committed,
-        "records": result.records,
-        "check_passed": check.passed,
-        "executor_tasks": executor_tasks(spark),
-    }))
+    print(
+        json.dumps(
+            {
+                "master": spark.sparkContext.master,
+                "committed": result.committed,
+                "records": result.records,
+                "check_passed": check.passed,
+                "executor_tasks": executor_tasks(spark),
+            }
+        )
+    )
     spark.stop()
 
 

@@ -18,14 +18,15 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from devtools import devbroker
-from devtools import registry as dev_registry
-from devtools.demo_data import create_topic
-from kafka_iceberg.catalog import get_spark, load_catalog
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.pipeline import TableWriter
-from kafka_iceberg.settings import load_settings
-from kafka_iceberg.spec import TableSpec
+from devtools.demo.data import create_topic
+from devtools.services import devbroker
+from devtools.services import registry as dev_registry
+from kafka_iceberg.batch.pipeline import TableWriter
+from kafka_iceberg.catalog.spark import get_spark
+from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
 _names = itertools.count()
 
@@ -45,7 +46,7 @@ def broker(lake_home):
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    """The stand-in Schema Registry (devtools/registry.py) on a free port, one per test module; its URL."""
+    """The stand-in Schema Registry (devtools/services/registry.py) on a free port, one per test module; its URL."""
     data_dir = tmp_path_factory.mktemp("registry")
     url = dev_registry.start(data_dir, devbroker.free_port())
     yield url

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kafka_iceberg.catalog import load_table, metadata_view
-from kafka_iceberg.spec import TableSpec, parse_table_spec
+from kafka_iceberg.catalog.tables import load_table, metadata_view
+from kafka_iceberg.declaration.spec import TableSpec, parse_table_spec
 
 EVENT_SCHEMA = [
     {"name": "id", "type": "long", "required": True},
@@ -65,7 +65,7 @@ def current_view(catalog, spec: TableSpec):
 
 def data_files_on_disk(settings, spec: TableSpec) -> set[str]:
     """Parquet files under the table's data directory (local warehouse only)."""
-    root = Path(settings.catalog.warehouse[len("file://"):]) / Path(*spec.identifier.split("."))
+    root = Path(settings.catalog.warehouse[len("file://") :]) / Path(*spec.identifier.split("."))
     return {str(p) for p in (root / "data").rglob("*.parquet")}
 
 
@@ -88,13 +88,13 @@ def delete_records(kafka_config, topic: str, partition: int, before_offset: int)
 
 
 def rehearsal_on_own_broker(prefix: str, seed: int):
-    """A ``devtools.rehearsal.Rehearsal`` on a dev broker of its own under a new temporary home
+    """A ``devtools.rehearsal.run.Rehearsal`` on a dev broker of its own under a new temporary home
     (a generator for module-scoped fixtures: yields it, then stops the broker and removes the home)."""
     import shutil
     import tempfile
 
-    from devtools import devbroker
-    from devtools.rehearsal import Lake, Rehearsal
+    from devtools.rehearsal.run import Lake, Rehearsal
+    from devtools.services import devbroker
 
     home = Path(tempfile.mkdtemp(prefix=prefix))
     bootstrap = devbroker.start(home / "kafka", devbroker.free_port())

@@ -30,8 +30,9 @@ class S3Server:
 
     def client(self):
         """A boto3 S3 client for this server (test credentials)."""
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                            region_name=REGION)
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name=REGION
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -50,8 +51,11 @@ def start_s3(log: Path, wait_s: float = 30.0) -> S3Server:
     """
     port = free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     server = S3Server(f"http://127.0.0.1:{port}", proc)
     deadline = time.monotonic() + wait_s
     while True:

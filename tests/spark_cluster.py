@@ -18,8 +18,8 @@ import pyspark
 
 # The dev tooling these deployment tests use, imported in this one place (re-exported):
 from devtools import devpostgres, duck  # noqa: F401
-from devtools.demo_data import produce  # noqa: F401
-from devtools.devbroker import free_port
+from devtools.demo.data import produce  # noqa: F401
+from devtools.services.devbroker import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -56,30 +56,71 @@ class StandaloneCluster:
 
 def _spark_class(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        return subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
-def start_cluster(root: Path, workers: int = 2, cores: int = 1, memory: str = "1g", wait_s: float = 90.0) -> StandaloneCluster:
+def start_cluster(
+    root: Path, workers: int = 2, cores: int = 1, memory: str = "1g", wait_s: float = 90.0
+) -> StandaloneCluster:
     """Start a master and ``workers`` workers (each ``cores`` cores, ``memory`` for executors) under ``root``.
 
     Raises:
         RuntimeError: not every worker registered within ``wait_s`` seconds (logs under ``root``).
     """
     root.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_LOG_DIR": str(root), "SPARK_WORKER_DIR": str(root / "work")}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(root),
+        "SPARK_WORKER_DIR": str(root / "work"),
+    }
     port, ui = free_port(), free_port()
     cluster = StandaloneCluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}")
-    cluster.procs.append(_spark_class(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                                       "--webui-port", str(ui)], root / "master.log", env))
+    cluster.procs.append(
+        _spark_class(
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            root / "master.log",
+            env,
+        )
+    )
     for i in range(workers):
         work = root / f"worker{i}"
         work.mkdir(exist_ok=True)
-        cluster.procs.append(_spark_class(
-            ["org.apache.spark.deploy.worker.Worker", cluster.url, "--host", "127.0.0.1", "--cores", str(cores),
-             "--memory", memory, "--work-dir", str(work), "--webui-port", str(free_port())],
-            root / f"worker{i}.log", env))
+        cluster.procs.append(
+            _spark_class(
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    cluster.url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(cores),
+                    "--memory",
+                    memory,
+                    "--work-dir",
+                    str(work),
+                    "--webui-port",
+                    str(free_port()),
+                ],
+                root / f"worker{i}.log",
+                env,
+            )
+        )
     deadline = time.monotonic() + wait_s
     while cluster.alive_workers() < workers:
         if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):

@@ -20,16 +20,20 @@ from dagster import (
     op,
 )
 
-from kafka_iceberg.alerts import Alert, AlertSink, alert_on_check, asset_url, pick_measure
-from sensors.alerts import alert_on_check as reexported_alert_on_check
-from sensors.alerts import run_failure_alert_sensor
+from kafka_iceberg.ops.alerts import Alert, AlertSink, alert_on_check, asset_url, pick_measure
+from kafka_iceberg.sensors.alerts import alert_on_check as reexported_alert_on_check
+from kafka_iceberg.sensors.alerts import run_failure_alert_sensor
 
 TOKEN = "xoxb-test-token"
 
 
 def _sink(slack, **kw) -> AlertSink:
-    env = {"SLACK_BOT_TOKEN": TOKEN, "SLACK_API_BASE_URL": slack.base_url,
-           "SLACK_CHANNEL": "#lake-test", "DAGSTER_UI_URL": "http://dagster.example:3000/"}
+    env = {
+        "SLACK_BOT_TOKEN": TOKEN,
+        "SLACK_API_BASE_URL": slack.base_url,
+        "SLACK_CHANNEL": "#lake-test",
+        "DAGSTER_UI_URL": "http://dagster.example:3000/",
+    }
     env.update(kw)
     return AlertSink.from_env(env)
 
@@ -47,7 +51,10 @@ def _alert() -> Alert:
 
 
 def test_asset_url():
-    assert asset_url("http://127.0.0.1:3000/", ["lake", "nyc", "flights"]) == "http://127.0.0.1:3000/assets/lake/nyc/flights"
+    assert (
+        asset_url("http://127.0.0.1:3000/", ["lake", "nyc", "flights"])
+        == "http://127.0.0.1:3000/assets/lake/nyc/flights"
+    )
     assert asset_url("http://h:3000", ["kafka", "a b"]) == "http://h:3000/assets/kafka/a%20b"
     with pytest.raises(ValueError):
         asset_url("http://h", [])
@@ -97,10 +104,10 @@ def test_summary_is_escaped_for_slack(slack):
 
 def test_no_token_logs_a_warning_and_posts_nothing(slack, caplog):
     sink = AlertSink.from_env({"SLACK_API_BASE_URL": slack.base_url})
-    with caplog.at_level(logging.WARNING, logger="kafka_iceberg.alerts"):
+    with caplog.at_level(logging.WARNING, logger="kafka_iceberg.ops.alerts"):
         assert sink.send(_alert()) is False
     assert slack.requests == []
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "kafka_iceberg.alerts"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "kafka_iceberg.ops.alerts"]
     assert len(warnings) == 1
     logged = warnings[0].getMessage()
     assert "SLACK_BOT_TOKEN" in logged
@@ -117,11 +124,13 @@ def test_no_token_logs_a_warning_and_posts_nothing(slack, caplog):
 )
 def test_slack_errors_return_false_without_raising(slack, caplog, status, reply, expected_in_log):
     slack.status, slack.reply = status, reply
-    with caplog.at_level(logging.ERROR, logger="kafka_iceberg.alerts"):
+    with caplog.at_level(logging.ERROR, logger="kafka_iceberg.ops.alerts"):
         assert _sink(slack).send(_alert()) is False
     assert len(slack.messages) >= 1  # it did try
     assert "nyc.flights" in slack.messages[0]["text"]
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kafka_iceberg.alerts"]
+    errors = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and r.name == "kafka_iceberg.ops.alerts"
+    ]
     assert any(expected_in_log in m for m in errors), errors
 
 
@@ -129,7 +138,7 @@ def test_timeout_returns_false(slack, caplog):
     slack.delay_s = 5.0
     sink = _sink(slack, SLACK_TIMEOUT_S="0.3")
     start = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="kafka_iceberg.alerts"):
+    with caplog.at_level(logging.ERROR, logger="kafka_iceberg.ops.alerts"):
         assert sink.send(_alert()) is False
     assert time.monotonic() - start < 4.0
     assert slack.messages, "the request reached the server before timing out"
@@ -137,11 +146,11 @@ def test_timeout_returns_false(slack, caplog):
 
 
 def test_unreachable_server_returns_false(caplog):
-    from devtools.devbroker import free_port
+    from devtools.services.devbroker import free_port
 
     port = free_port()  # a port with nothing listening
     sink = AlertSink.from_env({"SLACK_BOT_TOKEN": TOKEN, "SLACK_API_BASE_URL": f"http://127.0.0.1:{port}/api/"})
-    with caplog.at_level(logging.ERROR, logger="kafka_iceberg.alerts"):
+    with caplog.at_level(logging.ERROR, logger="kafka_iceberg.ops.alerts"):
         assert sink.send(_alert()) is False
     assert any("URLError" in r.getMessage() or "Connection" in r.getMessage() for r in caplog.records)
 
@@ -152,17 +161,38 @@ def test_unreachable_server_returns_false(caplog):
 def test_alert_on_check_posts_only_on_failure(slack):
     sink = _sink(slack)
     assert reexported_alert_on_check is alert_on_check
-    assert alert_on_check(True, "nyc.flights", ["lake", "nyc", "flights"], "freshness",
-                          "snapshot_age_s", "1.0 s", "fine", sink=sink) is False
+    assert (
+        alert_on_check(
+            True, "nyc.flights", ["lake", "nyc", "flights"], "freshness", "snapshot_age_s", "1.0 s", "fine", sink=sink
+        )
+        is False
+    )
     assert slack.requests == []
 
-    measure, value = pick_measure("freshness", {
-        "lag_records": 12, "max_snapshot_age_s": 3600.0, "max_valid_through_age_s": None,
-        "snapshot_age_s": 4210.0,
-    })
+    measure, value = pick_measure(
+        "freshness",
+        {
+            "lag_records": 12,
+            "max_snapshot_age_s": 3600.0,
+            "max_valid_through_age_s": None,
+            "snapshot_age_s": 4210.0,
+        },
+    )
     assert (measure, value) == ("snapshot_age_s", "4210.0 s (threshold 3600 s, lag 12 records)")
-    assert alert_on_check(False, "nyc.flights", ("lake", "nyc", "flights"), "freshness", measure, value,
-                          "table nyc.flights is stale", sink=sink, severity="WARN") is True
+    assert (
+        alert_on_check(
+            False,
+            "nyc.flights",
+            ("lake", "nyc", "flights"),
+            "freshness",
+            measure,
+            value,
+            "table nyc.flights is stale",
+            sink=sink,
+            severity="WARN",
+        )
+        is True
+    )
     assert len(slack.messages) == 1
     text = slack.messages[0]["text"]
     assert ":warning: WARN nyc.flights (check freshness)" in text
@@ -175,8 +205,12 @@ def test_alert_on_check_reads_env_when_no_sink_given(slack, monkeypatch):
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
     monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     monkeypatch.setenv("DAGSTER_UI_URL", "http://ui.test")
-    assert alert_on_check(False, "nyc.weather", ["lake", "nyc", "weather"], "duplicate_free",
-                          "duplicate_data_files", 2, "dups") is True
+    assert (
+        alert_on_check(
+            False, "nyc.weather", ["lake", "nyc", "weather"], "duplicate_free", "duplicate_data_files", 2, "dups"
+        )
+        is True
+    )
     text = slack.messages[0]["text"]
     assert "duplicate_data_files = 2" in text and "http://ui.test/assets/lake/nyc/weather" in text
 
@@ -186,14 +220,20 @@ def test_pick_measure():
     assert pick_measure("duplicate_free", dup) == ("overlapping_snapshot_pairs", "1")
     assert pick_measure("duplicate_free", {**dup, "duplicate_offsets": 7}) == ("duplicate_offsets", "7")
     assert pick_measure("freshness", {}) == ("table_exists", "false")
-    fresh = {"lag_records": 0, "max_snapshot_age_s": 60.0, "max_valid_through_age_s": 120.0,
-             "snapshot_age_s": 500.0, "valid_through_age_s": 900.5}
+    fresh = {
+        "lag_records": 0,
+        "max_snapshot_age_s": 60.0,
+        "max_valid_through_age_s": 120.0,
+        "snapshot_age_s": 500.0,
+        "valid_through_age_s": 900.5,
+    }
     # old but caught up: the snapshot rule passes, the valid-through rule fails
     assert pick_measure("freshness", fresh) == ("valid_through_age_s", "900.5 s (threshold 120 s)")
     no_vt = {k: v for k, v in fresh.items() if k != "valid_through_age_s"}
     assert pick_measure("freshness", no_vt) == ("valid_through_age_s", "none (threshold 120 s)")
-    assert pick_measure("freshness", {"lag_records": 5, "max_snapshot_age_s": 60.0,
-                                      "max_valid_through_age_s": None}) == ("ingest_snapshot", "none yet")
+    assert pick_measure(
+        "freshness", {"lag_records": 5, "max_snapshot_age_s": 60.0, "max_valid_through_age_s": None}
+    ) == ("ingest_snapshot", "none yet")
 
 
 # --- run-failure sensor --------------------------------------------------------------------
@@ -204,7 +244,7 @@ def _failure_context(instance, run_id):
     assert run.is_failure
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
     assert len(records) == 1
-    from resources.slack import LakeSlackResource
+    from kafka_iceberg.resources.slack import LakeSlackResource
 
     return build_run_status_sensor_context(
         sensor_name="run_failure_alert_sensor",
@@ -295,10 +335,10 @@ def test_run_failure_sensor_without_token_only_logs(slack, monkeypatch, caplog):
 
     with DagsterInstance.ephemeral() as instance:
         result = quiet_job.execute_in_process(instance=instance, raise_on_error=False)
-        with caplog.at_level(logging.WARNING, logger="kafka_iceberg.alerts"):
+        with caplog.at_level(logging.WARNING, logger="kafka_iceberg.ops.alerts"):
             run_failure_alert_sensor(_failure_context(instance, result.run_id))
     assert slack.requests == []
-    logged = [r.getMessage() for r in caplog.records if r.name == "kafka_iceberg.alerts"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "kafka_iceberg.ops.alerts"]
     assert any("quiet_job" in m and result.run_id in m and "nobody is listening" in m for m in logged)
 
 
@@ -338,8 +378,8 @@ def _loadable_asset():
 def test_slack_resource_is_dagster_slack_with_base_url_timeout_and_token_from_env(slack, monkeypatch):
     from dagster_slack import SlackResource
 
-    from resources import default_resources
-    from resources.slack import LakeSlackResource
+    from kafka_iceberg.resources import default_resources
+    from kafka_iceberg.resources.slack import LakeSlackResource
 
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
     monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
@@ -361,7 +401,7 @@ def test_slack_resource_is_dagster_slack_with_base_url_timeout_and_token_from_en
 
 
 def test_slack_resource_without_token_only_logs(slack, monkeypatch, caplog):
-    from resources.slack import LakeSlackResource
+    from kafka_iceberg.resources.slack import LakeSlackResource
 
     monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
     resolved = LakeSlackResource.from_env({"SLACK_API_BASE_URL": slack.base_url}).process_config_and_initialize()

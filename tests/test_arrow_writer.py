@@ -15,13 +15,15 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_iceberg.batch import files as files_module
-from kafka_iceberg.catalog import load_table
-from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.tables import load_table
 from tests.helpers import BASE_TS_MS, current_view, data_files_on_disk, event, make_spec, referenced_data_files
 
 GOOD = [json.dumps(event(i)).encode() for i in range(40)]
-ONLY_SPARK = [json.dumps(event(100), indent=2).encode(),              # good, but several lines: Spark parses it
-              json.dumps({**event(101), "amount": 5}).encode()[:-1] + b" }"]  # good, unusual spacing
+ONLY_SPARK = [
+    json.dumps(event(100), indent=2).encode(),  # good, but several lines: Spark parses it
+    json.dumps({**event(101), "amount": 5}).encode()[:-1] + b" }",
+]  # good, unusual spacing
 BAD = [b"not json", None, json.dumps({**event(102), "id": None}).encode()]
 
 
@@ -30,8 +32,14 @@ def _produce(kafka_config, topic: str) -> int:
     values = GOOD[:20] + ONLY_SPARK + BAD + GOOD[20:]
     for n, value in enumerate(values):
         headers = [("trace", f"t{n}".encode()), ("empty", None)] if n % 3 == 0 else None
-        producer.produce(topic, key=None if n % 5 == 0 else f"k{n}".encode(), value=value, headers=headers,
-                         partition=n % 2, timestamp=BASE_TS_MS + n)
+        producer.produce(
+            topic,
+            key=None if n % 5 == 0 else f"k{n}".encode(),
+            value=value,
+            headers=headers,
+            partition=n % 2,
+            timestamp=BASE_TS_MS + n,
+        )
     assert producer.flush(30) == 0
     return len(values)
 
@@ -41,33 +49,52 @@ def _rows(spark, settings, identifier: str) -> list:
     return [tuple(r) for r in df.orderBy("_kafka_partition", "_kafka_offset").collect()]
 
 
-def test_arrow_writer_makes_the_table_spark_writer_makes(spark, settings, kafka, kafka_config, catalog, unique,
-                                                          topic_factory):
+def test_arrow_writer_makes_the_table_spark_writer_makes(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=2)
     produced = _produce(kafka_config, topic)
     results = {}
     for writer in ("arrow", "spark"):
         spec = make_spec(f"{unique}_{writer}", topic)
-        results[writer] = (spec, run_micro_batch(spark, dataclasses.replace(settings, writer=writer), spec,
-                                                 commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog))
+        results[writer] = (
+            spec,
+            run_micro_batch(
+                spark,
+                dataclasses.replace(settings, writer=writer),
+                spec,
+                commit_id=str(uuid.uuid4()),
+                kafka=kafka,
+                catalog=catalog,
+            ),
+        )
     (arrow_spec, arrow), (spark_spec, by_spark) = results["arrow"], results["spark"]
     assert arrow.records_read == produced and arrow.quarantined == len(BAD)
     assert arrow.records == len(GOOD) + len(ONLY_SPARK) == by_spark.records
-    assert arrow.quarantine_kinds == by_spark.quarantine_kinds and arrow.quarantined_by_partition == by_spark.quarantined_by_partition
+    assert (
+        arrow.quarantine_kinds == by_spark.quarantine_kinds
+        and arrow.quarantined_by_partition == by_spark.quarantined_by_partition
+    )
 
     rows = _rows(spark, settings, arrow_spec.identifier)
     assert rows == _rows(spark, settings, spark_spec.identifier), "same rows, values and Kafka columns"
     assert {r[0] for r in rows} == set(range(40)) | {100, 101}
-    dlq = [(r["partition"], r["offset"], r["error_kind"]) for r in spark.table(
-        f"{settings.catalog.name}.{arrow_spec.bad_records.dead_letter_identifier}").collect()]
-    assert sorted(dlq) == sorted((r["partition"], r["offset"], r["error_kind"]) for r in spark.table(
-        f"{settings.catalog.name}.{spark_spec.bad_records.dead_letter_identifier}").collect())
+    dlq = [
+        (r["partition"], r["offset"], r["error_kind"])
+        for r in spark.table(f"{settings.catalog.name}.{arrow_spec.bad_records.dead_letter_identifier}").collect()
+    ]
+    assert sorted(dlq) == sorted(
+        (r["partition"], r["offset"], r["error_kind"])
+        for r in spark.table(f"{settings.catalog.name}.{spark_spec.bad_records.dead_letter_identifier}").collect()
+    )
 
     table = load_table(catalog, arrow_spec.identifier)
     snapshot = table.current_snapshot()
     summary = snapshot.summary.additional_properties
     spark_summary = load_table(catalog, spark_spec.identifier).current_snapshot().summary.additional_properties
-    state = {k: v for k, v in summary.items() if k.startswith("kafka.") and k not in ("kafka.commit-id", "kafka.dead-letter")}
+    state = {
+        k: v for k, v in summary.items() if k.startswith("kafka.") and k not in ("kafka.commit-id", "kafka.dead-letter")
+    }
     assert state and state == {k: v for k, v in spark_summary.items() if k in state}
     assert int(summary["added-records"]) == arrow.records
 
@@ -79,8 +106,9 @@ def test_arrow_writer_makes_the_table_spark_writer_makes(spark, settings, kafka,
     assert data_files_on_disk(settings, arrow_spec) == referenced_data_files(spark, settings, arrow_spec)
 
 
-def test_a_failed_commit_deletes_the_files_its_tasks_wrote(spark, settings, kafka, kafka_config, catalog, unique,
-                                                          topic_factory, monkeypatch):
+def test_a_failed_commit_deletes_the_files_its_tasks_wrote(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
+):
     topic = topic_factory(unique, partitions=2)
     _produce(kafka_config, topic)
     spec = make_spec(unique, topic)
@@ -113,9 +141,10 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     identifier, qualified = f"test.pin_{unique}", f"{settings.catalog.name}.test.pin_{unique}"
     spark.sql(f"CREATE TABLE {qualified} (id BIGINT NOT NULL, day DATE) USING iceberg PARTITIONED BY (day)")
     table = load_table(catalog, identifier)
-    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64()),
-                     "day": pa.array([19000, 19000, 19001], pa.int32()).cast(pa.date32())},
-                    schema=pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("day", pa.date32())]))
+    rows = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int64()), "day": pa.array([19000, 19000, 19001], pa.int32()).cast(pa.date32())},
+        schema=pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("day", pa.date32())]),
+    )
     written = files_module.data_files(table.metadata, rows, table.io)
     assert sorted(f.record_count for f in written) == [1, 2]
     assert sorted(f.partition[0] for f in written) == [19000, 19001]
@@ -123,8 +152,9 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH b1")  # an empty table: an empty snapshot
     table = load_table(catalog, identifier)
     b1 = table.metadata.refs["b1"].snapshot_id
-    staged = files_module.stage_publish(table, written, {"test.key": "v"}, branch="b1", branch_base=b1,
-                                        ref="main", ref_base=None)
+    staged = files_module.stage_publish(
+        table, written, {"test.key": "v"}, branch="b1", branch_base=b1, ref="main", ref_base=None
+    )
     first = staged.commit()
     assert sorted(r["id"] for r in spark.table(qualified).collect()) == [1, 2, 3]
     assert set(first.metadata.refs) == {"main"}, "the branch went in the same commit"
@@ -134,24 +164,35 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
 
     spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH b2")  # at main's head
     load_table(catalog, identifier).manage_snapshots().create_branch(  # a retention setting on main
-        staged.snapshot_id, "main", min_snapshots_to_keep=5).commit()
+        staged.snapshot_id, "main", min_snapshots_to_keep=5
+    ).commit()
     table = load_table(catalog, identifier)
     more = files_module.data_files(table.metadata, rows, table.io)
     for wrong in (dict(branch_base=b1, ref_base=staged.snapshot_id), dict(branch_base=staged.snapshot_id, ref_base=b1)):
         with pytest.raises(CommitFailedException):  # either requirement alone refuses it
             files_module.stage_publish(table, more, {}, branch="b2", ref="main", **wrong).commit()
-    again = files_module.stage_publish(table, more, {"test.key": "w"}, branch="b2", branch_base=staged.snapshot_id,
-                                       ref="main", ref_base=staged.snapshot_id).commit()
+    again = files_module.stage_publish(
+        table,
+        more,
+        {"test.key": "w"},
+        branch="b2",
+        branch_base=staged.snapshot_id,
+        ref="main",
+        ref_base=staged.snapshot_id,
+    ).commit()
     # the commit is produced without the table's history, but the catalog keeps all of it
     assert len(again.metadata.snapshots) == 3 and set(again.metadata.refs) == {"main"}
     assert again.current_snapshot().parent_snapshot_id == staged.snapshot_id
     assert again.current_snapshot().summary["total-records"] == "6"
     assert again.metadata.refs["main"].min_snapshots_to_keep == 5, "main keeps its retention, as a fast-forward does"
-    assert "commit.manifest-merge.enabled" not in again.metadata.properties, "Java's default is not written to the table"
+    assert "commit.manifest-merge.enabled" not in again.metadata.properties, (
+        "Java's default is not written to the table"
+    )
 
 
-def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(spark, settings, kafka, kafka_config, catalog,
-                                                                      unique, topic_factory, caplog):
+def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, caplog
+):
     """The arrow commit starts from the metadata ``prepare`` loaded. A snapshot committed in between (here
     to another branch, so ``main`` does not move) makes the catalog refuse that commit; it is made again on a
     fresh load, and the batch publishes exactly once."""
@@ -168,8 +209,9 @@ def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(spark, set
             spark.sql(f"INSERT INTO {table}.branch_side SELECT * FROM {table} LIMIT 1")
 
     caplog.set_level("INFO", logger="kafka_iceberg.batch.publish")
-    second = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog,
-                             crash_hook=commit_elsewhere)
+    second = run_micro_batch(
+        spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog, crash_hook=commit_elsewhere
+    )
     assert "commit on the prepared metadata refused" in caplog.text, "the fallback ran (the check can fail)"
     assert second.committed and second.records == first.records
     offsets = [(r[0], r[1]) for r in spark.sql(f"SELECT _kafka_partition, _kafka_offset FROM {table}").collect()]
@@ -181,13 +223,15 @@ def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(spark, set
 def test_value_columns_from_the_loaded_table_are_those_spark_reports(spark, settings, catalog, unique):
     """The arrow path takes its value columns from the pyiceberg table ``prepare`` loaded, not from a
     Spark table lookup: the same names, Spark SQL types and required flags, Kafka columns left out."""
-    from kafka_iceberg.spec import KAFKA_COLUMNS
-    from kafka_iceberg.transform import iceberg_value_columns, value_columns
+    from kafka_iceberg.declaration.spec import KAFKA_COLUMNS
+    from kafka_iceberg.formats.transform import iceberg_value_columns, value_columns
 
     qualified = f"{settings.catalog.name}.test.cols_{unique}"
     kafka = ", ".join(f"{name} {typ}" for name, typ in KAFKA_COLUMNS.values())
-    spark.sql(f"CREATE TABLE {qualified} (i INT NOT NULL, l BIGINT, d DOUBLE, s STRING, b BOOLEAN, t TIMESTAMP, "
-              f"{kafka}) USING iceberg")
+    spark.sql(
+        f"CREATE TABLE {qualified} (i INT NOT NULL, l BIGINT, d DOUBLE, s STRING, b BOOLEAN, t TIMESTAMP, "
+        f"{kafka}) USING iceberg"
+    )
     from_iceberg = iceberg_value_columns(load_table(catalog, f"test.cols_{unique}").schema())
     assert from_iceberg == value_columns(spark.table(qualified).schema)
     assert [c.name for c in from_iceberg] == ["i", "l", "d", "s", "b", "t"] and from_iceberg[0].required

@@ -10,32 +10,49 @@ from pathlib import Path
 import yaml
 from dagster import Backoff, DagsterInstance, build_sensor_context, materialize
 
-from devtools.demo_data import produce
-from kafka_iceberg.spec import load_table_specs
-from lake_assets.asset_metadata import KAFKA_COLUMN_DOCS, RETRY_POLICY, declaration_line
-from lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset, topic_key
-from resources import default_resources
-from sensors.retention import retention_sensor
+from devtools.demo.data import produce
+from kafka_iceberg.declaration.spec import load_table_specs
+from kafka_iceberg.lake_assets.asset_metadata import KAFKA_COLUMN_DOCS, RETRY_POLICY, declaration_line
+from kafka_iceberg.lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset, topic_key
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.retention import retention_sensor
 from tests.helpers import event_records, spec_dict
 
 
 def _spec(tmp_path: Path, name: str, topic: str, **overrides):
     path = tmp_path / "tables.yaml"
-    path.write_text(yaml.safe_dump({"defaults": {"owners": ["team:platform"], "tags": {"domain": "test"}},
-                                    "tables": [spec_dict("other", "t.other"), spec_dict(name, topic, **overrides)]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "defaults": {"owners": ["team:platform"], "tags": {"domain": "test"}},
+                "tables": [spec_dict("other", "t.other"), spec_dict(name, topic, **overrides)],
+            }
+        )
+    )
     return load_table_specs(path)[1], path
 
 
 def test_table_asset_definition_carries_policies_schema_owners_tags_and_code_references(tmp_path):
-    spec, path = _spec(tmp_path, "meta", "t.meta", tags={"tier": "gold"}, owners=["ana@example.com"],
-                       freshness={"max_snapshot_age": "2h", "max_valid_through_age": "none"})
+    spec, path = _spec(
+        tmp_path,
+        "meta",
+        "t.meta",
+        tags={"tier": "gold"},
+        owners=["ana@example.com"],
+        freshness={"max_snapshot_age": "2h", "max_valid_through_age": "none"},
+    )
     asset_def = table_asset(spec, tables_file=path, catalog_name="lake")
     key = table_key(spec)
     (asset_spec,) = asset_def.specs
     assert asset_spec.owners == ["ana@example.com"]
-    assert {k: v for k, v in asset_spec.tags.items() if not k.startswith("dagster/kind/")} == {"domain": "test", "tier": "gold"}
+    assert {k: v for k, v in asset_spec.tags.items() if not k.startswith("dagster/kind/")} == {
+        "domain": "test",
+        "tier": "gold",
+    }
     policy = asset_spec.freshness_policy
-    assert policy.fail_window.to_timedelta() == timedelta(hours=2) and policy.warn_window.to_timedelta() == timedelta(hours=1)
+    assert policy.fail_window.to_timedelta() == timedelta(hours=2) and policy.warn_window.to_timedelta() == timedelta(
+        hours=1
+    )
     md = asset_def.metadata_by_key[key]
     assert md["dagster/table_name"] == "lake.test.meta"
     columns = {c.name: c for c in md["dagster/column_schema"].schema.columns}
@@ -57,14 +74,26 @@ def test_materialization_updates_the_column_schema_after_evolution_and_topic_is_
 
     topic = topic_factory(unique, partitions=1)
     produce(kafka_config, topic, event_records(range(20)))
-    spec, path = _spec(tmp_path, unique, topic, unknown_fields="evolve",
-                       schema=[{"name": "id", "type": "long", "required": True, "doc": "event id"},
-                               {"name": "event_time", "type": "timestamp", "required": True}])
+    spec, path = _spec(
+        tmp_path,
+        unique,
+        topic,
+        unknown_fields="evolve",
+        schema=[
+            {"name": "id", "type": "long", "required": True, "doc": "event id"},
+            {"name": "event_time", "type": "timestamp", "required": True},
+        ],
+    )
     resources = default_resources(settings)
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(MICRO_BATCHES.name, ["slot-00"])
-    result = materialize([topic_asset(spec), table_asset(spec, tables_file=path)], resources=resources,
-                         instance=instance, selection=[table_key(spec)], partition_key="slot-00")
+    result = materialize(
+        [topic_asset(spec), table_asset(spec, tables_file=path)],
+        resources=resources,
+        instance=instance,
+        selection=[table_key(spec)],
+        partition_key="slot-00",
+    )
     assert result.success
     md = result.get_asset_materialization_events()[0].materialization.metadata
     columns = {c.name: c for c in md["dagster/column_schema"].schema.columns}
@@ -72,8 +101,11 @@ def test_materialization_updates_the_column_schema_after_evolution_and_topic_is_
     assert columns["id"].description == "event id" and columns["name"].constraints.nullable
     assert md["dagster/table_name"].value == f"{settings.catalog.name}.test.{unique}"
 
-    observed = retention_sensor(spec)(build_sensor_context(
-        instance=instance, resources={k: v for k, v in resources.items() if k in ("kafka", "catalog", "slack")}))
+    observed = retention_sensor(spec)(
+        build_sensor_context(
+            instance=instance, resources={k: v for k, v in resources.items() if k in ("kafka", "catalog", "slack")}
+        )
+    )
     (topic_obs,) = [e for e in observed.asset_events if e.asset_key == topic_key(spec)]
     assert topic_obs.metadata["high_watermarks"].value == {"0": 20}
     assert topic_obs.metadata["retention_ms"].value == json.loads(json.dumps(topic_obs.metadata["retention_ms"].value))

@@ -16,7 +16,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter, RunsFilter, build_sensor_context, instance_for_test
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    EventRecordsFilter,
+    RunsFilter,
+    build_sensor_context,
+    instance_for_test,
+)
 from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.remote_origin import InProcessCodeLocationOrigin
 from dagster._core.storage.tags import BACKFILL_ID_TAG
@@ -26,11 +33,11 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from devtools.demo_data import produce
-from kafka_iceberg.catalog import read_state
-from kafka_iceberg.planning import offset_lag
-from kafka_iceberg.pipeline import run_micro_batch
-from lake_assets.backfill import (
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.planning import offset_lag
+from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.lake_assets.backfill import (
     MAX_BACKFILL_BATCHES,
     RING_SLOTS,
     TABLE_TAG,
@@ -39,16 +46,19 @@ from lake_assets.backfill import (
     plan_catch_up,
     ring_slot_keys,
 )
-from lake_assets.tables import MICRO_BATCHES, table_key
-from resources import default_resources
-from sensors.lag import lag_sensor
+from kafka_iceberg.lake_assets.tables import MICRO_BATCHES, table_key
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.lag import lag_sensor
 from tests.helpers import event_records, make_spec, spec_dict, table_rows
 
 LOCATION = Path(__file__).with_name("backfill_location.py")
 SYNC_INSTANCE = {
     # runs start when submitted, and execute in this process before submit_run returns
     "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
-    "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+    "run_launcher": {
+        "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+        "class": "SyncInMemoryRunLauncher",
+    },
 }
 
 
@@ -94,7 +104,7 @@ def test_next_micro_batch_supersedes_a_failed_one_in_dagster(unique):
     from dagster import asset, materialize
     from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 
-    from lake_assets.backfill import next_slots
+    from kafka_iceberg.lake_assets.backfill import next_slots
 
     spec = make_spec(unique, "t.ring")
     fail = {"now": False}
@@ -165,12 +175,16 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
     assert sum(lag.values()) == 700 and expected_batches >= 4
 
     origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(python_file=str(LOCATION), attribute="defs", working_directory=str(LOCATION.parent.parent)),
+        LoadableTargetOrigin(
+            python_file=str(LOCATION), attribute="defs", working_directory=str(LOCATION.parent.parent)
+        ),
         location_name="backfill_test",
     )
     logger = logging.getLogger("test_backfill")
-    with instance_for_test(overrides=SYNC_INSTANCE) as instance, \
-            create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget([origin]), instance) as workspace:
+    with (
+        instance_for_test(overrides=SYNC_INSTANCE) as instance,
+        create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget([origin]), instance) as workspace,
+    ):
         # 1. one sensor tick through the sensor daemon: one backfill, no single run
         list(execute_sensor_iteration(workspace, logger, None, None))
         (backfill,) = instance.get_backfills()
@@ -209,7 +223,8 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
         assert all(r.tags[TABLE_TAG] == spec.identifier for r in runs)
         run_slots = sorted(r.tags["dagster/asset_partition_range_start"] for r in runs)
         assert run_slots == slots and all(
-            r.tags["dagster/asset_partition_range_start"] == r.tags["dagster/asset_partition_range_end"] for r in runs)
+            r.tags["dagster/asset_partition_range_start"] == r.tags["dagster/asset_partition_range_end"] for r in runs
+        )
         materializations = instance.fetch_materializations(key, limit=100, ascending=True).records
         assert sorted(_slot_of(m) for m in materializations) == slots, "one materialization per slot"
         assert len({m.run_id for m in materializations}) == expected_batches, "one run per slot"
@@ -221,7 +236,9 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
             md = m.asset_materialization.metadata
             for p, r in md["offset_ranges"].value.items():
                 assert r["end"] - r["start"] <= 100
-                assert r["start"] == ends[int(p)], f"partition {p}: starts at {r['start']}, previous ended at {ends[int(p)]}"
+                assert r["start"] == ends[int(p)], (
+                    f"partition {p}: starts at {r['start']}, previous ended at {ends[int(p)]}"
+                )
                 ends[int(p)] = r["end"]
         assert md["lag_after_commit"].value == 0
         assert sum(m.asset_materialization.metadata["records"].value for m in materializations) == 700
@@ -251,7 +268,10 @@ def test_command_line_submits_one_backfill_per_backlog_and_refuses_a_second(
     import yaml
     from dagster import DagsterInstance
 
-    from lake_assets.backfill import main
+    from kafka_iceberg.lake_assets.cli import main as lake
+
+    def main(argv):
+        return lake(["backfill", *argv])
 
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(500)))

@@ -12,11 +12,11 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from devtools.demo_data import produce
-from kafka_iceberg.catalog import load_table, metadata_view
-from kafka_iceberg.checks import duplicate_free, quarantine
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.errors import CatalogUnavailableError
-from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.ops.checks import duplicate_free, quarantine
 from kafka_iceberg.state import KEY_QUARANTINED, KEY_READ, KEY_RECORDS, KEY_SCHEMA_CHANGES, dead_letter_ref, int_map
 from tests.helpers import BASE_TS_MS, current_view, event, event_records, make_spec, spec_dict, table_rows
 
@@ -169,9 +169,15 @@ def test_new_fields_evolve_the_schema_and_type_changes_are_blocked(
     produce(kafka_config, topic, [(str(e["id"]).encode(), json.dumps(e).encode(), BASE_TS_MS) for e in extra])
     result = run(spark, settings, spec, kafka, catalog)
     assert {(c["column"], c["type"]) for c in result.schema_changes} == {
-        ("color", "string"), ("score", "bigint"), ("ratio", "double"), ("vip", "boolean")}
-    fields = {f.name: (f.dataType.simpleString(), f.nullable)
-              for f in spark.table(f"{settings.catalog.name}.{spec.identifier}").schema.fields}
+        ("color", "string"),
+        ("score", "bigint"),
+        ("ratio", "double"),
+        ("vip", "boolean"),
+    }
+    fields = {
+        f.name: (f.dataType.simpleString(), f.nullable)
+        for f in spark.table(f"{settings.catalog.name}.{spec.identifier}").schema.fields
+    }
     assert fields["score"] == ("bigint", True) and fields["ratio"] == ("double", True)
     assert "meta" not in fields
     rows = {r["id"]: r for r in table_rows(spark, settings, spec)}
@@ -224,8 +230,11 @@ def test_a_locked_sqlite_catalog_is_retried_with_backoff_then_fails_clearly(
     produce(kafka_config, topic, event_records(range(40, 80)))
     patient = dataclasses.replace(settings, catalog_retry_s=budget_s)
     locked = threading.Event()
-    holder = threading.Thread(target=_hold_catalog_lock,
-                              args=(settings.catalog.sqlalchemy_uri[len("sqlite:///"):], hold_s, locked), daemon=True)
+    holder = threading.Thread(
+        target=_hold_catalog_lock,
+        args=(settings.catalog.sqlalchemy_uri[len("sqlite:///") :], hold_s, locked),
+        daemon=True,
+    )
     holder.start()
     assert locked.wait(10)
     t0 = time.monotonic()
@@ -246,7 +255,7 @@ def test_a_locked_sqlite_catalog_is_retried_with_backoff_then_fails_clearly(
 
 
 def test_a_retry_inside_a_retry_does_not_wait_a_second_budget():
-    from kafka_iceberg.catalog import with_catalog_retry
+    from kafka_iceberg.catalog.tables import with_catalog_retry
 
     calls = []
 

@@ -16,23 +16,35 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from devtools import duck
-from kafka_iceberg import cdc, upsert
-from kafka_iceberg.cdc import DELETE, PROBLEM, Column
-from kafka_iceberg.catalog import load_table
-from kafka_iceberg.reader import RAW_SCHEMA_DDL
+from kafka_iceberg.catalog.tables import load_table
+from kafka_iceberg.cdc import changes as cdc
+from kafka_iceberg.cdc import upsert
+from kafka_iceberg.cdc.changes import DELETE, PROBLEM, Column
+from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL
 
-COLUMNS = [Column("tailnum", "string", True), Column("year", "int"), Column("manufacturer", "string"),
-           Column("seats", "int"), Column("speed", "double")]
+COLUMNS = [
+    Column("tailnum", "string", True),
+    Column("year", "int"),
+    Column("manufacturer", "string"),
+    Column("seats", "int"),
+    Column("speed", "double"),
+]
 KEY = ["tailnum"]
 OFFSETS_KEY = "kafka.offsets"
 
 
 # ---------------------------------------------------------------- helpers
 
+
 def envelope(op: str, before: dict | None, after: dict | None, lsn: int | None, schemas: bool = False) -> bytes:
     """A Debezium change event as JsonConverter writes it (``schemas``: wrapped in schema/payload)."""
-    payload = {"before": before, "after": after, "op": op, "ts_ms": 1,
-               "source": {"connector": "postgresql", "schema": "public", "table": "planes", "lsn": lsn}}
+    payload = {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": 1,
+        "source": {"connector": "postgresql", "schema": "public", "table": "planes", "lsn": lsn},
+    }
     if schemas:
         payload = {"schema": {"type": "struct", "name": "lake_cdc.public.planes.Envelope"}, "payload": payload}
     return json.dumps(payload).encode()
@@ -62,8 +74,10 @@ def apply_batch(spark, fqn: str, raw, cdc_mode: str = "debezium", name: str = "b
     carrying the offsets, fast-forward main to it, drop the branch."""
     parsed = cdc.parse_changes(raw, COLUMNS, KEY, cdc_mode).cache()
     counts = cdc.change_counts(parsed)
-    ends = {r["partition"]: r["end"] for r in parsed.groupBy("partition").agg({"offset": "max"})
-            .withColumnRenamed("max(offset)", "end").collect()}
+    ends = {
+        r["partition"]: r["end"]
+        for r in parsed.groupBy("partition").agg({"offset": "max"}).withColumnRenamed("max(offset)", "end").collect()
+    }
     changes = cdc.reduce_changes(parsed, COLUMNS, KEY, fqn).cache()
     upserted = changes.where(f"NOT {DELETE}").count()
     main = upsert.branch_head(spark, fqn, "main")
@@ -89,6 +103,7 @@ def snapshot_summary(spark, fqn: str, sid: int) -> dict:
 
 # ---------------------------------------------------------------- fast tests
 
+
 @pytest.mark.parametrize("schemas", [False, True])
 def test_debezium_changes_insert_update_delete_and_bad_envelopes(spark, settings, unique, schemas):
     fqn = make_table(spark, settings, f"planes_{unique}")
@@ -108,9 +123,19 @@ def test_debezium_changes_insert_update_delete_and_bad_envelopes(spark, settings
         (0, 11, k("N8"), envelope("c", None, {**plane("N8", 3), "year": None, "tailnum": None}, 95, schemas)),
     ]
     raw = raw_df(spark, batch)
-    problems = {r["offset"]: r[PROBLEM]["kind"] for r in cdc.parse_changes(raw, COLUMNS, KEY, "debezium").collect()
-                if r[PROBLEM] is not None}
-    assert problems == {6: "unknown_op", 7: "missing_key", 8: "schema", 9: "malformed", 10: "unknown_field", 11: "missing_key"}
+    problems = {
+        r["offset"]: r[PROBLEM]["kind"]
+        for r in cdc.parse_changes(raw, COLUMNS, KEY, "debezium").collect()
+        if r[PROBLEM] is not None
+    }
+    assert problems == {
+        6: "unknown_op",
+        7: "missing_key",
+        8: "schema",
+        9: "malformed",
+        10: "unknown_field",
+        11: "missing_key",
+    }
     sid, counts = apply_batch(spark, fqn, raw)
     assert counts == {"read": 12, "upserts": 4, "deletes": 1, "skipped": 1, "bad": 6}
     assert rows(spark, fqn) == {"N1": (2000, 101, None), "N3": (2000, 7, 1.5)}
@@ -127,10 +152,12 @@ def test_many_changes_per_key_within_and_across_batches_and_delete_then_reinsert
     fqn = make_table(spark, settings, f"planes_{unique}")
     k = lambda t: json.dumps({"tailnum": t}).encode()  # noqa: E731
     first = [(0, i, k("N1"), envelope("c" if i == 0 else "u", None, plane("N1", i), 100 + i)) for i in range(20)]
-    first += [(1, 0, k("N2"), envelope("c", None, plane("N2", 1), 90)),
-              (1, 1, k("N2"), envelope("d", {"tailnum": "N2"}, None, 130)),
-              (1, 2, k("N2"), None),
-              (1, 3, k("N2"), envelope("c", None, plane("N2", 2), 140))]  # delete then re-insert
+    first += [
+        (1, 0, k("N2"), envelope("c", None, plane("N2", 1), 90)),
+        (1, 1, k("N2"), envelope("d", {"tailnum": "N2"}, None, 130)),
+        (1, 2, k("N2"), None),
+        (1, 3, k("N2"), envelope("c", None, plane("N2", 2), 140)),
+    ]  # delete then re-insert
     apply_batch(spark, fqn, raw_df(spark, first), name="b1")
     assert rows(spark, fqn) == {"N1": (2000, 19, None), "N2": (2000, 2, None)}
     second = [(0, 20 + i, k("N1"), envelope("u", None, plane("N1", 1000 + i), 200 + i)) for i in range(5)]
@@ -146,14 +173,16 @@ def test_many_changes_per_key_within_and_across_batches_and_delete_then_reinsert
     assert json.loads(summary[OFFSETS_KEY]) == {"0": 25, "1": 6}
     # pyiceberg (which cannot read equality deletes) and DuckDB read the same table
     table = load_table(cdc_catalog(settings), fqn.split(".", 1)[1])
-    assert table.scan().to_arrow().to_pylist() == [{"tailnum": "N1", "year": 2000, "manufacturer": "BOEING",
-                                                    "seats": 1004, "speed": None}]
+    assert table.scan().to_arrow().to_pylist() == [
+        {"tailnum": "N1", "year": 2000, "manufacturer": "BOEING", "seats": 1004, "speed": None}
+    ]
     assert duck.count_rows(table.metadata_location) == 1
     assert table.current_snapshot().summary.additional_properties[OFFSETS_KEY] == summary[OFFSETS_KEY]
 
 
 def cdc_catalog(settings):
-    from kafka_iceberg.catalog import load_catalog
+    from kafka_iceberg.catalog.tables import load_catalog
+
     return load_catalog(settings.catalog)
 
 
@@ -161,8 +190,11 @@ def test_source_position_orders_a_key_across_partitions(spark, settings, unique)
     fqn = make_table(spark, settings, f"planes_{unique}")
     key = b'{"tailnum":"N1"}'
     # the newest change (lsn 300) sits at a lower partition and offset than an older one (lsn 200)
-    batch = [(0, 0, key, envelope("c", None, plane("N1", 1), 100)), (0, 1, key, envelope("u", None, plane("N1", 3), 300)),
-             (1, 5, key, envelope("u", None, plane("N1", 2), 200))]
+    batch = [
+        (0, 0, key, envelope("c", None, plane("N1", 1), 100)),
+        (0, 1, key, envelope("u", None, plane("N1", 3), 300)),
+        (1, 5, key, envelope("u", None, plane("N1", 2), 200)),
+    ]
     apply_batch(spark, fqn, raw_df(spark, batch))
     assert rows(spark, fqn) == {"N1": (2000, 3, None)}
 
@@ -170,9 +202,16 @@ def test_source_position_orders_a_key_across_partitions(spark, settings, unique)
 def test_plain_upserts_keyed_by_kafka_key_with_tombstone_deletes(spark, settings, unique):
     fqn = make_table(spark, settings, f"planes_{unique}")
     value = lambda seats: json.dumps({"year": 1990, "manufacturer": "AIRBUS", "seats": seats, "speed": 2.5}).encode()  # noqa: E731
-    batch = [(0, 0, b"N1", value(1)), (0, 1, b'{"tailnum":"N2"}', value(2)), (0, 2, b"N1", value(3)),
-             (0, 3, b"N2", None), (0, 4, b"N3", value(4)), (0, 5, b"N3", None), (0, 6, b"N3", value(5)),
-             (0, 7, None, value(6))]
+    batch = [
+        (0, 0, b"N1", value(1)),
+        (0, 1, b'{"tailnum":"N2"}', value(2)),
+        (0, 2, b"N1", value(3)),
+        (0, 3, b"N2", None),
+        (0, 4, b"N3", value(4)),
+        (0, 5, b"N3", None),
+        (0, 6, b"N3", value(5)),
+        (0, 7, None, value(6)),
+    ]
     raw = raw_df(spark, batch)
     sid, counts = apply_batch(spark, fqn, raw, cdc_mode="none")
     assert counts == {"read": 8, "upserts": 5, "deletes": 2, "skipped": 0, "bad": 1}
@@ -186,7 +225,9 @@ def test_plain_upserts_keyed_by_kafka_key_with_tombstone_deletes(spark, settings
 
 def test_batch_of_only_tombstones_still_records_offsets(spark, settings, unique):
     fqn = make_table(spark, settings, f"planes_{unique}")
-    apply_batch(spark, fqn, raw_df(spark, [(0, 0, b'{"tailnum":"N1"}', envelope("c", None, plane("N1", 1), 1))]), name="b1")
+    apply_batch(
+        spark, fqn, raw_df(spark, [(0, 0, b'{"tailnum":"N1"}', envelope("c", None, plane("N1", 1), 1))]), name="b1"
+    )
     sid, counts = apply_batch(spark, fqn, raw_df(spark, [(0, 1, b'{"tailnum":"N9"}', None)]), name="b2")
     assert counts == {"read": 1, "upserts": 0, "deletes": 0, "skipped": 1, "bad": 0}
     assert json.loads(snapshot_summary(spark, fqn, sid)[OFFSETS_KEY]) == {"0": 2}
@@ -196,7 +237,9 @@ def test_batch_of_only_tombstones_still_records_offsets(spark, settings, unique)
 
 def test_merge_into_branch_leaves_main_alone_and_a_rerun_converges(spark, settings, unique):
     fqn = make_table(spark, settings, f"planes_{unique}")
-    apply_batch(spark, fqn, raw_df(spark, [(0, 0, b'{"tailnum":"N1"}', envelope("c", None, plane("N1", 1), 1))]), name="b1")
+    apply_batch(
+        spark, fqn, raw_df(spark, [(0, 0, b'{"tailnum":"N1"}', envelope("c", None, plane("N1", 1), 1))]), name="b1"
+    )
     main = upsert.branch_head(spark, fqn, "main")
     spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `b2` AS OF VERSION {main}")
     raw = raw_df(spark, [(0, 1, b'{"tailnum":"N1"}', envelope("u", None, plane("N1", 2), 2))])
@@ -229,14 +272,22 @@ def test_prepare_table_refuses_a_nullable_key(spark, settings, unique):
 
 # ---------------------------------------------------------------- real Debezium + real PostgreSQL
 
-PLANE_COLUMNS = [Column("tailnum", "string", True), Column("year", "int"), Column("manufacturer", "string"),
-                 Column("model", "string"), Column("engines", "int"), Column("seats", "int"), Column("speed", "double"),
-                 Column("updated_at", "timestamp", True), Column("registered", "date")]
+PLANE_COLUMNS = [
+    Column("tailnum", "string", True),
+    Column("year", "int"),
+    Column("manufacturer", "string"),
+    Column("model", "string"),
+    Column("engines", "int"),
+    Column("seats", "int"),
+    Column("speed", "double"),
+    Column("updated_at", "timestamp", True),
+    Column("registered", "date"),
+]
 
 
 @pytest.fixture(scope="module")
 def source_db():
-    from devtools import cdc_source
+    from devtools.services import cdc_source
 
     db = cdc_source.start_database()
     yield db
@@ -280,7 +331,8 @@ def wait_for_key(bootstrap: str, topic: str, key: str, timeout_s: float = 120) -
 def compare_with_postgres(settings, db, fqn: str) -> tuple[int, int, int]:
     """(rows in PostgreSQL, rows only in Iceberg, rows only in PostgreSQL), EXCEPT ALL both ways in DuckDB."""
     import pandas as pd
-    from devtools import cdc_source
+
+    from devtools.services import cdc_source
 
     names = [c.name for c in PLANE_COLUMNS]
     pg = pd.DataFrame(cdc_source.table_rows(db, "planes", names), columns=names, dtype=object)
@@ -292,8 +344,10 @@ def compare_with_postgres(settings, db, fqn: str) -> tuple[int, int, int]:
     # the timestamp as an instant: PostgreSQL's wall clock is UTC to Debezium; Iceberg's is timestamptz
     con.execute("CREATE OR REPLACE TABLE pg AS SELECT * REPLACE (epoch_ms(updated_at) AS updated_at) FROM pg")
     table = load_table(cdc_catalog(settings), fqn.split(".", 1)[1])
-    ice = (f"(SELECT * REPLACE (epoch_ms(updated_at) AS updated_at) FROM "
-           f"(SELECT {', '.join(names)} FROM {duck.scan_sql(table.metadata_location)}))")
+    ice = (
+        f"(SELECT * REPLACE (epoch_ms(updated_at) AS updated_at) FROM "
+        f"(SELECT {', '.join(names)} FROM {duck.scan_sql(table.metadata_location)}))"
+    )
     only_ice = con.execute(f"SELECT count(*) FROM ({ice} EXCEPT ALL SELECT * FROM pg)").fetchone()[0]
     only_pg = con.execute(f"SELECT count(*) FROM (SELECT * FROM pg EXCEPT ALL {ice})").fetchone()[0]
     return len(pg), only_ice, only_pg
@@ -314,10 +368,11 @@ def drain(writer, run: str) -> list:
 
 @pytest.mark.cdc
 @pytest.mark.parametrize("schemas", [False, True])
-def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kafka_config, tmp_path, source_db, unique,
-                                                    writer_factory, schemas):
-    from devtools import cdc_source
-    from devtools.demo_data import create_topic
+def test_debezium_capturing_postgres_equals_iceberg(
+    spark, settings, broker, kafka_config, tmp_path, source_db, unique, writer_factory, schemas
+):
+    from devtools.demo.data import create_topic
+    from devtools.services import cdc_source
     from tests.helpers import make_spec
 
     db, topic, slot = source_db, f"cdc.{unique}", f"slot_{unique}"
@@ -325,11 +380,21 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
     keys = cdc_source.load_planes(db, 300)  # captured by Debezium's initial snapshot (op r)
     create_topic(kafka_config, topic, 2)
     schema = [{"name": c.name, "type": c.type, "required": c.required} for c in PLANE_COLUMNS]
-    spec = make_spec(f"planes_{unique}", topic, schema=schema, partition_by=[], mode="upsert", key=KEY, cdc="debezium",
-                     max_records_per_partition=150)  # several micro-batches: a key's changes span them
+    spec = make_spec(
+        f"planes_{unique}",
+        topic,
+        schema=schema,
+        partition_by=[],
+        mode="upsert",
+        key=KEY,
+        cdc="debezium",
+        max_records_per_partition=150,
+    )  # several micro-batches: a key's changes span them
     writer = writer_factory(spec)
     fqn = f"{settings.catalog.name}.{spec.identifier}"
-    capture = cdc_source.start_capture(db, broker, topic, ["public.planes"], tmp_path / "dbz", slot=slot, schemas=schemas)
+    capture = cdc_source.start_capture(
+        db, broker, topic, ["public.planes"], tmp_path / "dbz", slot=slot, schemas=schemas
+    )
     try:
         cdc_source.planes_workload(db, keys, rounds=2, seed=1)
         cdc_source.run_sql(db, "INSERT INTO planes (tailnum, seats) VALUES ('END1', 1)")
@@ -341,7 +406,9 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
         cdc_source.planes_workload(db, keys, rounds=1, seed=2)
         capture.stop(kill=True)
         cdc_source.planes_workload(db, keys, rounds=1, seed=3)
-        capture = cdc_source.start_capture(db, broker, topic, ["public.planes"], tmp_path / "dbz", slot=slot, schemas=schemas)
+        capture = cdc_source.start_capture(
+            db, broker, topic, ["public.planes"], tmp_path / "dbz", slot=slot, schemas=schemas
+        )
         cdc_source.run_sql(db, "INSERT INTO planes (tailnum, seats) VALUES ('END2', 2)")
         wait_for_key(broker, topic, "END2")
         assert compare_with_postgres(settings, db, fqn)[1:] != (0, 0)  # the comparison sees unapplied changes
@@ -358,19 +425,27 @@ def test_debezium_capturing_postgres_equals_iceberg(spark, settings, broker, kaf
 
 def test_upsert_declaration_is_validated():
     assert cdc.upsert_spec("table t", "append", None, None, COLUMNS) is None
-    assert cdc.upsert_spec("table t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(("tailnum",), "debezium")
-    for mode, key, kind, match in [("merge", None, None, "not append or upsert"), ("append", ["tailnum"], None, "need mode: upsert"),
-                                   ("upsert", ["tailnum"], "maxwell", "needs cdc"), ("upsert", [], "none", "needs 'key'"),
-                                   ("upsert", ["seats"], "none", r"not: \['seats'\]")]:
+    assert cdc.upsert_spec("table t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(
+        ("tailnum",), "debezium"
+    )
+    for mode, key, kind, match in [
+        ("merge", None, None, "not append or upsert"),
+        ("append", ["tailnum"], None, "need mode: upsert"),
+        ("upsert", ["tailnum"], "maxwell", "needs cdc"),
+        ("upsert", [], "none", "needs 'key'"),
+        ("upsert", ["seats"], "none", r"not: \['seats'\]"),
+    ]:
         with pytest.raises(upsert.ConfigError, match=match):
             cdc.upsert_spec("table t", mode, key, kind, COLUMNS)
 
 
 def test_temporal_columns_from_debezium_connect_precision(spark):
     columns = [Column("tailnum", "string", True), Column("seen", "timestamp"), Column("built", "date")]
-    rows_in = [{"tailnum": "N1", "seen": 1_700_000_000_123, "built": 19_000},  # ms / days since epoch
-               {"tailnum": "N2", "seen": "2023-11-14T22:13:20.123Z", "built": "2022-01-08"},  # ISO text
-               {"tailnum": "N3", "seen": "yesterday", "built": 1}]
+    rows_in = [
+        {"tailnum": "N1", "seen": 1_700_000_000_123, "built": 19_000},  # ms / days since epoch
+        {"tailnum": "N2", "seen": "2023-11-14T22:13:20.123Z", "built": "2022-01-08"},  # ISO text
+        {"tailnum": "N3", "seen": "yesterday", "built": 1},
+    ]
     raw = raw_df(spark, [(0, i, None, envelope("c", None, r, i)) for i, r in enumerate(rows_in)])
     out = cdc.parse_changes(raw, columns, KEY, "debezium").select("_r.*", PROBLEM).orderBy("tailnum").collect()
     assert [(r["seen"].timestamp(), str(r["built"])) for r in out[:2]] == [(1_700_000_000.123, "2022-01-08")] * 2

@@ -1,10 +1,11 @@
-"""The CDC table of ``make demo`` (devtools/cdc_demo.py): a clear error without PostgreSQL."""
+"""The CDC table of ``make demo`` (devtools/demo/cdc.py): a clear error without PostgreSQL."""
 
 from pathlib import Path
 
 import pytest
 
-from devtools import cdc_demo, devpostgres
+from devtools.demo import cdc as cdc_demo
+from devtools.services import devpostgres
 from kafka_iceberg.errors import CatalogUnavailableError
 
 

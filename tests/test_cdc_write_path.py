@@ -8,9 +8,9 @@ import json
 import pytest
 from confluent_kafka import Producer
 
-from kafka_iceberg.catalog import read_state
-from kafka_iceberg.checks import duplicate_free
+from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.ops.checks import duplicate_free
 from tests.helpers import make_spec
 
 
@@ -26,16 +26,35 @@ def event(i: int, amount: float) -> bytes:
 
 
 def upsert_spec(name: str, topic: str, **overrides):
-    return make_spec(name, topic, mode="upsert", key=["id"], cdc="none", partition_by=[],
-                     bad_records={"policy": "quarantine", "max_quarantine_rate": 1.0}, **overrides)
+    return make_spec(
+        name,
+        topic,
+        mode="upsert",
+        key=["id"],
+        cdc="none",
+        partition_by=[],
+        bad_records={"policy": "quarantine", "max_quarantine_rate": 1.0},
+        **overrides,
+    )
 
 
-def test_plain_upserts_through_the_write_path(spark, settings, catalog, kafka_config, topic_factory, writer_factory, unique):
+def test_plain_upserts_through_the_write_path(
+    spark, settings, catalog, kafka_config, topic_factory, writer_factory, unique
+):
     topic = topic_factory(unique, partitions=2)
     spec = upsert_spec(unique, topic)
     writer = writer_factory(spec)
-    produce(kafka_config, topic, [(b"1", event(1, 1.0)), (b"2", event(2, 2.0)), (b"1", event(1, 1.5)),
-                                  (b"3", event(3, 3.0)), (None, event(9, 9.0))])
+    produce(
+        kafka_config,
+        topic,
+        [
+            (b"1", event(1, 1.0)),
+            (b"2", event(2, 2.0)),
+            (b"1", event(1, 1.5)),
+            (b"3", event(3, 3.0)),
+            (None, event(9, 9.0)),
+        ],
+    )
     produce(kafka_config, topic, [(b"4", event(4, 4.0))], partition=1)
     first = writer.execute(writer.plan(), "run-1")
     assert first.committed and first.quarantined == 1
@@ -58,7 +77,11 @@ def test_plain_upserts_through_the_write_path(spark, settings, catalog, kafka_co
     assert {r["id"]: r["_kafka_offset"] for r in spark.table(table).collect()} == {1: 2, 2: 6, 4: 0}
     spark.sql(f"INSERT INTO {table} SELECT * FROM {table} WHERE id = 4")  # a second row for key 4
     outcome = duplicate_free(spark, table, spec, writer.view())
-    assert not outcome.passed and outcome.figures["duplicate_keys"] == 1 and "keys (id) in more than one row" in outcome.summary
+    assert (
+        not outcome.passed
+        and outcome.figures["duplicate_keys"] == 1
+        and "keys (id) in more than one row" in outcome.summary
+    )
 
 
 def test_upsert_declaration_errors():

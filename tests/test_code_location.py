@@ -19,10 +19,10 @@ from dagster import build_sensor_context
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster._serdes import serialize_value
 
-from devtools.devbroker import free_port
+from devtools.services.devbroker import free_port
+from kafka_iceberg.config.settings import CHECKOUT, load_settings
+from kafka_iceberg.declaration.spec import load_table_specs
 from kafka_iceberg.errors import CatalogUnavailableError
-from kafka_iceberg.settings import CHECKOUT, load_settings
-from kafka_iceberg.spec import load_table_specs
 from tests.helpers import make_spec
 
 KAFKA_SECRET = "kafka-s3cret-pw"
@@ -36,8 +36,14 @@ def unreachable_env(tmp_path, monkeypatch) -> dict[str, str]:
         "LAKE_HOME": str(tmp_path / "lake"),
         "DAGSTER_HOME": str(tmp_path / "dagster"),
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
-        "KAFKA_CLIENT_CONFIG": json.dumps({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                           "sasl.username": "lake", "sasl.password": KAFKA_SECRET}),
+        "KAFKA_CLIENT_CONFIG": json.dumps(
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN",
+                "sasl.username": "lake",
+                "sasl.password": KAFKA_SECRET,
+            }
+        ),
         "LAKE_CATALOG_URI": f"postgresql://lake:{DB_SECRET}@127.0.0.1:{free_port()}/lake",
         "LAKE_CATALOG_RETRY_S": "600",
         "LAKE_KAFKA_TIMEOUT_S": "2",
@@ -51,14 +57,18 @@ def unreachable_env(tmp_path, monkeypatch) -> dict[str, str]:
 def test_code_location_loads_with_catalog_and_broker_down(unreachable_env):
     out = subprocess.run(
         [str(Path(sys.executable).with_name("dagster")), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=CHECKOUT, env={**os.environ, **unreachable_env}, capture_output=True, text=True, timeout=300,
+        cwd=CHECKOUT,
+        env={**os.environ, **unreachable_env},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Validation successful for code location lake_assets.definitions" in out.stdout + out.stderr
+    assert "Validation successful for code location kafka_iceberg.lake_assets.definitions" in out.stdout + out.stderr
 
 
 def test_the_ui_snapshot_holds_no_secret(unreachable_env):
-    from lake_assets.definitions import build_definitions
+    from kafka_iceberg.lake_assets.definitions import build_definitions
 
     settings = load_settings()
     defs = build_definitions(settings, load_table_specs(settings.tables_file))
@@ -69,8 +79,8 @@ def test_the_ui_snapshot_holds_no_secret(unreachable_env):
 
 
 def test_lag_sensor_reports_the_catalog_outage(unreachable_env):
-    from resources import default_resources
-    from sensors.lag import lag_sensor
+    from kafka_iceberg.resources import default_resources
+    from kafka_iceberg.sensors.lag import lag_sensor
 
     resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("kafka", "catalog", "slack")}
     sensor = lag_sensor(make_spec("outage", "outage.topic"))
@@ -87,16 +97,26 @@ def test_catalog_properties_reach_runs_and_their_credentials_stay_hidden(tmp_pat
     credentials included, for pyiceberg and for its Spark session."""
     from dagster import build_resources
 
-    from kafka_iceberg.catalog import catalog_conf
-    from lake_assets.definitions import build_definitions
-    from resources import default_resources
+    from kafka_iceberg.catalog.spark import catalog_conf
+    from kafka_iceberg.lake_assets.definitions import build_definitions
+    from kafka_iceberg.resources import default_resources
 
-    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": "s3://lake-bucket/warehouse",
-             "s3.endpoint": f"http://127.0.0.1:{free_port()}", "s3.region": "us-east-1", "s3.path-style-access": "true"}
-    env = {"LAKE_HOME": str(tmp_path / "lake"), "DAGSTER_HOME": str(tmp_path / "dagster"),
-           "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}", "LAKE_CATALOG_PROPERTIES": json.dumps(props),
-           "PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID": "lake-key",
-           "PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY": S3_SECRET}
+    props = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": "s3://lake-bucket/warehouse",
+        "s3.endpoint": f"http://127.0.0.1:{free_port()}",
+        "s3.region": "us-east-1",
+        "s3.path-style-access": "true",
+    }
+    env = {
+        "LAKE_HOME": str(tmp_path / "lake"),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "LAKE_CATALOG_PROPERTIES": json.dumps(props),
+        "PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID": "lake-key",
+        "PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY": S3_SECRET,
+    }
     monkeypatch.delenv("LAKE_CATALOG_URI", raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)

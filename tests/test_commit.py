@@ -33,7 +33,9 @@ def table(tmp_path: Path):
     schema = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "s", StringType(), required=False))
     t = catalog.create_table("db.t", schema)
     for i in range(3):
-        t.append(pa.table({"id": pa.array([i], pa.int64()), "s": [f"r{i}"]}), snapshot_properties={"kafka.records": "1"})
+        t.append(
+            pa.table({"id": pa.array([i], pa.int64()), "s": [f"r{i}"]}), snapshot_properties={"kafka.records": "1"}
+        )
     return catalog.load_table("db.t")
 
 
@@ -50,15 +52,22 @@ def test_apply_updates_equals_pyicebergs_update_table_metadata(table):
     tx = table.transaction()
     tx.append(pa.table({"id": pa.array([9], pa.int64()), "s": ["r9"]}))
     appended = staged_updates(tx)  # AddSnapshot + SetSnapshotRef(main): last-updated-ms is the snapshot's
-    cases = [appended, (_branch("attempt", head),), (_branch("attempt", head), RemoveSnapshotRefUpdate(ref_name="attempt"))]
+    cases = [
+        appended,
+        (_branch("attempt", head),),
+        (_branch("attempt", head), RemoveSnapshotRefUpdate(ref_name="attempt")),
+    ]
     for updates in cases:
         ours = apply_updates(table.metadata, updates, table.metadata_location)
         theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
-        assert ours.model_copy(update={"last_updated_ms": 0}) == theirs.model_copy(update={"last_updated_ms": 0}), updates
+        assert ours.model_copy(update={"last_updated_ms": 0}) == theirs.model_copy(update={"last_updated_ms": 0}), (
+            updates
+        )
         assert ours.metadata_log[-1].metadata_file == table.metadata_location
         unlogged = apply_updates(table.metadata, updates, None)  # as Transaction.table_metadata applies them
-        assert unlogged.model_copy(update={"last_updated_ms": 0}) == \
-            update_table_metadata(table.metadata, updates).model_copy(update={"last_updated_ms": 0})
+        assert unlogged.model_copy(update={"last_updated_ms": 0}) == update_table_metadata(
+            table.metadata, updates
+        ).model_copy(update={"last_updated_ms": 0})
         assert unlogged.metadata_log == table.metadata.metadata_log
     assert apply_updates(table.metadata, (), table.metadata_location) is table.metadata  # no change, no new metadata
 
@@ -72,8 +81,11 @@ def test_commit_round_trips_through_the_catalog_and_names_the_next_version(table
     before, after = (Path(t.metadata_location).name.split("-", 1)[0] for t in (table, committed))
     assert int(after) == int(before) + 1
     # the next commit starts from the committed table without a load
-    again = commit(committed, (AssertRefSnapshotId(ref="attempt", snapshot_id=head),),
-                   (RemoveSnapshotRefUpdate(ref_name="attempt"),))
+    again = commit(
+        committed,
+        (AssertRefSnapshotId(ref="attempt", snapshot_id=head),),
+        (RemoveSnapshotRefUpdate(ref_name="attempt"),),
+    )
     assert "attempt" not in table.catalog.load_table("db.t").metadata.refs
     assert again.metadata.refs.keys() == table.metadata.refs.keys()
 

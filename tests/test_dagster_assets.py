@@ -7,9 +7,9 @@ import time
 
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, materialize
 
-from devtools.demo_data import produce
-from lake_assets.tables import MICRO_BATCHES, table_asset, table_checks, table_key, topic_asset
-from resources import default_resources
+from devtools.demo.data import produce
+from kafka_iceberg.lake_assets.tables import MICRO_BATCHES, table_asset, table_checks, table_key, topic_asset
+from kafka_iceberg.resources import default_resources
 from tests.helpers import event_records, make_spec
 
 
@@ -23,24 +23,39 @@ def _slot(instance, name: str) -> str:
     return name
 
 
-def test_table_asset_materializes_micro_batches_with_metadata_and_checks(settings, kafka_config, spark, unique, topic_factory):
+def test_table_asset_materializes_micro_batches_with_metadata_and_checks(
+    settings, kafka_config, spark, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(250)))
-    spec = make_spec(unique, topic, max_records_per_partition=100,
-                     freshness={"max_snapshot_age": "1s", "max_valid_through_age": "none"})
+    spec = make_spec(
+        unique,
+        topic,
+        max_records_per_partition=100,
+        freshness={"max_snapshot_age": "1s", "max_valid_through_age": "none"},
+    )
     assets = [topic_asset(spec), table_asset(spec), *table_checks(spec)]
     resources = default_resources(settings)
     instance = DagsterInstance.ephemeral()
 
-    first = materialize(assets, resources=resources, instance=instance, selection=[table_key(spec)],
-                        partition_key=_slot(instance, "s1"))
+    first = materialize(
+        assets, resources=resources, instance=instance, selection=[table_key(spec)], partition_key=_slot(instance, "s1")
+    )
     assert first.success
     md = first.get_asset_materialization_events()[0].materialization.metadata
     assert md["records"].value == 200, "bound 100 per partition over 2 partitions"
     assert md["lag_after_commit"].value == 50
     assert set(md["offset_ranges"].value) == {"0", "1"}
-    for key in ("kafka_bytes", "data_files_added", "snapshot_id", "phase_read_s", "phase_write_s", "phase_publish_s",
-                "valid_through", "dagster/row_count"):
+    for key in (
+        "kafka_bytes",
+        "data_files_added",
+        "snapshot_id",
+        "phase_read_s",
+        "phase_write_s",
+        "phase_publish_s",
+        "valid_through",
+        "dagster/row_count",
+    ):
         assert key in md, key
     checks = _checks_by_name(first)
     assert checks["duplicate_free"].passed, checks["duplicate_free"].description
@@ -60,15 +75,18 @@ def test_table_asset_materializes_micro_batches_with_metadata_and_checks(setting
     assert slots == ["s1", "s2", "s1"]
 
 
-def test_freshness_check_fails_when_the_table_lags_past_its_threshold(settings, kafka_config, spark, unique, topic_factory):
+def test_freshness_check_fails_when_the_table_lags_past_its_threshold(
+    settings, kafka_config, spark, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=1)
     produce(kafka_config, topic, event_records(range(20)))
     spec = make_spec(unique, topic, freshness={"max_snapshot_age": "1s", "max_valid_through_age": "none"})
     assets = [topic_asset(spec), table_asset(spec), *table_checks(spec)]
     resources = default_resources(settings)
     instance = DagsterInstance.ephemeral()
-    assert materialize(assets, resources=resources, instance=instance, selection=[table_key(spec)],
-                       partition_key=_slot(instance, "s1")).success
+    assert materialize(
+        assets, resources=resources, instance=instance, selection=[table_key(spec)], partition_key=_slot(instance, "s1")
+    ).success
 
     produce(kafka_config, topic, event_records(range(20, 30)))
     time.sleep(1.5)
@@ -89,8 +107,13 @@ def test_the_code_location_passes_dagster_validation(tmp_path):
     from pathlib import Path
 
     checkout = Path(__file__).resolve().parents[1]
-    out = subprocess.run([str(Path(sys.executable).with_name("dagster")), "definitions", "validate", "-w", "workspace.yaml"],
-                         cwd=checkout, env={**os.environ, "DAGSTER_HOME": str(tmp_path)}, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("dagster")), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=checkout,
+        env={**os.environ, "DAGSTER_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert "Validation successful for code location lake_assets.definitions" in out.stdout + out.stderr
+    assert "Validation successful for code location kafka_iceberg.lake_assets.definitions" in out.stdout + out.stderr

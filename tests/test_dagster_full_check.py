@@ -6,22 +6,27 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, DefaultScheduleStatus, Definitions
 
-from devtools.demo_data import produce
-from kafka_iceberg.catalog import qualified
-from lake_assets.tables import table_asset, table_checks, topic_asset
-from resources import default_resources
-from schedules import all_schedules
+from devtools.demo.data import produce
+from kafka_iceberg.catalog.tables import qualified
+from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.schedules import all_schedules
 from tests.helpers import event_records, make_spec
 
 
 def _definitions(settings, spec) -> Definitions:
-    return Definitions(assets=[topic_asset(spec), table_asset(spec)], asset_checks=table_checks(spec),
-                       schedules=all_schedules([spec], sqlite_catalog=True), resources=default_resources(settings))
+    return Definitions(
+        assets=[topic_asset(spec), table_asset(spec)],
+        asset_checks=table_checks(spec),
+        schedules=all_schedules([spec], sqlite_catalog=True),
+        resources=default_resources(settings),
+    )
 
 
 def _run_full_check(defs: Definitions, spec):
     result = defs.resolve_job_def(f"duplicate_free_full_{spec.name}").execute_in_process(
-        instance=DagsterInstance.ephemeral())
+        instance=DagsterInstance.ephemeral()
+    )
     assert result.success
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.check_name == "duplicate_free"
@@ -35,7 +40,9 @@ def test_the_full_check_schedule_is_declared_and_configurable(unique):
     assert default.default_status == DefaultScheduleStatus.RUNNING
     assert default.job_name == f"duplicate_free_full_{spec.name}"
     hourly = make_spec(unique, "t", maintenance={"full_check": "15 * * * *"})
-    assert [s.cron_schedule for s in all_schedules([hourly]) if s.name.startswith("duplicate_free_full_")] == ["15 * * * *"]
+    assert [s.cron_schedule for s in all_schedules([hourly]) if s.name.startswith("duplicate_free_full_")] == [
+        "15 * * * *"
+    ]
 
 
 def test_the_scheduled_job_scans_the_whole_table(spark, settings, kafka_config, writer_factory, unique, topic_factory):

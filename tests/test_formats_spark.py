@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from devtools import duck
-from devtools.formats_samples import AVRO_PLANE, avro_plane
+from devtools.demo.samples import AVRO_PLANE, avro_plane
 from kafka_iceberg.formats import frame, resolve, table_schema_from_subject
 from kafka_iceberg.formats.spark import ERROR, ERROR_KIND, classify_formatted, decode_dataframe, schema_ids_in
 
@@ -29,8 +28,9 @@ def _records(broker: str, topic: str, n: int) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def test_avro_decoded_in_spark_tasks_and_written_by_spark(broker, topic_factory, unique, registry, spark, settings,
-                                                          catalog):
+def test_avro_decoded_in_spark_tasks_and_written_by_spark(
+    broker, topic_factory, unique, registry, spark, settings, catalog
+):
     topic = topic_factory(unique, partitions=1)
     sr = SchemaRegistryClient({"url": registry})
     ser = AvroSerializer(sr, json.dumps(AVRO_PLANE))
@@ -43,7 +43,9 @@ def test_avro_decoded_in_spark_tasks_and_written_by_spark(broker, topic_factory,
     assert p.flush(30) == 0
     del p  # no client left to reconnect after the broker stops
 
-    raw = spark.createDataFrame(_records(broker, topic, 50), "partition INT, offset BIGINT, value BINARY").repartition(3)
+    raw = spark.createDataFrame(_records(broker, topic, 50), "partition INT, offset BIGINT, value BINARY").repartition(
+        3
+    )
     ids = schema_ids_in(raw)
     registered = SchemaRegistryClient({"url": registry}).get_latest_version(f"{topic}-value").schema_id
     assert ids == {registered, 9999}  # the plain-text value has no magic byte: not an id
@@ -63,8 +65,10 @@ def test_avro_decoded_in_spark_tasks_and_written_by_spark(broker, topic_factory,
 
     tbl = catalog.load_table(f"{ns}.planes")
     con = duck.connect()
-    got = con.execute(f"SELECT count(*), sum(len(flights)), count(engine.member1), min(seen_at), max(price) "
-                      f"FROM {duck.scan_sql(tbl.metadata_location)}").fetchone()
+    got = con.execute(
+        f"SELECT count(*), sum(len(flights)), count(engine.member1), min(seen_at), max(price) "
+        f"FROM {duck.scan_sql(tbl.metadata_location)}"
+    ).fetchone()
     kept = [i for i in range(50) if i not in (10, 20)]
     assert got[0] == 48 and got[1] == sum(i % 3 + 1 for i in kept)
     assert got[2] == sum(1 for i in kept if i % 3 and not i % 2) and str(got[4]) == "49.25"
@@ -72,9 +76,10 @@ def test_avro_decoded_in_spark_tasks_and_written_by_spark(broker, topic_factory,
     assert str(row["id"]) == str(avro_plane(3)["id"]) and row["code"] == b"003" and row["counts"] == [("seats", 103)]
 
 
-def test_classify_formatted_has_the_shape_of_the_json_classification(broker, topic_factory, unique, registry, spark,
-                                                                     settings):
-    from kafka_iceberg.reader import RAW_SCHEMA_DDL
+def test_classify_formatted_has_the_shape_of_the_json_classification(
+    broker, topic_factory, unique, registry, spark, settings
+):
+    from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL
 
     sr = SchemaRegistryClient({"url": registry})
     ser = AvroSerializer(sr, json.dumps(AVRO_PLANE))
@@ -87,5 +92,14 @@ def test_classify_formatted_has_the_shape_of_the_json_classification(broker, top
     out = classify_formatted(raw, schema, "avro", writers, max_record_bytes=4096)
     assert out.columns == [*raw.columns, "j", "_problem"]
     got = {r["offset"]: (r["_problem"]["kind"] if r["_problem"] else r["j"]["tailnum"]) for r in out.collect()}
-    assert got == {0: "N00000", 1: "N00001", 2: "N00002", 3: "N00003", 4: "N00004", 5: "N00005",
-                   6: "tombstone", 7: "oversize", 8: "missing_magic_byte"}
+    assert got == {
+        0: "N00000",
+        1: "N00001",
+        2: "N00002",
+        3: "N00003",
+        4: "N00004",
+        5: "N00005",
+        6: "tombstone",
+        7: "oversize",
+        8: "missing_magic_byte",
+    }

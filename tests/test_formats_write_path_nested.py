@@ -14,17 +14,29 @@ import json
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from devtools import duck
-from devtools.demo_data import produce
-from devtools.formats_samples import (JSON_PLANE, T0, json_payload, protobuf_plane, protobuf_plane_class,
-                                      protobuf_schema_str)
+from devtools.demo.data import produce
+from devtools.demo.samples import (
+    JSON_PLANE,
+    T0,
+    json_payload,
+    protobuf_plane,
+    protobuf_plane_class,
+    protobuf_schema_str,
+)
+from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.formats import frame
-from kafka_iceberg.pipeline import run_micro_batch
 from tests.helpers import make_spec
 
 
 def _spec(unique: str, topic: str, fmt: str):
-    return make_spec(f"{fmt}_{unique}", topic, schema="from_registry", partition_by=[],
-                     format={"type": fmt, "registry_url": "${TEST_REGISTRY_URL}"}, kafka_columns=["partition", "offset"])
+    return make_spec(
+        f"{fmt}_{unique}",
+        topic,
+        schema="from_registry",
+        partition_by=[],
+        format={"type": fmt, "registry_url": "${TEST_REGISTRY_URL}"},
+        kafka_columns=["partition", "offset"],
+    )
 
 
 def _run(spark, settings, spec, kafka, catalog, records: int, bad: int):
@@ -35,11 +47,13 @@ def _run(spark, settings, spec, kafka, catalog, records: int, bad: int):
 
 
 def test_protobuf_topic_with_nested_types_through_run_micro_batch(
-        broker, kafka_config, topic_factory, unique, registry, spark, settings, kafka, catalog, monkeypatch):
+    broker, kafka_config, topic_factory, unique, registry, spark, settings, kafka, catalog, monkeypatch
+):
     topic = topic_factory(unique, partitions=1)
     monkeypatch.setenv("TEST_REGISTRY_URL", registry)
-    sid = SchemaRegistryClient({"url": registry}).register_schema(f"{topic}-value",
-                                                                   Schema(protobuf_schema_str(), "PROTOBUF"))
+    sid = SchemaRegistryClient({"url": registry}).register_schema(
+        f"{topic}-value", Schema(protobuf_schema_str(), "PROTOBUF")
+    )
     cls = protobuf_plane_class()
     values = [frame(sid, protobuf_plane(cls, i).SerializeToString(), [0]) for i in range(30)]
     values.append(frame(sid, b"\xff\xff\xff\xff", [0]))  # undecodable
@@ -48,14 +62,29 @@ def test_protobuf_topic_with_nested_types_through_run_micro_batch(
     spec = _spec(unique, topic, "protobuf")
     tbl, con, scan = _run(spark, settings, spec, kafka, catalog, 30, 1)
     types = {f.name: str(f.field_type) for f in tbl.schema().fields}
-    assert (types["seen_at"], types["seats"], types["kind"], types["code"]) == ("timestamptz", "long", "string", "binary")
+    assert (types["seen_at"], types["seats"], types["kind"], types["code"]) == (
+        "timestamptz",
+        "long",
+        "string",
+        "binary",
+    )
     assert types["counts"] == "map<string, long>" and types["tags"] == "list<string>"
 
-    got = con.execute(f"SELECT count(*), count(jet), count(props), sum(len(flights)), count(seats), "
-                      f"sum(counts['seats']), sum(len(tags)), count(*) FILTER (kind = 'ROTOR'), max(seen_at) "
-                      f"FROM {scan}").fetchone()
-    assert got[:8] == (30, 10, 10, sum(i % 3 + 1 for i in range(30)), sum(1 for i in range(30) if i % 4),
-                       sum(100 + i % 50 for i in range(30)), sum(len(["a", "b"][: i % 3]) for i in range(30)), 6)
+    got = con.execute(
+        f"SELECT count(*), count(jet), count(props), sum(len(flights)), count(seats), "
+        f"sum(counts['seats']), sum(len(tags)), count(*) FILTER (kind = 'ROTOR'), max(seen_at) "
+        f"FROM {scan}"
+    ).fetchone()
+    assert got[:8] == (
+        30,
+        10,
+        10,
+        sum(i % 3 + 1 for i in range(30)),
+        sum(1 for i in range(30) if i % 4),
+        sum(100 + i % 50 for i in range(30)),
+        sum(len(["a", "b"][: i % 3]) for i in range(30)),
+        6,
+    )
     assert got[8] == T0 + dt.timedelta(minutes=29)
     back = {r["tailnum"]: r for r in tbl.scan().to_arrow().to_pylist()}
     r7 = back["N00007"]
@@ -65,13 +94,15 @@ def test_protobuf_topic_with_nested_types_through_run_micro_batch(
 
 
 def test_json_schema_topic_with_nested_types_through_run_micro_batch(
-        broker, kafka_config, topic_factory, unique, registry, spark, settings, kafka, catalog, monkeypatch):
+    broker, kafka_config, topic_factory, unique, registry, spark, settings, kafka, catalog, monkeypatch
+):
     import uuid
 
     topic = topic_factory(unique, partitions=1)
     monkeypatch.setenv("TEST_REGISTRY_URL", registry)
-    sid = SchemaRegistryClient({"url": registry}).register_schema(f"{topic}-value",
-                                                                   Schema(json.dumps(JSON_PLANE), "JSON"))
+    sid = SchemaRegistryClient({"url": registry}).register_schema(
+        f"{topic}-value", Schema(json.dumps(JSON_PLANE), "JSON")
+    )
     values = [frame(sid, json_payload(i)) for i in range(25)] + [frame(sid, b"{not json")]
     assert produce(kafka_config, topic, [(None, v, 1_700_000_000_000 + i) for i, v in enumerate(values)]) == 26
 
@@ -81,20 +112,30 @@ def test_json_schema_topic_with_nested_types_through_run_micro_batch(
     assert (types["seen_at"], types["day"], types["raw"], types["id"]) == ("timestamptz", "date", "binary", "string")
     assert tbl.schema().find_field("tailnum").required and not tbl.schema().find_field("year").required
 
-    got = con.execute(f"SELECT count(*), sum(len(flights)), sum(counts['seats']), count(engine.member0), "
-                      f"count(engine.member1), min(day), max(seen_at), max(first_flight.flight) FROM {scan}").fetchone()
-    assert got[:6] == (25, sum(i % 3 + 1 for i in range(25)), sum(100 + i % 50 for i in range(25)),
-                       sum(1 for i in range(25) if i % 3 and i % 2), sum(1 for i in range(25) if i % 3 and not i % 2),
-                       dt.date(2013, 1, 1))
+    got = con.execute(
+        f"SELECT count(*), sum(len(flights)), sum(counts['seats']), count(engine.member0), "
+        f"count(engine.member1), min(day), max(seen_at), max(first_flight.flight) FROM {scan}"
+    ).fetchone()
+    assert got[:6] == (
+        25,
+        sum(i % 3 + 1 for i in range(25)),
+        sum(100 + i % 50 for i in range(25)),
+        sum(1 for i in range(25) if i % 3 and i % 2),
+        sum(1 for i in range(25) if i % 3 and not i % 2),
+        dt.date(2013, 1, 1),
+    )
     assert (got[6], got[7]) == (T0 + dt.timedelta(minutes=24), 24)
     back = {r["tailnum"]: r for r in tbl.scan().to_arrow().to_pylist()}
     r1 = back["N00001"]
     assert r1["raw"] == b"\x00\x01" and uuid.UUID(r1["id"]) == uuid.UUID(int=2) and r1["day"] == dt.date(2013, 1, 2)
     assert r1["seen_at"] == T0 + dt.timedelta(minutes=1) and r1["flights"] == [
-        {"flight": 10, "dest": "ATL", "dep_delay": None}, {"flight": 11, "dest": "ATL", "dep_delay": None}]
+        {"flight": 10, "dest": "ATL", "dep_delay": None},
+        {"flight": 11, "dest": "ATL", "dep_delay": None},
+    ]
     dlq = catalog.load_table(spec.bad_records.dead_letter_identifier)
-    assert con.execute(f"SELECT \"offset\", error_kind FROM {duck.scan_sql(dlq.metadata_location)}").fetchall() == [
-        (25, "undecodable")]
+    assert con.execute(f'SELECT "offset", error_kind FROM {duck.scan_sql(dlq.metadata_location)}').fetchall() == [
+        (25, "undecodable")
+    ]
 
 
 def test_writer_uuid_and_fixed_fit_the_string_and_binary_columns_spark_creates():

@@ -1,14 +1,14 @@
-"""duplicate_free after a run reads only the rows the run added (kafka_iceberg/incremental_check.py),
+"""duplicate_free after a run reads only the rows the run added (kafka_iceberg/ops/incremental_check.py),
 and still fails on a duplicate the run introduced. Real Spark, catalog and broker."""
 
 from __future__ import annotations
 
 import json
 
-from devtools.demo_data import produce
-from kafka_iceberg.catalog import metadata_view, qualified
-from kafka_iceberg.checks import duplicate_free
-from kafka_iceberg.incremental_check import merged_ranges, run_snapshots
+from devtools.demo.data import produce
+from kafka_iceberg.catalog.tables import metadata_view, qualified
+from kafka_iceberg.ops.checks import duplicate_free
+from kafka_iceberg.ops.incremental_check import merged_ranges, run_snapshots
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, SnapshotInfo
 from tests.helpers import event_records, make_spec
 
@@ -23,7 +23,8 @@ def test_merged_ranges_joins_contiguous_batches_per_partition():
 
 
 def test_after_a_run_only_its_rows_are_read_and_a_duplicate_it_added_fails(
-        spark, settings, catalog, kafka_config, writer_factory, unique, topic_factory):
+    spark, settings, catalog, kafka_config, writer_factory, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=2)
     spec = make_spec(unique, topic, max_records_per_partition=1000)
     writer = writer_factory(spec)
@@ -55,10 +56,13 @@ def test_after_a_run_only_its_rows_are_read_and_a_duplicate_it_added_fails(
     # ... and one that declares the range it re-ingests: the summaries overlap
     row = spark.table(table).orderBy("_kafka_offset").limit(1)
     p, o = row.select("_kafka_partition", "_kafka_offset").collect()[0]
-    (row.writeTo(table).option(f"snapshot-property.{KEY_COMMIT_ID}", "run-d")
-     .option(f"snapshot-property.{KEY_BATCH}", json.dumps({str(p): [o, o + 1]})).append())
+    (
+        row.writeTo(table)
+        .option(f"snapshot-property.{KEY_COMMIT_ID}", "run-d")
+        .option(f"snapshot-property.{KEY_BATCH}", json.dumps({str(p): [o, o + 1]}))
+        .append()
+    )
     view = metadata_view(catalog.load_table(spec.identifier))
     worse = duplicate_free(spark, table, spec, view, commit_id="run-d")
     assert not worse.passed and worse.figures["overlapping_snapshot_pairs"] >= 1
     assert not duplicate_free(spark, table, spec, view).passed, "the full scan sees both copies"
-

@@ -33,9 +33,13 @@ def chart_run_launcher_config(values: dict) -> dict:
     (camelCase chart keys to the launcher's snake_case fields)."""
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
     run_k8s = launcher.get("runK8sConfig", {})
-    snake = {"containerConfig": "container_config", "podSpecConfig": "pod_spec_config",
-             "podTemplateSpecMetadata": "pod_template_spec_metadata", "jobSpecConfig": "job_spec_config",
-             "jobMetadata": "job_metadata"}
+    snake = {
+        "containerConfig": "container_config",
+        "podSpecConfig": "pod_spec_config",
+        "podTemplateSpecMetadata": "pod_template_spec_metadata",
+        "jobSpecConfig": "job_spec_config",
+        "jobMetadata": "job_metadata",
+    }
     return {
         "instance_config_map": f"{RELEASE}-dagster-instance",
         "dagster_home": values["dagsterHome"],
@@ -60,17 +64,37 @@ def chart_instance_config(values: dict) -> dict:
     daemon = values["dagsterDaemon"]
     concurrency = values["concurrency"]
     return {
-        "storage": {"postgres": {"postgres_db": {
-            "username": pg["postgresqlUsername"], "password": {"env": "DAGSTER_PG_PASSWORD"},
-            "hostname": pg["postgresqlHost"], "db_name": pg["postgresqlDatabase"], "port": pg["service"]["port"],
-            "params": pg["postgresqlParams"], "scheme": pg["postgresqlScheme"]}}},
-        "run_coordinator": {"module": "dagster.core.run_coordinator", "class": daemon["runCoordinator"]["type"],
-                            "config": daemon["runCoordinator"]["config"]["queuedRunCoordinator"]},
-        "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": chart_run_launcher_config(values)},
-        "concurrency": {"pools": {"default_limit": concurrency["pools"]["defaultLimit"]},
-                        "runs": {"max_concurrent_runs": concurrency["runs"]["maxConcurrentRuns"]}},
-        "run_monitoring": {"enabled": daemon["runMonitoring"]["enabled"],
-                           "free_slots_after_run_end_seconds": daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"]},
+        "storage": {
+            "postgres": {
+                "postgres_db": {
+                    "username": pg["postgresqlUsername"],
+                    "password": {"env": "DAGSTER_PG_PASSWORD"},
+                    "hostname": pg["postgresqlHost"],
+                    "db_name": pg["postgresqlDatabase"],
+                    "port": pg["service"]["port"],
+                    "params": pg["postgresqlParams"],
+                    "scheme": pg["postgresqlScheme"],
+                }
+            }
+        },
+        "run_coordinator": {
+            "module": "dagster.core.run_coordinator",
+            "class": daemon["runCoordinator"]["type"],
+            "config": daemon["runCoordinator"]["config"]["queuedRunCoordinator"],
+        },
+        "run_launcher": {
+            "module": "dagster_k8s",
+            "class": "K8sRunLauncher",
+            "config": chart_run_launcher_config(values),
+        },
+        "concurrency": {
+            "pools": {"default_limit": concurrency["pools"]["defaultLimit"]},
+            "runs": {"max_concurrent_runs": concurrency["runs"]["maxConcurrentRuns"]},
+        },
+        "run_monitoring": {
+            "enabled": daemon["runMonitoring"]["enabled"],
+            "free_slots_after_run_end_seconds": daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"],
+        },
         "telemetry": {"enabled": False},
     }
 
@@ -141,7 +165,10 @@ def test_run_job_image_env_resources_and_labels(values):
     pg = next(e for e in container["env"] if e["name"] == "DAGSTER_PG_PASSWORD")
     assert pg["valueFrom"]["secretKeyRef"] == {"name": "dagster-postgresql-secret", "key": "postgresql-password"}
     assert all("value" not in e or e["name"] in ("DAGSTER_HOME", "DAGSTER_RUN_JOB_NAME") for e in container["env"])
-    assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "4Gi"},
+        "limits": {"cpu": "4", "memory": "4Gi"},
+    }
     assert container["securityContext"]["runAsNonRoot"] is True
     assert {"name": "spark-scratch", "mountPath": "/opt/dagster/lake"} in container["volumeMounts"]
     assert pod["serviceAccountName"] == "dagster"
@@ -156,6 +183,7 @@ def test_run_job_image_env_resources_and_labels(values):
 
 def test_values_hold_no_secret_literal(values):
     """Credentials reach pods only through Secrets: no password, token or key value in the file."""
+
     def walk(node, path=""):
         if isinstance(node, dict):
             for k, v in node.items():
@@ -166,13 +194,17 @@ def test_values_hold_no_secret_literal(values):
         else:
             yield path, node
 
-    suspicious = [p for p, v in walk(values) if isinstance(v, str)
-                  and any(w in p.lower() for w in ("password", "token", "secretkey", "accesskey"))
-                  and not p.lower().endswith("secretname")]
+    suspicious = [
+        p
+        for p, v in walk(values)
+        if isinstance(v, str)
+        and any(w in p.lower() for w in ("password", "token", "secretkey", "accesskey"))
+        and not p.lower().endswith("secretname")
+    ]
     assert suspicious == []
     assert values["postgresql"]["enabled"] is False and values["generatePostgresqlPasswordSecret"] is False
     deployment = values["dagster-user-deployments"]["deployments"][0]
-    assert deployment["dagsterApiGrpcArgs"] == ["--module-name", "lake_assets.definitions"]
+    assert deployment["dagsterApiGrpcArgs"] == ["--module-name", "kafka_iceberg.lake_assets.definitions"]
     configmap = yaml.safe_load((DEPLOY / "k8s" / "lake-env.configmap.yaml").read_text())
     assert not any(w in k for k in configmap["data"] for w in ("PASSWORD", "TOKEN", "SECRET"))
 

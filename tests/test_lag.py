@@ -7,13 +7,13 @@ import uuid
 from dagster import DagsterInstance, build_sensor_context
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
-from devtools.demo_data import produce
-from kafka_iceberg.lag import MAX_POINTS, LagHistory, LagRules, observation, time_lag_s
-from kafka_iceberg.pipeline import run_micro_batch
-from lake_assets.backfill import submit_backfill
-from lake_assets.tables import MICRO_BATCHES, table_key
-from resources import default_resources
-from sensors.lag import TABLE_TAG, lag_sensor, should_trigger
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.lake_assets.backfill import submit_backfill
+from kafka_iceberg.lake_assets.tables import MICRO_BATCHES, table_key
+from kafka_iceberg.ops.lag import MAX_POINTS, LagHistory, LagRules, observation, time_lag_s
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.lag import TABLE_TAG, lag_sensor, should_trigger
 from tests.helpers import BASE_TS_MS, event_records, make_spec
 
 
@@ -38,7 +38,9 @@ def simulate(spec, hours, rate_per_s, run_s, stop=(None, None), stuck_from=None)
                 committed, last_commit_ms, failed = run[1], int(run[0] * 1000), 0
             run = None
         history = LagHistory.from_json(cursor)
-        evaluation = history.observe(observation(int(t * 1000), {0: committed}, {0: high}, last_commit_ms, failed), rules)
+        evaluation = history.observe(
+            observation(int(t * 1000), {0: committed}, {0: high}, last_commit_ms, failed), rules
+        )
         cursor = history.to_json()
         timeline.append((t, evaluation.status))
         if evaluation.level_changed:
@@ -87,8 +89,12 @@ def test_time_lag_is_not_capped_by_any_window_and_history_stays_bounded():
 
 
 def test_sink_that_cannot_keep_up_reaches_warn_not_error():
-    spec = make_spec("slow", "t.slow", max_records_per_partition=5000,
-                     lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s", "window": 5})
+    spec = make_spec(
+        "slow",
+        "t.slow",
+        max_records_per_partition=5000,
+        lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s", "window": 5},
+    )
     timeline, alerts, runs, last, _ = simulate(spec, 1, rate_per_s=100, run_s=60)  # 5000 per 65 s < 6500
     assert first(timeline, "WARN") is not None and first(timeline, "WARN") < 10 * 65
     assert {s for _, s in timeline} == {"OK", "WARN"}
@@ -106,16 +112,21 @@ def test_sink_stuck_on_one_batch_reaches_stall():
 
 
 def test_steady_load_with_runs_longer_than_any_window_stays_ok():
-    spec = make_spec("steady", "t.steady", max_records_per_partition=100_000,
-                     lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s", "window": 5})
+    spec = make_spec(
+        "steady",
+        "t.steady",
+        max_records_per_partition=100_000,
+        lag={"max_offset_lag": 1000, "max_interval": "15m", "interval": "5s", "window": 5},
+    )
     timeline, alerts, runs, _, _ = simulate(spec, 6, rate_per_s=100, run_s=120)  # 12,000 records per run
     assert {s for _, s in timeline} == {"OK"} and alerts == []
     assert runs >= 6 * 3600 / 130, "a micro-batch at the normal cadence is no alert"
 
 
 def test_unbounded_retention_never_warns():
-    from kafka_iceberg.planning import Watermarks
-    from kafka_iceberg.retention import RetentionPolicy, evaluate as retention_status
+    from kafka_iceberg.batch.planning import Watermarks
+    from kafka_iceberg.ops.retention import RetentionPolicy
+    from kafka_iceberg.ops.retention import evaluate as retention_status
 
     policy, statuses = RetentionPolicy(), set()
     for hour in range(48):  # a table 99% behind, its oldest unread record ever older
@@ -124,7 +135,9 @@ def test_unbounded_retention_never_warns():
         statuses.add(status)
         assert parts[0].headroom_s is None
     assert statuses == {"OK"}
-    bounded, _ = retention_status({0: Watermarks(0, 10_000)}, {0: 1}, 7 * 86_400_000, {0: BASE_TS_MS}, BASE_TS_MS, policy)
+    bounded, _ = retention_status(
+        {0: Watermarks(0, 10_000)}, {0: 1}, 7 * 86_400_000, {0: BASE_TS_MS}, BASE_TS_MS, policy
+    )
     assert bounded == "ERROR", "with bounded retention the same table is about to lose data"
 
 
@@ -152,7 +165,9 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(100)))
     # two tables on one topic; a micro-batch holds 1000 records per partition, so a spike of 500 fits in one
-    specs = [make_spec(name, topic, lag={"max_offset_lag": 300, "max_interval": "1h"}) for name in (unique, f"{unique}_b")]
+    specs = [
+        make_spec(name, topic, lag={"max_offset_lag": 300, "max_interval": "1h"}) for name in (unique, f"{unique}_b")
+    ]
     for spec in specs:
         run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog", "slack")}
@@ -179,8 +194,14 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
     # the first table's requested run is in progress (as the daemon launches it: tagged);
     # the second table's is a backfill launched from the UI (no tags): neither asks again
     first, second = specs
-    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()), tags=spikes[0].run_requests[0].tags,
-                                status=DagsterRunStatus.STARTED))
+    instance.add_run(
+        DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=str(uuid.uuid4()),
+            tags=spikes[0].run_requests[0].tags,
+            status=DagsterRunStatus.STARTED,
+        )
+    )
     instance.add_dynamic_partitions(MICRO_BATCHES.name, ["ui-1", "ui-2"])
     submit_backfill(instance, second, ["ui-1", "ui-2"], tags={})
     busy = [_tick(s, instance, resources, spike.cursor) for s, spike in zip(sensors, spikes)]
@@ -213,8 +234,14 @@ def test_lag_level_changes_post_one_slack_alert_each(
     first = _tick(sensor_def, instance, resources, None)
     assert first.asset_events[0].metadata["status"].value == "OK", "fresh lag within the cadence is normal"
     for _ in range(2):  # two runs of the table fail on the same batch after its last commit
-        instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()), tags={TABLE_TAG: spec.identifier},
-                                    status=DagsterRunStatus.FAILURE))
+        instance.add_run(
+            DagsterRun(
+                job_name="__ASSET_JOB",
+                run_id=str(uuid.uuid4()),
+                tags={TABLE_TAG: spec.identifier},
+                status=DagsterRunStatus.FAILURE,
+            )
+        )
     second = _tick(sensor_def, instance, resources, first.cursor)
     assert second.asset_events[0].metadata["status"].value == "STALL"
     (message,) = slack.messages

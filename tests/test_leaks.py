@@ -1,7 +1,7 @@
 """Leaks after a killed micro-batch (see docs/operations.md, "What a killed micro-batch leaves
 behind"): a micro-batch is crashed at each crash point (the injected crash hook raises a
 ``BaseException``, so nothing is cleaned up, as under SIGKILL), the next micro-batch runs, and the
-leak counts of :mod:`devtools.leaks` must be within the bound; then maintenance runs and they are 0.
+leak counts of :mod:`devtools.rehearsal.leaks` must be within the bound; then maintenance runs and they are 0.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import uuid
 
 import pytest
 
-from devtools.demo_data import produce
-from devtools.leaks import count_leaks
-from devtools.rehearsal import kill_group
-from kafka_iceberg import maintenance
+from devtools.demo.data import produce
+from devtools.rehearsal.leaks import count_leaks
+from devtools.rehearsal.run import kill_group
 from kafka_iceberg.batch.context import CRASH_POINTS
-from kafka_iceberg.catalog import load_table, metadata_view
-from kafka_iceberg.pipeline import run_micro_batch
-from kafka_iceberg.spec import parse_table_spec
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.tables import load_table, metadata_view
+from kafka_iceberg.declaration.spec import parse_table_spec
+from kafka_iceberg.ops import maintenance
 from tests.helpers import data_files_on_disk, event_records, spec_dict
 
 
@@ -44,7 +44,8 @@ def _records(ids):
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_leaks_after_a_crash_are_within_the_bound_and_maintenance_leaves_none(
-        spark, settings, kafka, kafka_config, catalog, unique, topic_factory, point):
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, point
+):
     topic = topic_factory(unique, partitions=2)
     spec = parse_table_spec(spec_dict(unique, topic, bad_records={"policy": "quarantine", "max_quarantine_rate": 1}))
     dlq = spec.bad_records.dead_letter_identifier
@@ -55,8 +56,15 @@ def test_leaks_after_a_crash_are_within_the_bound_and_maintenance_leaves_none(
 
     produce(kafka_config, topic, _records(range(100, 200)))
     with pytest.raises(Killed):
-        run_micro_batch(spark, settings, spec, commit_id=f"killed-{unique}", kafka=kafka, catalog=catalog,
-                        crash_hook=_crash_at(point))
+        run_micro_batch(
+            spark,
+            settings,
+            spec,
+            commit_id=f"killed-{unique}",
+            kafka=kafka,
+            catalog=catalog,
+            crash_hook=_crash_at(point),
+        )
     left = count_leaks(catalog, spec.identifier, dlq)
     assert left.stale_branches >= 1, f"the killed attempt left its branch: {left}"
     if point in ("after_write", "after_publish"):
@@ -65,15 +73,17 @@ def test_leaks_after_a_crash_are_within_the_bound_and_maintenance_leaves_none(
         assert left.unpublished_dead_letter_rows == 10, "its quarantined records are not published"
 
     # inside the window: the attempt still counts as alive, so the next micro-batch leaves it alone
-    during = run_micro_batch(spark, settings, spec, commit_id=f"during-{unique}", kafka=kafka, catalog=catalog,
-                             is_alive=lambda attempt: True)
+    during = run_micro_batch(
+        spark, settings, spec, commit_id=f"during-{unique}", kafka=kafka, catalog=catalog, is_alive=lambda attempt: True
+    )
     assert not during.recovery.dead_attempts
     assert count_leaks(catalog, spec.identifier, dlq).stale_branches >= 1
 
     # the first micro-batch that finds it dead removes everything it left: the bound is 0
     produce(kafka_config, topic, _records(range(200, 220)))
-    after = run_micro_batch(spark, settings, spec, commit_id=f"after-{unique}", kafka=kafka, catalog=catalog,
-                            is_alive=lambda attempt: False)
+    after = run_micro_batch(
+        spark, settings, spec, commit_id=f"after-{unique}", kafka=kafka, catalog=catalog, is_alive=lambda attempt: False
+    )
     assert after.recovery.dead_attempts
     leaks = count_leaks(catalog, spec.identifier, dlq)
     assert leaks.beyond_bound(recovered=True) == 0, leaks.describe()
@@ -86,14 +96,21 @@ def test_leaks_after_a_crash_are_within_the_bound_and_maintenance_leaves_none(
 
     # maintenance (expiry keeping the ingest state; orphan removal with its 24 h window) leaves none
     for ident in (spec.identifier, dlq):
-        maintenance.expire(spark, settings.catalog.name, ident, max_snapshot_age_s=0, retain_last=1,
-                           view=metadata_view(load_table(catalog, ident)))
+        maintenance.expire(
+            spark,
+            settings.catalog.name,
+            ident,
+            max_snapshot_age_s=0,
+            retain_last=1,
+            view=metadata_view(load_table(catalog, ident)),
+        )
         maintenance.remove_orphans(spark, settings.catalog.name, ident, older_than_s=25 * 3600)
     assert count_leaks(catalog, spec.identifier, dlq).total == 0
 
 
 def test_count_leaks_sees_an_orphan_file_and_an_unreachable_snapshot(
-        spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
     """The counter is not blind: a file no manifest lists and a snapshot no ref reaches are counted."""
     from pathlib import Path
 
@@ -102,7 +119,9 @@ def test_count_leaks_sees_an_orphan_file_and_an_unreachable_snapshot(
     produce(kafka_config, topic, event_records(range(20)))
     run_micro_batch(spark, settings, spec, commit_id=f"a-{unique}", kafka=kafka, catalog=catalog)
     table = load_table(catalog, spec.identifier)
-    stray = Path(table.metadata.location.removeprefix("file:").removeprefix("//")) / "data" / f"{uuid.uuid4().hex}.parquet"
+    stray = (
+        Path(table.metadata.location.removeprefix("file:").removeprefix("//")) / "data" / f"{uuid.uuid4().hex}.parquet"
+    )
     stray.write_bytes(b"PAR1")
     name = settings.catalog.name
     spark.sql(f"ALTER TABLE {name}.{spec.identifier} CREATE BRANCH side")
@@ -150,7 +169,8 @@ def _is_java(pid: int) -> bool:
 
 
 def test_spark_jvm_of_a_killed_driver_exits_and_the_next_run_recovers(
-        spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
     """SIGKILL only the Python driver of a micro-batch (not its process group) while it writes data
     files: its Spark JVM reads EOF on the stdin pipe pyspark opened to it and exits by itself, and
     so do the Python workers; the next micro-batch then recovers the attempt with no leak."""
@@ -161,8 +181,9 @@ def test_spark_jvm_of_a_killed_driver_exits_and_the_next_run_recovers(
     produce(kafka_config, topic, event_records(range(n)))
     raw = spec_dict(unique, topic, max_records_per_partition=n)
     spec = parse_table_spec(raw)
-    proc = _run_in_subprocess(settings, raw, None, commit_id=f"zombie-{unique}",
-                              extra_env={"LAKE_MAX_RECORDS_PER_TASK": "5000"})
+    proc = _run_in_subprocess(
+        settings, raw, None, commit_id=f"zombie-{unique}", extra_env={"LAKE_MAX_RECORDS_PER_TASK": "5000"}
+    )
     try:
         deadline = time.monotonic() + 240
         while not data_files_on_disk(settings, spec):
@@ -183,8 +204,9 @@ def test_spark_jvm_of_a_killed_driver_exits_and_the_next_run_recovers(
     finally:
         kill_group(proc)
 
-    result = run_micro_batch(spark, settings, spec, commit_id=f"next-{unique}", kafka=kafka, catalog=catalog,
-                             is_alive=lambda attempt: False)
+    result = run_micro_batch(
+        spark, settings, spec, commit_id=f"next-{unique}", kafka=kafka, catalog=catalog, is_alive=lambda attempt: False
+    )
     assert result.recovery.dead_attempts, "the killed attempt left its branch"
     assert result.committed and result.records == n
     rows = spark.table(f"{settings.catalog.name}.{spec.identifier}").count()
@@ -194,7 +216,8 @@ def test_spark_jvm_of_a_killed_driver_exits_and_the_next_run_recovers(
 
 @pytest.mark.parametrize("declared_dead", [False, True], ids=["branch-kept", "branch-dropped"])
 def test_a_late_publish_from_a_zombie_attempt_is_refused(
-        spark, settings, kafka, kafka_config, catalog, unique, topic_factory, declared_dead):
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, declared_dead
+):
     """An attempt that resumes after another run committed (a zombie driver finishing its last Spark
     call) cannot publish: its fast-forward is refused because ``main`` moved (its branch kept: the
     other run saw it alive), or because recovery dropped its branch (the other run saw it dead).
@@ -223,8 +246,15 @@ def test_a_late_publish_from_a_zombie_attempt_is_refused(
     thread = threading.Thread(target=zombie, daemon=True)
     thread.start()
     assert paused.wait(600), "the zombie attempt reached its write"
-    other = run_micro_batch(spark, settings, spec, commit_id=f"other-{unique}", kafka=kafka, catalog=catalog,
-                            is_alive=lambda attempt: not declared_dead)
+    other = run_micro_batch(
+        spark,
+        settings,
+        spec,
+        commit_id=f"other-{unique}",
+        kafka=kafka,
+        catalog=catalog,
+        is_alive=lambda attempt: not declared_dead,
+    )
     assert other.committed and other.records + other.quarantined == 100
     assert bool(other.recovery.dead_attempts) == declared_dead
     resume.set()
@@ -239,8 +269,9 @@ def test_a_late_publish_from_a_zombie_attempt_is_refused(
     assert ids == [i for i in range(150) if i % 10]
     assert spark.table(f"{settings.catalog.name}.{spec.bad_records.dead_letter_identifier}").count() == 15
     # the refused attempt cleaned up after itself, or the next micro-batch's recovery does
-    run_micro_batch(spark, settings, spec, commit_id=f"next-{unique}", kafka=kafka, catalog=catalog,
-                    is_alive=lambda attempt: False)
+    run_micro_batch(
+        spark, settings, spec, commit_id=f"next-{unique}", kafka=kafka, catalog=catalog, is_alive=lambda attempt: False
+    )
     assert count_leaks(catalog, spec.identifier, spec.bad_records.dead_letter_identifier).total == 0
 
 
@@ -249,7 +280,7 @@ def test_count_leaks_lists_an_s3_warehouse(tmp_path, unique):
     a stray object under data/ is an orphan file, a branch is a branch left, data files are not leaks."""
     import pyarrow as pa
 
-    from kafka_iceberg.catalog_config import catalog_config_from_env
+    from kafka_iceberg.catalog.config import catalog_config_from_env
     from tests.s3_server import start_s3
     from tests.test_s3_warehouse import catalog_env
 

@@ -22,13 +22,20 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
-from devtools import devpostgres
-from devtools.demo_data import produce
-from devtools.rehearsal import kill_group
-from kafka_iceberg.settings import CHECKOUT
-from kafka_iceberg.spec import parse_table_spec
-from lake_assets.liveness import HOST_TAG, PID_TAG, START_TAG, reap_dead_runs, reap_untagged_runs, worker_tags
-from lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_pool
+from devtools.demo.data import produce
+from devtools.rehearsal.run import kill_group
+from devtools.services import devpostgres
+from kafka_iceberg.config.settings import CHECKOUT
+from kafka_iceberg.declaration.spec import parse_table_spec
+from kafka_iceberg.lake_assets.liveness import (
+    HOST_TAG,
+    PID_TAG,
+    START_TAG,
+    reap_dead_runs,
+    reap_untagged_runs,
+    worker_tags,
+)
+from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_pool
 from tests.helpers import event_records, spec_dict
 
 LOCATION = Path(__file__).with_name("backfill_location.py")
@@ -38,9 +45,24 @@ def _materialize(env: dict[str, str], select: str, slot: str, log: Path) -> subp
     """``dagster asset materialize`` of one slot, in its own process group, output to ``log``."""
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-f", str(LOCATION), "-a", "defs",
-             "--select", select, "--partition", slot],
-            cwd=CHECKOUT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(Path(sys.executable).with_name("dagster")),
+                "asset",
+                "materialize",
+                "-f",
+                str(LOCATION),
+                "-a",
+                "defs",
+                "--select",
+                select,
+                "--partition",
+                slot,
+            ],
+            cwd=CHECKOUT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -63,7 +85,7 @@ def _instance(tmp_path: Path) -> tuple[Path, DagsterInstance]:
 
 @pytest.fixture(scope="module")
 def postgres_uri():
-    """A private PostgreSQL 15 server (:mod:`devtools.devpostgres`) for the catalog; yields its URI."""
+    """A private PostgreSQL 15 server (:mod:`devtools.services.devpostgres`) for the catalog; yields its URI."""
     server = devpostgres.create()
     yield server.uri
     server.destroy()
@@ -86,8 +108,11 @@ def test_a_sigkilled_materialization_does_not_block_the_next_one(
 
     first = _materialize(env, select, "s1", tmp_path / "first.log")
     try:
-        holder = _wait_for(lambda: instance.event_log_storage.get_concurrency_info(pool).claimed_slots, 300,
-                           f"the first run to claim a slot of pool {pool}")
+        holder = _wait_for(
+            lambda: instance.event_log_storage.get_concurrency_info(pool).claimed_slots,
+            300,
+            f"the first run to claim a slot of pool {pool}",
+        )
     finally:
         kill_group(first)  # SIGKILL: the CLI, its Spark JVM and Python workers
     (run,) = instance.get_runs()
@@ -98,9 +123,15 @@ def test_a_sigkilled_materialization_does_not_block_the_next_one(
     second = _materialize(env, select, "s2", tmp_path / "second.log")
     try:
         # the bound of issue 9: within 2 minutes the dead run is failed and the new run holds the pool
-        _wait_for(lambda: instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
-                  and [s.run_id for s in instance.event_log_storage.get_concurrency_info(pool).claimed_slots]
-                  not in ([], [run.run_id]), 120, "the dead run to be failed and the next run to get its slot")
+        _wait_for(
+            lambda: (
+                instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+                and [s.run_id for s in instance.event_log_storage.get_concurrency_info(pool).claimed_slots]
+                not in ([], [run.run_id])
+            ),
+            120,
+            "the dead run to be failed and the next run to get its slot",
+        )
         second.wait(timeout=900)  # then the micro-batch itself (Spark; no speed asserted)
     finally:
         if second.poll() is None:
@@ -136,9 +167,13 @@ def test_reaper_marks_dead_workers_failed_and_frees_ended_runs_slots(tmp_path):
 
         assert sorted(reaped) == sorted([dead_id, reused_id, ended_id])
         status = {r: instance.get_run_by_id(r).status for r in (dead_id, reused_id, live_id, ended_id, untagged_id)}
-        assert status == {dead_id: DagsterRunStatus.FAILURE, reused_id: DagsterRunStatus.FAILURE,
-                          live_id: DagsterRunStatus.STARTED, ended_id: DagsterRunStatus.SUCCESS,
-                          untagged_id: DagsterRunStatus.STARTED}
+        assert status == {
+            dead_id: DagsterRunStatus.FAILURE,
+            reused_id: DagsterRunStatus.FAILURE,
+            live_id: DagsterRunStatus.STARTED,
+            ended_id: DagsterRunStatus.SUCCESS,
+            untagged_id: DagsterRunStatus.STARTED,
+        }
         holders = {s.run_id for s in instance.event_log_storage.get_concurrency_info("liveness_pool").claimed_slots}
         assert holders == {live_id, untagged_id}
         assert reap_dead_runs(instance) == []  # nothing left to do
@@ -155,11 +190,23 @@ def test_untagged_runs_of_this_code_location_count_as_dead_after_the_grace(tmp_p
     instance.event_log_storage.set_concurrency_slots("liveness_pool", 10)
     table_run = _run(instance, DagsterRunStatus.STARTED, {TABLE_TAG: "demo.flights"})
     selected = str(uuid.uuid4())
-    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=selected, status=DagsterRunStatus.NOT_STARTED,
-                                asset_selection=frozenset({AssetKey(["lake", "demo", "flights"])})))
+    instance.add_run(
+        DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=selected,
+            status=DagsterRunStatus.NOT_STARTED,
+            asset_selection=frozenset({AssetKey(["lake", "demo", "flights"])}),
+        )
+    )
     foreign = str(uuid.uuid4())
-    instance.add_run(DagsterRun(job_name="other_team_job", run_id=foreign, status=DagsterRunStatus.STARTED,
-                                asset_selection=frozenset({AssetKey(["warehouse", "orders"])})))
+    instance.add_run(
+        DagsterRun(
+            job_name="other_team_job",
+            run_id=foreign,
+            status=DagsterRunStatus.STARTED,
+            asset_selection=frozenset({AssetKey(["warehouse", "orders"])}),
+        )
+    )
     starting = _run(instance, DagsterRunStatus.STARTING, {TABLE_TAG: "demo.flights"})  # run monitoring's
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -168,9 +215,13 @@ def test_untagged_runs_of_this_code_location_count_as_dead_after_the_grace(tmp_p
         time.sleep(0.05)
         assert sorted(reap_untagged_runs(instance, exclude_run_id=None, grace_s=0)) == sorted([table_run, selected])
         status = {r: instance.get_run_by_id(r).status for r in (table_run, selected, foreign, starting, tagged)}
-        assert status == {table_run: DagsterRunStatus.FAILURE, selected: DagsterRunStatus.FAILURE,
-                          foreign: DagsterRunStatus.STARTED, starting: DagsterRunStatus.STARTING,
-                          tagged: DagsterRunStatus.STARTED}
+        assert status == {
+            table_run: DagsterRunStatus.FAILURE,
+            selected: DagsterRunStatus.FAILURE,
+            foreign: DagsterRunStatus.STARTED,
+            starting: DagsterRunStatus.STARTING,
+            tagged: DagsterRunStatus.STARTED,
+        }
         holders = {s.run_id for s in instance.event_log_storage.get_concurrency_info("liveness_pool").claimed_slots}
         assert table_run not in holders and {starting, tagged} <= holders
     finally:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from dagster import Definitions
 
-from devtools.demo_data import produce
-from kafka_iceberg.checks import duplicate_free
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.pipeline import run_micro_batch
+from kafka_iceberg.ops.checks import duplicate_free
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.schedules import all_schedules
 from kafka_iceberg.state import state_at
-from resources import default_resources
-from schedules import all_schedules
 from tests.helpers import current_view, data_files_on_disk, event_records, make_spec, table_rows
 
 
@@ -33,16 +33,24 @@ def _run_job(settings, spec, kind):
     defs = Definitions(schedules=[schedule], resources=default_resources(settings))
     result = defs.resolve_job_def(f"{kind}_{spec.name}").execute_in_process()
     assert result.success
-    (observation,) = [e.event_specific_data.asset_observation for e in result.all_events
-                      if e.event_type_value == "ASSET_OBSERVATION"]
+    (observation,) = [
+        e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
+    ]
     return {k: v.value for k, v in observation.metadata.items()}
 
 
-def test_maintenance_keeps_offsets_and_exactly_once(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+def test_maintenance_keeps_offsets_and_exactly_once(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(600)))
-    spec = make_spec(unique, topic, max_records_per_partition=60, partition_by=[],
-                     maintenance={"retain_last": 1, "max_snapshot_age": "0s", "orphan_older_than": "3d"})
+    spec = make_spec(
+        unique,
+        topic,
+        max_records_per_partition=60,
+        partition_by=[],
+        maintenance={"retain_last": 1, "max_snapshot_age": "0s", "orphan_older_than": "3d"},
+    )
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
 
     compacted = _run_job(settings, spec, "compact")
@@ -82,14 +90,18 @@ def test_a_table_whose_ingest_state_was_expired_refuses_to_reingest(
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
     _run_job(settings, spec, "compact")
     # an operator expiring by hand with retain_last => 1 drops every ingest snapshot
-    spark.sql(f"CALL {settings.catalog.name}.system.expire_snapshots(table => '{spec.identifier}', "
-              "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)")
+    spark.sql(
+        f"CALL {settings.catalog.name}.system.expire_snapshots(table => '{spec.identifier}', "
+        "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)"
+    )
     with pytest.raises(LakeError, match="holds 100 records but no snapshot in main's ancestry carries kafka.offsets"):
         run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     assert len(table_rows(spark, settings, spec)) == 100
 
 
-def test_remove_orphan_files_respects_its_safety_window(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+def test_remove_orphan_files_respects_its_safety_window(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=1)
     produce(kafka_config, topic, event_records(range(50)))
     spec = make_spec(unique, topic, partition_by=[], maintenance={"orphan_older_than": "2d"})
@@ -117,15 +129,18 @@ def _produce_changes(kafka_config, topic: str, changes: dict[int, float | None])
 
     producer = Producer(kafka_config.client_conf())
     for i, amount in changes.items():
-        value = None if amount is None else json.dumps(
-            {"id": i, "name": f"n{i}", "amount": amount, "event_time": "2023-11-14T10:00:00Z"}).encode()
+        value = (
+            None
+            if amount is None
+            else json.dumps({"id": i, "name": f"n{i}", "amount": amount, "event_time": "2023-11-14T10:00:00Z"}).encode()
+        )
         producer.produce(topic, key=str(i).encode(), value=value)
     assert producer.flush(30) == 0
 
 
 def _duck_rows(catalog, spec) -> dict:
     from devtools import duck
-    from kafka_iceberg.catalog import load_table
+    from kafka_iceberg.catalog.tables import load_table
 
     scan = duck.scan_sql(load_table(catalog, spec.identifier).metadata_location)
     return dict(duck.connect().execute(f"SELECT id, amount FROM {scan}").fetchall())
@@ -134,12 +149,19 @@ def _duck_rows(catalog, spec) -> dict:
 def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory
 ):
-    from kafka_iceberg import maintenance
+    from kafka_iceberg.ops import maintenance
 
     topic = topic_factory(unique, partitions=1)
-    spec = make_spec(unique, topic, mode="upsert", key=["id"], cdc="none", partition_by=[],
-                     kafka_columns=["partition", "offset"],  # no headers list: see has_collection_columns
-                     maintenance={"retain_last": 1, "max_snapshot_age": "0s"})
+    spec = make_spec(
+        unique,
+        topic,
+        mode="upsert",
+        key=["id"],
+        cdc="none",
+        partition_by=[],
+        kafka_columns=["partition", "offset"],  # no headers list: see has_collection_columns
+        maintenance={"retain_last": 1, "max_snapshot_age": "0s"},
+    )
     fqn = f"{settings.catalog.name}.{spec.identifier}"
     expected: dict[int, float] = {}
 
@@ -152,7 +174,9 @@ def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
 
     batch({i: float(i) for i in range(200)})
     for r in range(6):  # updates and deletes: each MERGE writes position delete files
-        batch({**{i: i + 0.25 * (r + 1) for i in range(r * 30, r * 30 + 40)}, **{150 + r * 5 + k: None for k in range(3)}})
+        batch(
+            {**{i: i + 0.25 * (r + 1) for i in range(r * 30, r * 30 + 40)}, **{150 + r * 5 + k: None for k in range(3)}}
+        )
     watermarks = {p: w.high for p, w in kafka.watermarks(topic).items()}
     deletes = maintenance.live_delete_files(spark, fqn)
     assert deletes >= 6
@@ -199,7 +223,7 @@ def ancestors_of(view):
 def test_tables_with_list_or_map_columns_are_recognised():
     from pyspark.sql.types import ArrayType, BinaryType, LongType, MapType, StringType, StructField, StructType
 
-    from kafka_iceberg import maintenance
+    from kafka_iceberg.ops import maintenance
 
     headers = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
     flat = StructType([StructField("id", LongType()), StructField("name", StringType())])

@@ -1,7 +1,7 @@
 """Partition leaders moved and a broker replaced during a real micro-batch, on librdkafka's mock
 Kafka cluster (3 brokers in this process; Spark's Python workers reach it over TCP), with real
 Spark and the real Iceberg catalog. DuckDB reconciles the table with the producer's delivery
-reports (:func:`devtools.rehearsal.reconcile`).
+reports (:func:`devtools.rehearsal.run.reconcile`).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from devtools.mockcluster import API_KEYS, MockCluster
-from devtools.rehearsal import Traffic, reconcile, table_declaration
-from devtools.rehearsal_mock import LeaderMover
-from kafka_iceberg.catalog import read_state
+from devtools.rehearsal.mock import LeaderMover
+from devtools.rehearsal.run import Traffic, reconcile, table_declaration
+from devtools.services.mockcluster import API_KEYS, MockCluster
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
-from kafka_iceberg.pipeline import run_micro_batch
-from kafka_iceberg.settings import load_settings
-from kafka_iceberg.spec import parse_table_spec
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
 
 @pytest.fixture()
@@ -48,7 +48,7 @@ def test_watermarks_are_asked_again_while_leaders_move(cluster, unique, caplog):
     mover = LeaderMover(cluster, topic, 3, interval_s=0.05, replace_every=10, detect_s=0.2, down_s=0.5)
     mover.start()
     try:
-        with caplog.at_level(logging.INFO, logger="kafka_iceberg.kafka_client"):
+        with caplog.at_level(logging.INFO, logger="kafka_iceberg.kafka.admin"):
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline:  # a failure raises BrokerUnavailableError here
                 assert set(kafka.watermarks(topic)) == {0, 1, 2}
@@ -64,8 +64,13 @@ def test_a_micro_batch_while_every_leader_moves_and_a_broker_is_replaced(spark, 
     spec, topic = parse_table_spec(decl), decl["topic"]
     cluster.create_topic(topic, 3, 3)
     # small fetches from slow brokers: the read takes dozens of fetches, so moves land in the middle of it
-    settings = load_settings(env={**lake_env, "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
-                                  "KAFKA_CLIENT_CONFIG": json.dumps({"max.partition.fetch.bytes": "4096"})})
+    settings = load_settings(
+        env={
+            **lake_env,
+            "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
+            "KAFKA_CLIENT_CONFIG": json.dumps({"max.partition.fetch.bytes": "4096"}),
+        }
+    )
     config = KafkaConfig(cluster.bootstrap_servers, {}, settings.kafka_timeout_s)
     traffic = Traffic(config, topic, rate=1500, bad_every=97)
     traffic.start()
@@ -76,8 +81,16 @@ def test_a_micro_batch_while_every_leader_moves_and_a_broker_is_replaced(spark, 
         cluster.set_rtt(broker, 30)
     cluster.track_requests()
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
-    mover = LeaderMover(cluster, topic, 3, interval_s=0.1, replace_every=3, detect_s=0.2, down_s=0.6,
-                        wait_for=lambda: bool(cluster.requests(API_KEYS["Fetch"])))
+    mover = LeaderMover(
+        cluster,
+        topic,
+        3,
+        interval_s=0.1,
+        replace_every=3,
+        detect_s=0.2,
+        down_s=0.6,
+        wait_for=lambda: bool(cluster.requests(API_KEYS["Fetch"])),
+    )
 
     def hook(point: str) -> None:
         if point == "after_branch":  # the read starts next; the mover begins at its first Fetch
@@ -87,16 +100,19 @@ def test_a_micro_batch_while_every_leader_moves_and_a_broker_is_replaced(spark, 
 
     outcome: object
     try:
-        outcome = run_micro_batch(spark, settings, spec, commit_id=f"{unique}-moves", kafka=kafka, catalog=catalog,
-                                  crash_hook=hook)
+        outcome = run_micro_batch(
+            spark, settings, spec, commit_id=f"{unique}-moves", kafka=kafka, catalog=catalog, crash_hook=hook
+        )
     except LakeError as exc:  # a clean failure is allowed; anything else fails the test
         outcome = exc
     finally:
         if mover.is_alive():
             mover.stop()
     fetches = [t for _, _, t in cluster.requests(API_KEYS["Fetch"])]
-    print(f"\nleader-move rounds {len(mover.rounds)}, {mover.rounds_while(fetches, 2.0)} between fetches; "
-          f"replacements {mover.replacements}; outcome: {outcome!r}")
+    print(
+        f"\nleader-move rounds {len(mover.rounds)}, {mover.rounds_while(fetches, 2.0)} between fetches; "
+        f"replacements {mover.replacements}; outcome: {outcome!r}"
+    )
     assert not mover.errors
     assert mover.rounds_while(fetches, 2.0) >= 1, "every partition's leader moved while the batch was reading"
     assert mover.replacements, "a broker went down and came back during the read"

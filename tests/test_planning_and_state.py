@@ -6,11 +6,18 @@ import json
 
 import pytest
 
+from kafka_iceberg.batch.planning import (
+    SMALL_BATCH_OFFSETS,
+    OffsetRange,
+    Watermarks,
+    offset_lag,
+    plan_batch,
+    split_ranges,
+)
+from kafka_iceberg.batch.recovery import attempt_branch, parse_attempt
+from kafka_iceberg.config.settings import catalog_from_uri, load_settings
+from kafka_iceberg.declaration.spec import load_table_specs, parse_duration_s
 from kafka_iceberg.errors import ConfigError, DataLossError, OffsetsAheadError
-from kafka_iceberg.planning import SMALL_BATCH_OFFSETS, OffsetRange, Watermarks, offset_lag, plan_batch, split_ranges
-from kafka_iceberg.recovery import attempt_branch, parse_attempt
-from kafka_iceberg.settings import catalog_from_uri, load_settings
-from kafka_iceberg.spec import load_table_specs, parse_duration_s
 from kafka_iceberg.state import (
     KEY_BATCH,
     SnapshotInfo,
@@ -23,8 +30,13 @@ from tests.helpers import make_spec, spec_dict
 
 def plan(committed, watermarks, bound=100, initial=None):
     return plan_batch(
-        table="db.t", topic="t", base_snapshot_id=1, committed=committed,
-        watermarks={p: Watermarks(*w) for p, w in watermarks.items()}, initial_offsets=initial or {}, bound=bound,
+        table="db.t",
+        topic="t",
+        base_snapshot_id=1,
+        committed=committed,
+        watermarks={p: Watermarks(*w) for p, w in watermarks.items()},
+        initial_offsets=initial or {},
+        bound=bound,
     )
 
 
@@ -89,20 +101,44 @@ def snap(sid, parent, summary=None, ts=0):
 
 def test_a_replay_plan_stops_at_its_end_and_needs_no_readable_start_once_done():
     # the one planner serves replay: it never reads past the stop, even below the high watermark
-    p = plan_batch(table="db.r", topic="t", base_snapshot_id=None, committed={0: 40}, initial_offsets={1: 0},
-                   watermarks={0: Watermarks(0, 500), 1: Watermarks(50, 500)}, bound=100, stop_at={0: 60, 1: 0})
+    p = plan_batch(
+        table="db.r",
+        topic="t",
+        base_snapshot_id=None,
+        committed={0: 40},
+        initial_offsets={1: 0},
+        watermarks={0: Watermarks(0, 500), 1: Watermarks(50, 500)},
+        bound=100,
+        stop_at={0: 60, 1: 0},
+    )
     assert p.start_offsets == {0: 40, 1: 0} and p.end_offsets == {0: 60, 1: 0}
     with pytest.raises(DataLossError):  # partition 1 still has offsets to read below its log start
-        plan_batch(table="db.r", topic="t", base_snapshot_id=None, committed={}, initial_offsets={1: 0},
-                   watermarks={1: Watermarks(50, 500)}, bound=100, stop_at={1: 70})
+        plan_batch(
+            table="db.r",
+            topic="t",
+            base_snapshot_id=None,
+            committed={},
+            initial_offsets={1: 0},
+            watermarks={1: Watermarks(50, 500)},
+            bound=100,
+            stop_at={1: 70},
+        )
 
 
 def test_the_batch_summary_carries_the_base_state_forward():
     from kafka_iceberg.batch.plan import ingest_target
     from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
     from kafka_iceberg.batch.write import batch_summary
-    from kafka_iceberg.state import KEY_GAPS, KEY_MAX_TIMESTAMPS, KEY_OFFSETS, KEY_QUARANTINED, KEY_READ, \
-        KEY_RECORDS, KEY_REPLAY_OF, IngestState
+    from kafka_iceberg.state import (
+        KEY_GAPS,
+        KEY_MAX_TIMESTAMPS,
+        KEY_OFFSETS,
+        KEY_QUARANTINED,
+        KEY_READ,
+        KEY_RECORDS,
+        KEY_REPLAY_OF,
+        IngestState,
+    )
 
     spec = make_spec("t", "events.t")
     base = IngestState("events.t", {0: 10, 1: 20}, {0: 1000, 1: 5000}, 7, accepted_gaps=({"partition": 1},))
@@ -120,8 +156,14 @@ def test_the_batch_summary_carries_the_base_state_forward():
 
 
 def test_state_is_read_from_the_nearest_ingest_ancestor():
-    s1 = ingest_summary(topic="t", offsets={0: 10, 1: 4}, batch={0: (0, 10), 1: (0, 4)},
-                        max_timestamps={0: 1000, 1: 900}, commit_id="r1", records=14)
+    s1 = ingest_summary(
+        topic="t",
+        offsets={0: 10, 1: 4},
+        batch={0: (0, 10), 1: (0, 4)},
+        max_timestamps={0: 1000, 1: 900},
+        commit_id="r1",
+        records=14,
+    )
     snaps = {
         1: snap(1, None, s1, ts=5),
         2: snap(2, 1, {"operation": "replace"}, ts=6),  # e.g. rewrite_data_files
@@ -156,7 +198,10 @@ def test_the_shipped_table_declarations_load():
     formats = {s.name: (s.format.type, s.format.subject(s.topic), s.columns_from_registry) for s in specs}
     assert formats["weather"] == ("avro", "nycflights13.weather-value", False)
     assert formats["plane_days"] == ("avro", "nycflights13.planes-value", True) and formats["flights"][0] == "json"
-    assert next(s for s in specs if s.name == "weather").format.url({"LAKE_SCHEMA_REGISTRY_URL": "http://r:1"}) == "http://r:1"
+    assert (
+        next(s for s in specs if s.name == "weather").format.url({"LAKE_SCHEMA_REGISTRY_URL": "http://r:1"})
+        == "http://r:1"
+    )
     flights = next(s for s in specs if s.name == "flights")
     assert flights.kafka_columns == ("topic", "partition", "offset", "timestamp", "key", "headers")
     assert flights.freshness.max_valid_through_age_s is None
@@ -171,7 +216,14 @@ def test_the_shipped_table_declarations_load():
     [
         ({"identifier": "flat"}, "namespace.table"),
         ({"format": "xml"}, "is not supported"),
-        ({"format": {"type": "avro"}, "schema": "from_registry", "key_format": {"type": "avro", "subject_strategy": "record_name"}}, "needs key_format.record_name"),
+        (
+            {
+                "format": {"type": "avro"},
+                "schema": "from_registry",
+                "key_format": {"type": "avro", "subject_strategy": "record_name"},
+            },
+            "needs key_format.record_name",
+        ),
         ({"format": "json", "schema": "from_registry"}, "needs a registry format"),
         ({"schema": [{"name": "x", "type": "uuid"}]}, "unsupported type"),
         ({"partition_by": ["days(nope)"]}, "unknown column 'nope'"),
@@ -199,10 +251,18 @@ def test_bad_record_policy_defaults_and_overrides():
     assert (spec.unknown_fields, spec.bad_records.policy) == ("reject", "quarantine")
     assert spec.bad_records.dead_letter_identifier == "test.t_dead_letter"
     assert spec.bad_records.max_record_bytes == 1024 * 1024 and spec.bad_records.max_quarantine_rate == 0.01
-    other = make_spec("t", "topic", unknown_fields="evolve",
-                      bad_records={"policy": "fail", "dead_letter_table": "quarantine.t", "max_record_bytes": 10})
-    assert (other.unknown_fields, other.bad_records.policy, other.bad_records.dead_letter_identifier,
-            other.bad_records.max_record_bytes) == ("evolve", "fail", "quarantine.t", 10)
+    other = make_spec(
+        "t",
+        "topic",
+        unknown_fields="evolve",
+        bad_records={"policy": "fail", "dead_letter_table": "quarantine.t", "max_record_bytes": 10},
+    )
+    assert (
+        other.unknown_fields,
+        other.bad_records.policy,
+        other.bad_records.dead_letter_identifier,
+        other.bad_records.max_record_bytes,
+    ) == ("evolve", "fail", "quarantine.t", 10)
 
 
 def test_partition_and_offset_columns_are_always_kept():
@@ -244,7 +304,7 @@ def test_catalog_uri_spellings():
 
 
 def test_demo_records_carry_event_time_in_ms_since_epoch():
-    from devtools.demo_data import load_frame, to_records
+    from devtools.demo.data import load_frame, to_records
 
     weather = load_frame("weather").head(3)
     records = list(to_records("weather", weather))
@@ -253,12 +313,12 @@ def test_demo_records_carry_event_time_in_ms_since_epoch():
     assert json.loads(value)["time_hour"] == "2013-01-01T06:00:00Z"
     assert ts == 1_357_020_000_000, "2013-01-01T06:00:00Z in ms since epoch"
     flights = load_frame("flights").head(1)
-    (_, value, _), = to_records("flights", flights)
+    ((_, value, _),) = to_records("flights", flights)
     assert json.loads(value)["dep_time"] == 517, "nullable integer columns stay integers in JSON"
 
 
 def test_crash_hooks_name_only_known_points_and_do_nothing_unless_asked():
-    from devtools.faults import env_crash_hook, kill_at
+    from devtools.rehearsal.faults import env_crash_hook, kill_at
     from kafka_iceberg.batch.context import CRASH_POINTS, no_crash
 
     assert CRASH_POINTS == ("after_branch", "after_read", "after_write", "after_publish")

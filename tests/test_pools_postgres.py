@@ -1,6 +1,6 @@
 """On a PostgreSQL catalog, tables ingest in parallel within the pool limits (issue 13, section 4).
 
-The shipped code location (``lake_assets.definitions``) declares two tables on a PostgreSQL JDBC
+The shipped code location (``kafka_iceberg.lake_assets.definitions``) declares two tables on a PostgreSQL JDBC
 catalog, so each table asset has a pool of its own (``lake_table_<namespace>_<table>``, limit 1
 from dagster.yaml). ``dagster-daemon run`` drives it on a Dagster instance with PostgreSQL storage,
 the shipped dagster.yaml's run queue and ``max_concurrent_runs: 4``: each table's lag sensor sees a
@@ -27,11 +27,11 @@ import pytest
 import yaml
 from dagster import DagsterInstance, RunsFilter
 
-from devtools import devpostgres
-from kafka_iceberg.catalog import load_catalog, read_state
+from devtools.services import devpostgres
+from kafka_iceberg.catalog.tables import load_catalog, read_state
+from kafka_iceberg.config.settings import CHECKOUT, load_settings
 from kafka_iceberg.errors import CatalogUnavailableError
-from kafka_iceberg.settings import CHECKOUT, load_settings
-from lake_assets.vocabulary import IN_PROGRESS, TABLE_TAG, table_key, table_pool
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, TABLE_TAG, table_key, table_pool
 from tests.helpers import event_records, make_spec, spec_dict
 from tests.spark_cluster import produce
 
@@ -44,7 +44,7 @@ LAG = {"max_offset_lag": 1, "max_interval": "1h", "interval": "5s"}
 
 @pytest.fixture()
 def pg_server():
-    """A private PostgreSQL 15 server (:mod:`devtools.devpostgres`); destroyed after the test."""
+    """A private PostgreSQL 15 server (:mod:`devtools.services.devpostgres`); destroyed after the test."""
     try:
         server = devpostgres.create()
     except CatalogUnavailableError as exc:
@@ -54,16 +54,28 @@ def pg_server():
 
 
 def _createdb(server, name: str) -> None:
-    subprocess.run(["/usr/lib/postgresql/15/bin/createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
-                   check=True, env={**os.environ, "PGPASSWORD": "lakepw"})
+    subprocess.run(
+        ["/usr/lib/postgresql/15/bin/createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
+        check=True,
+        env={**os.environ, "PGPASSWORD": "lakepw"},
+    )
 
 
 def _dagster_home(home: Path, server) -> Path:
     """The shipped dagster.yaml plus PostgreSQL storage (database ``dagster``) and at most 4 runs at once."""
     config = yaml.safe_load((CHECKOUT / "dagster.yaml").read_text())
-    config["storage"] = {"postgres": {"postgres_db": {
-        "username": "lake", "password": "lakepw", "hostname": "127.0.0.1", "port": server.port, "db_name": "dagster",
-        "scheme": "postgresql+psycopg2"}}}
+    config["storage"] = {
+        "postgres": {
+            "postgres_db": {
+                "username": "lake",
+                "password": "lakepw",
+                "hostname": "127.0.0.1",
+                "port": server.port,
+                "db_name": "dagster",
+                "scheme": "postgresql+psycopg2",
+            }
+        }
+    }
     config["concurrency"]["runs"] = {"max_concurrent_runs": 4}
     home.mkdir(parents=True)
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
@@ -73,8 +85,11 @@ def _dagster_home(home: Path, server) -> Path:
 def _step_window(instance: DagsterInstance, run_id: str, spec) -> tuple[float, float]:
     """(STEP_START, STEP_SUCCESS) timestamps (s since epoch) of the run's step that materialized the table."""
     events = [e for e in instance.all_logs(run_id) if e.dagster_event is not None]
-    (step,) = {e.step_key for e in events if e.dagster_event_type.value == "ASSET_MATERIALIZATION"
-               and e.dagster_event.asset_key == table_key(spec)}
+    (step,) = {
+        e.step_key
+        for e in events
+        if e.dagster_event_type.value == "ASSET_MATERIALIZATION" and e.dagster_event.asset_key == table_key(spec)
+    }
     starts = [e.timestamp for e in events if e.step_key == step and e.dagster_event_type.value == "STEP_START"]
     ends = [e.timestamp for e in events if e.step_key == step and e.dagster_event_type.value == "STEP_SUCCESS"]
     assert starts and ends, f"run {run_id}: no STEP_START/STEP_SUCCESS for {step}"
@@ -102,8 +117,11 @@ def _wait_until_ingested(instance, catalog, kafka, specs, timeout_s: float = 240
         for spec in specs:
             runs = instance.get_runs(RunsFilter(tags={TABLE_TAG: spec.identifier}))
             high = {p: w.high for p, w in kafka.watermarks(spec.topic).items()}
-            done &= bool(runs) and not any(r.status in IN_PROGRESS for r in runs) \
+            done &= (
+                bool(runs)
+                and not any(r.status in IN_PROGRESS for r in runs)
                 and read_state(catalog, spec.identifier).offsets == high
+            )
         if done:
             return
         assert time.monotonic() < deadline, f"the tables were not ingested in {timeout_s:.0f} s"
@@ -111,11 +129,14 @@ def _wait_until_ingested(instance, catalog, kafka, specs, timeout_s: float = 240
 
 
 @pytest.mark.timeout(3000)  # 4 to 6 runs, each a Python process and a JVM: about 15 min at load average 30
-def test_tables_ingest_in_parallel_within_their_pools(tmp_path, pg_server, broker, kafka, kafka_config, unique,
-                                                      topic_factory):
+def test_tables_ingest_in_parallel_within_their_pools(
+    tmp_path, pg_server, broker, kafka, kafka_config, unique, topic_factory
+):
     _createdb(pg_server, "dagster")
-    raw = [spec_dict(f"{unique}{s}", topic_factory(f"{unique}{s}", partitions=2), max_records_per_partition=BOUND,
-                     lag=LAG) for s in ("a", "b")]
+    raw = [
+        spec_dict(f"{unique}{s}", topic_factory(f"{unique}{s}", partitions=2), max_records_per_partition=BOUND, lag=LAG)
+        for s in ("a", "b")
+    ]
     specs = [make_spec(r["name"], r["topic"], max_records_per_partition=BOUND, lag=LAG) for r in raw]
     for spec in specs:
         produce(kafka_config, spec.topic, event_records(range(RECORDS)))
@@ -123,9 +144,19 @@ def test_tables_ingest_in_parallel_within_their_pools(tmp_path, pg_server, broke
     tables_file.write_text(yaml.safe_dump({"tables": raw}))
     home = _dagster_home(tmp_path / "dagster", pg_server)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "LAKE_", "DAGSTER_", "PYICEBERG_"))}
-    env.update({"PYTHONPATH": str(CHECKOUT), "DAGSTER_HOME": str(home), "LAKE_HOME": str(tmp_path / "lake"),
-                "LAKE_TABLES_FILE": str(tables_file), "KAFKA_BOOTSTRAP_SERVERS": broker, "LAKE_CATALOG_URI": pg_server.uri,
-                "SPARK_MASTER": "local[1]", "LAKE_SPARK_DRIVER_MEMORY": "512m", "LAKE_READ_TIMEOUT_S": "60"})
+    env.update(
+        {
+            "PYTHONPATH": str(CHECKOUT),
+            "DAGSTER_HOME": str(home),
+            "LAKE_HOME": str(tmp_path / "lake"),
+            "LAKE_TABLES_FILE": str(tables_file),
+            "KAFKA_BOOTSTRAP_SERVERS": broker,
+            "LAKE_CATALOG_URI": pg_server.uri,
+            "SPARK_MASTER": "local[1]",
+            "LAKE_SPARK_DRIVER_MEMORY": "512m",
+            "LAKE_READ_TIMEOUT_S": "60",
+        }
+    )
     settings = load_settings(env=env)
     assert not settings.catalog.is_sqlite
     pools = {table_pool(spec, sqlite_catalog=False) for spec in specs}
@@ -133,12 +164,18 @@ def test_tables_ingest_in_parallel_within_their_pools(tmp_path, pg_server, broke
     catalog = load_catalog(settings.catalog)  # creates the JDBC catalog tables before two runs race to
     instance = DagsterInstance.from_config(str(home))  # creates the storage schema before the daemon starts
     log = tmp_path / "daemon.log"
-    daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"],
-                              cwd=CHECKOUT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"],
+        cwd=CHECKOUT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_until_ingested(instance, catalog, kafka, specs)
     except AssertionError:
-        raise AssertionError(log.read_text()[-4000:])
+        raise AssertionError(log.read_text()[-4000:]) from None
     finally:
         _stop_group(daemon)
 
@@ -151,8 +188,10 @@ def test_tables_ingest_in_parallel_within_their_pools(tmp_path, pg_server, broke
         table = catalog.load_table(spec.identifier)
         assert table.scan().to_arrow().num_rows == RECORDS  # exactly once
     t0 = min(w[0] for ws in windows.values() for w in ws)
-    print("\nstep windows (s after the first step started):",
-          json.dumps({k: [(round(a - t0, 1), round(b - t0, 1)) for a, b in ws] for k, ws in windows.items()}))
+    print(
+        "\nstep windows (s after the first step started):",
+        json.dumps({k: [(round(a - t0, 1), round(b - t0, 1)) for a, b in ws] for k, ws in windows.items()}),
+    )
 
     # within a table's pool (limit 1): each micro-batch ends before the next one starts
     for identifier, ws in windows.items():

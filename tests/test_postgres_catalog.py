@@ -12,19 +12,20 @@ import time
 
 import pytest
 
-from devtools import devpostgres, duck
-from devtools.demo_data import produce
+from devtools import duck
+from devtools.demo.data import produce
+from devtools.services import devpostgres
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.spark import catalog_conf
+from kafka_iceberg.catalog.tables import load_catalog, load_table
+from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.errors import CatalogUnavailableError
-from kafka_iceberg.catalog import catalog_conf, load_catalog, load_table
-from kafka_iceberg.pipeline import run_micro_batch
-from kafka_iceberg.settings import load_settings
 from tests.helpers import event_records, make_spec, spec_dict
-
 
 
 @pytest.fixture(scope="module")
 def postgres_uri():
-    """A private PostgreSQL 15 server on a free loopback port (:mod:`devtools.devpostgres`); yields its URI."""
+    """A private PostgreSQL 15 server on a free loopback port (:mod:`devtools.services.devpostgres`); yields its URI."""
     try:
         server = devpostgres.create()
     except CatalogUnavailableError as exc:
@@ -35,13 +36,15 @@ def postgres_uri():
 
 @pytest.fixture(scope="module")
 def pg_settings(postgres_uri, lake_home, broker, spark):
-    settings = load_settings(env={
-        "LAKE_HOME": str(lake_home),
-        "KAFKA_BOOTSTRAP_SERVERS": broker,
-        "LAKE_CATALOG_NAME": "pg",
-        "LAKE_CATALOG_URI": postgres_uri,
-        "LAKE_WAREHOUSE": f"file://{lake_home / 'pg-warehouse'}",
-    })
+    settings = load_settings(
+        env={
+            "LAKE_HOME": str(lake_home),
+            "KAFKA_BOOTSTRAP_SERVERS": broker,
+            "LAKE_CATALOG_NAME": "pg",
+            "LAKE_CATALOG_URI": postgres_uri,
+            "LAKE_WAREHOUSE": f"file://{lake_home / 'pg-warehouse'}",
+        }
+    )
     load_catalog(settings.catalog)  # creates the catalog tables
     for key, value in catalog_conf(settings.catalog).items():  # register catalog "pg" in the running session
         spark.conf.set(key, value)
@@ -75,10 +78,10 @@ def test_two_processes_commit_to_two_tables_concurrently(pg_settings, kafka_conf
     code = textwrap.dedent(
         """
         import json, sys
-        from kafka_iceberg.catalog import get_spark
-        from kafka_iceberg.pipeline import run_micro_batch
-        from kafka_iceberg.settings import load_settings
-        from kafka_iceberg.spec import parse_table_spec
+        from kafka_iceberg.catalog.spark import get_spark
+        from kafka_iceberg.batch.pipeline import run_micro_batch
+        from kafka_iceberg.config.settings import load_settings
+        from kafka_iceberg.declaration.spec import parse_table_spec
         settings = load_settings()
         spec = parse_table_spec(json.loads(sys.argv[1]))
         spark = get_spark(settings)
@@ -99,8 +102,12 @@ def test_two_processes_commit_to_two_tables_concurrently(pg_settings, kafka_conf
         "LAKE_SPARK_DRIVER_MEMORY": "1g",
     }
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(raw)], env=env, stderr=subprocess.PIPE,
-                              stdout=subprocess.DEVNULL) for raw in specs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(raw)], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
+        )
+        for raw in specs
+    ]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err.decode()[-3000:]
@@ -109,7 +116,11 @@ def test_two_processes_commit_to_two_tables_concurrently(pg_settings, kafka_conf
     for raw in specs:
         table = load_table(catalog, raw["identifier"])
         assert duck.count_rows(table.metadata_location) == 3000
-        ingest = [s for s in table.metadata.snapshots if "kafka.batch" in (s.summary.additional_properties if s.summary else {})]
+        ingest = [
+            s
+            for s in table.metadata.snapshots
+            if "kafka.batch" in (s.summary.additional_properties if s.summary else {})
+        ]
         assert len(ingest) >= 3, "each table took several micro-batches, interleaved with the other process"
 
 

@@ -1,11 +1,11 @@
-"""``kafka_iceberg.reader.read_range`` against the dev broker: exactly the records of a range, whatever
+"""``kafka_iceberg.kafka.reader.read_range`` against the dev broker: exactly the records of a range, whatever
 its ends (inside one fetch, on a transaction marker), with headers as lists and never null."""
 
 from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from kafka_iceberg.reader import read_range
+from kafka_iceberg.kafka.reader import read_range
 
 
 def _read(kafka_config, topic: str, start: int, end: int):
@@ -19,8 +19,14 @@ def test_a_range_yields_exactly_its_records_with_headers_as_lists(kafka_config, 
     producer = Producer(kafka_config.client_conf())
     for n in range(300):
         headers = [("h", f"v{n}".encode())] if n in (7, 150) else None
-        producer.produce(topic, key=f"k{n}".encode(), value=f"v{n}".encode(), headers=headers, partition=0,
-                         timestamp=1_700_000_000_000 + n)
+        producer.produce(
+            topic,
+            key=f"k{n}".encode(),
+            value=f"v{n}".encode(),
+            headers=headers,
+            partition=0,
+            timestamp=1_700_000_000_000 + n,
+        )
     assert producer.flush(30) == 0
 
     for start, end in ((0, 300), (0, 1), (10, 11), (100, 257), (299, 300)):
@@ -30,7 +36,8 @@ def test_a_range_yields_exactly_its_records_with_headers_as_lists(kafka_config, 
         assert all(r["topic"] == topic and r["partition"] == 0 for r in rows)
         assert [r["timestamp_ms"] for r in rows] == [1_700_000_000_000 + n for n in range(start, end)]
         assert [r["headers"] for r in rows] == [
-            [{"key": "h", "value": f"v{n}".encode()}] if n in (7, 150) else [] for n in range(start, end)]
+            [{"key": "h", "value": f"v{n}".encode()}] if n in (7, 150) else [] for n in range(start, end)
+        ]
     assert _read(kafka_config, topic, 5, 5) == []
 
 

@@ -2,14 +2,14 @@
 
 Each scenario runs on a broker and a catalog of its own (a second noida-db, a fresh
 ``LAKE_HOME``), with producers writing while faults are injected, and ends with the
-reconciliation of every produced record (see :mod:`devtools.rehearsal`).
+reconciliation of every produced record (see :mod:`devtools.rehearsal.run`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from devtools.rehearsal import format_table
+from devtools.rehearsal.run import format_table
 from tests.helpers import rehearsal_on_own_broker
 
 pytestmark = pytest.mark.rehearsal

@@ -1,14 +1,14 @@
 """The CDC rehearsal scenario's fast subset (``make rehearse`` runs ``cdc_kills`` full size): real
 Debezium capturing a real PostgreSQL under a continuous SQL workload while the upsert sink is
 SIGKILLed 3 times; after the catch-up the Iceberg table equals the PostgreSQL table, EXCEPT ALL
-both ways (see :mod:`devtools.rehearsal_cdc`)."""
+both ways (see :mod:`devtools.rehearsal.cdc`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from devtools.rehearsal import _load_scenarios, format_table
-from devtools.rehearsal_cdc import cdc_kills
+from devtools.rehearsal.cdc import cdc_kills
+from devtools.rehearsal.run import _load_scenarios, format_table
 from tests.helpers import rehearsal_on_own_broker
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.cdc]

@@ -1,18 +1,18 @@
 """The Dagster rehearsal's fast subset (``make rehearse`` runs it full size: 20 CLI kills, the
 sensor-run kills, the daemon killed mid-backfill, ``dagster dev`` restarted).
 
-Real ``dagster asset materialize`` processes of the real code location (``lake_assets.definitions``)
+Real ``dagster asset materialize`` processes of the real code location (``kafka_iceberg.lake_assets.definitions``)
 are SIGKILLed while a producer writes; the next materialization must find the dead runs, fail them,
 free the pool slot and catch up, and every produced record is reconciled (see
-:mod:`devtools.rehearsal_dagster`).
+:mod:`devtools.rehearsal.dagster_runs`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from devtools.rehearsal import format_table
-from devtools.rehearsal_dagster import cli_kills
+from devtools.rehearsal.dagster_runs import cli_kills
+from devtools.rehearsal.run import format_table
 from tests.helpers import rehearsal_on_own_broker
 
 pytestmark = pytest.mark.rehearsal

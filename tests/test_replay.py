@@ -12,11 +12,11 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from devtools.demo_data import produce
-from kafka_iceberg.catalog import load_table
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.recovery import BRANCH_PREFIX
+from kafka_iceberg.catalog.tables import load_table
 from kafka_iceberg.errors import DataLossError
-from kafka_iceberg.pipeline import run_micro_batch
-from kafka_iceberg.recovery import BRANCH_PREFIX
 from kafka_iceberg.replay import (
     KEY_REPLAY_OF,
     ReplayDataLossError,
@@ -54,8 +54,16 @@ def ingest_everything(spark, settings, spec, kafka, catalog) -> list[int]:
 
 def replay(spark, settings, spec, kafka, catalog, crash_hook=None, **request):
     hook = {} if crash_hook is None else {"crash_hook": crash_hook}
-    return run_replay(spark, settings, spec, ReplayRequest(**request), kafka=kafka, catalog=catalog,
-                      commit_id=f"replay-{uuid.uuid4()}", **hook)
+    return run_replay(
+        spark,
+        settings,
+        spec,
+        ReplayRequest(**request),
+        kafka=kafka,
+        catalog=catalog,
+        commit_id=f"replay-{uuid.uuid4()}",
+        **hook,
+    )
 
 
 class SimulatedCrash(BaseException):
@@ -92,8 +100,17 @@ def test_replay_an_offset_range_into_a_new_table(spark, settings, kafka, kafka_c
     high = {p: w.high for p, w in kafka.watermarks(topic).items()}
     target = f"test.{unique}_rebuild"
 
-    result = replay(spark, settings, spec, kafka, catalog, start_offsets={0: 10, 1: 0, 2: 5}, into=target,
-                    validate=True, max_records_per_partition=50)
+    result = replay(
+        spark,
+        settings,
+        spec,
+        kafka,
+        catalog,
+        start_offsets={0: 10, 1: 0, 2: 5},
+        into=target,
+        validate=True,
+        max_records_per_partition=50,
+    )
 
     expected = {0: (10, high[0]), 1: (0, high[1]), 2: (5, high[2])}
     assert result.range.ranges == expected, "the end defaults to the original's committed offsets"
@@ -103,11 +120,16 @@ def test_replay_an_offset_range_into_a_new_table(spark, settings, kafka, kafka_c
     report = result.validation
     assert report.valid, report.summary()
     assert report.records_compared == report.replay_records == result.records
-    (bad,) = [(r["partition"], r["offset"]) for r in spark.table(f"lake.{spec.bad_records.dead_letter_identifier}").collect()]
+    (bad,) = [
+        (r["partition"], r["offset"]) for r in spark.table(f"lake.{spec.bad_records.dead_letter_identifier}").collect()
+    ]
     assert [(p.partition, p.original_records) for p in report.partitions] == [
-        (p, e - s - (bad[0] == p)) for p, (s, e) in expected.items()]
+        (p, e - s - (bad[0] == p)) for p, (s, e) in expected.items()
+    ]
     replay_dead_letters = spark.table(f"lake.{target}_dead_letter").collect()
-    assert [(r["partition"], r["offset"]) for r in replay_dead_letters] == [bad], "the replay has its own dead-letter table"
+    assert [(r["partition"], r["offset"]) for r in replay_dead_letters] == [bad], (
+        "the replay has its own dead-letter table"
+    )
 
     # independently of validate_replay: the same rows under the same (partition, offset), nothing else
     original_rows = in_range(rows_by_offset(spark, spec.identifier), expected)
@@ -125,7 +147,9 @@ def test_replay_an_offset_range_into_a_new_table(spark, settings, kafka, kafka_c
             assert s == covered[p]
             covered[p] = e
         recorded = json.loads(snap.summary[KEY_REPLAY_OF])
-        assert recorded["original"] == spec.identifier and recorded["end"] == {str(p): e for p, (_, e) in expected.items()}
+        assert recorded["original"] == spec.identifier and recorded["end"] == {
+            str(p): e for p, (_, e) in expected.items()
+        }
     assert covered == {p: e for p, (_, e) in expected.items()}
     assert state_at(view.snapshots, view.main).offsets == covered
 
@@ -149,8 +173,9 @@ def test_replay_a_timestamp_range(spark, settings, kafka, kafka_config, catalog,
     spec = make_spec(unique, topic)
     ingest_everything(spark, settings, spec, kafka, catalog)
     start_iso = datetime.fromtimestamp((BASE_TS_MS + 50) / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-    request = ReplayRequest.from_strings(from_time=start_iso, to_time=str(BASE_TS_MS + 150),
-                                         into=f"test.{unique}_window", validate=True)
+    request = ReplayRequest.from_strings(
+        from_time=start_iso, to_time=str(BASE_TS_MS + 150), into=f"test.{unique}_window", validate=True
+    )
     assert request.start_ms == BASE_TS_MS + 50
 
     result = run_replay(spark, settings, spec, request, kafka=kafka, catalog=catalog, commit_id="replay-window")
@@ -164,8 +189,17 @@ def test_replay_a_timestamp_range(spark, settings, kafka, kafka_config, catalog,
     # a time range beyond the original's committed offsets cannot be validated
     produce(kafka_config, topic, event_records(range(200, 220)))
     with pytest.raises(ReplayError, match="holds offsets only below"):
-        replay(spark, settings, spec, kafka, catalog, start_ms=BASE_TS_MS + 190, end_ms=BASE_TS_MS + 215,
-               into=f"test.{unique}_late", validate=True)
+        replay(
+            spark,
+            settings,
+            spec,
+            kafka,
+            catalog,
+            start_ms=BASE_TS_MS + 190,
+            end_ms=BASE_TS_MS + 215,
+            into=f"test.{unique}_late",
+            validate=True,
+        )
     assert load_table(catalog, f"test.{unique}_late") is None, "nothing is created for a refused replay"
 
 
@@ -199,8 +233,16 @@ def test_a_replay_that_fails_midway_resumes_without_duplicates(
     # orphans, which spares files younger than the clock-skew window
     time.sleep(settings.orphan_clock_skew_s)
 
-    rerun = run_replay(spark, settings, spec, ReplayRequest(**args), kafka=kafka, catalog=catalog,
-                       commit_id="replay-rerun", is_alive=lambda attempt: False)
+    rerun = run_replay(
+        spark,
+        settings,
+        spec,
+        ReplayRequest(**args),
+        kafka=kafka,
+        catalog=catalog,
+        commit_id="replay-rerun",
+        is_alive=lambda attempt: False,
+    )
     assert rerun.resumed and rerun.complete
     assert rerun.records == 300 - 80, "the rerun continues after the committed batch"
     assert rerun.validation.valid, rerun.validation.summary()
@@ -224,8 +266,17 @@ def test_rebuild_on_a_branch_from_a_snapshot(spark, settings, kafka, kafka_confi
     dead_letters = spark.table(f"lake.{spec.bad_records.dead_letter_identifier}").count()
     assert dead_letters == 1
 
-    result = replay(spark, settings, spec, kafka, catalog, from_snapshot=s, branch="fix", validate=True,
-                    max_records_per_partition=40)
+    result = replay(
+        spark,
+        settings,
+        spec,
+        kafka,
+        catalog,
+        from_snapshot=s,
+        branch="fix",
+        validate=True,
+        max_records_per_partition=40,
+    )
 
     assert result.branch == "replay_fix" and result.target == spec.identifier
     assert result.range.start == state_at(before.snapshots, s).offsets == {0: 50, 1: 50}
@@ -235,7 +286,8 @@ def test_rebuild_on_a_branch_from_a_snapshot(spark, settings, kafka, kafka_confi
     assert result.validation.valid and result.validation.records_compared == 200, result.validation.summary()
     after = current_view(catalog, spec)
     assert after.main == before.main and [x.snapshot_id for x in ancestors(after.snapshots, after.main)] == [
-        x.snapshot_id for x in ancestors(before.snapshots, before.main)], "main is untouched"
+        x.snapshot_id for x in ancestors(before.snapshots, before.main)
+    ], "main is untouched"
     assert rows_by_offset(spark, spec.identifier) == main_rows
     assert rows_by_offset(spark, spec.identifier, branch="replay_fix") == main_rows, "the branch is the rebuilt table"
     head = after.refs["replay_fix"]
@@ -244,8 +296,9 @@ def test_rebuild_on_a_branch_from_a_snapshot(spark, settings, kafka, kafka_confi
 
     # ingestion's recovery (even with every attempt declared dead) leaves the replay branch alone
     produce(kafka_config, topic, event_records(range(300, 320)))
-    r = run_micro_batch(spark, settings, spec, commit_id="after-replay", kafka=kafka, catalog=catalog,
-                        is_alive=lambda attempt: False)
+    r = run_micro_batch(
+        spark, settings, spec, commit_id="after-replay", kafka=kafka, catalog=catalog, is_alive=lambda attempt: False
+    )
     assert r.records == 20
     assert current_view(catalog, spec).refs["replay_fix"] == head
 
@@ -275,22 +328,35 @@ def test_validation_detects_a_mismatch(spark, settings, kafka, kafka_config, cat
     qualified_target = f"lake.{target}"
     spark.sql(f"DELETE FROM {qualified_target} WHERE _kafka_partition = 0 AND _kafka_offset = 3")
     spark.sql(f"UPDATE {qualified_target} SET name = 'tampered' WHERE _kafka_partition = 1 AND _kafka_offset = 5")
-    spark.sql(f"INSERT INTO {qualified_target} SELECT * FROM {qualified_target} "
-              "WHERE _kafka_partition = 1 AND _kafka_offset = 7")
+    spark.sql(
+        f"INSERT INTO {qualified_target} SELECT * FROM {qualified_target} "
+        "WHERE _kafka_partition = 1 AND _kafka_offset = 7"
+    )
     original = TableVersion(spec.identifier, current_view(catalog, spec).main)
     tampered = TableVersion(target, current_view(catalog, replay_table_spec(spec, target)).main)
-    report = validate_replay(spark, settings, spec, original=original, replay=tampered, ranges=result.range.ranges,
-                             check_outside_range=True)
+    report = validate_replay(
+        spark, settings, spec, original=original, replay=tampered, ranges=result.range.ranges, check_outside_range=True
+    )
     assert not report.valid
     assert (report.missing, report.extra, report.differing) == (1, 0, 2)
     assert report.mismatched_rows == 1 + 2 + 1, "deleted row; updated row both ways; the extra copy"
     assert {(e["partition"], e["offset"], e["kind"]) for e in report.examples} == {
-        (0, 3, "missing"), (1, 5, "differing"), (1, 7, "differing")}
+        (0, 3, "missing"),
+        (1, 5, "differing"),
+        (1, 7, "differing"),
+    }
     by_partition = {p.partition: (p.original_records, p.replay_records) for p in report.partitions}
     assert by_partition == {0: (60, 59), 1: (60, 61)}
     with pytest.raises(ReplayMismatchError, match="MISMATCH"):
-        validate_replay(spark, settings, spec, original=original, replay=tampered, ranges=result.range.ranges,
-                        raise_on_mismatch=True)
+        validate_replay(
+            spark,
+            settings,
+            spec,
+            original=original,
+            replay=tampered,
+            ranges=result.range.ranges,
+            raise_on_mismatch=True,
+        )
 
     # a value in a column only one side has is a difference too
     spark.sql(f"ALTER TABLE {qualified_target} ADD COLUMN note STRING")
@@ -301,11 +367,18 @@ def test_validation_detects_a_mismatch(spark, settings, kafka, kafka_config, cat
 
     # a replay over a wider range than the original holds: the offsets past it are extra
     high = {p: w.high for p, w in kafka.watermarks(topic).items()}
-    wide = replay(spark, settings, spec, kafka, catalog, start_offsets={0: 0, 1: 0}, end_offsets=high,
-                  into=f"test.{unique}_wide")
+    wide = replay(
+        spark, settings, spec, kafka, catalog, start_offsets={0: 0, 1: 0}, end_offsets=high, into=f"test.{unique}_wide"
+    )
     assert wide.validation is None and wide.records == 200
-    report = validate_replay(spark, settings, spec, original=TableVersion(spec.identifier, original.snapshot_id),
-                             replay=TableVersion(f"test.{unique}_wide", wide.snapshot_id), ranges=wide.range.ranges)
+    report = validate_replay(
+        spark,
+        settings,
+        spec,
+        original=TableVersion(spec.identifier, original.snapshot_id),
+        replay=TableVersion(f"test.{unique}_wide", wide.snapshot_id),
+        ranges=wide.range.ranges,
+    )
     assert not report.valid and (report.missing, report.extra, report.differing) == (0, 200 - 120, 0)
 
 
@@ -334,7 +407,7 @@ def test_a_start_below_the_log_start_offset_is_a_clear_error(
 def test_cli_replay_prints_the_report_and_exits_by_verdict(
     spark, settings, lake_env, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch, tmp_path, capsys
 ):
-    from kafka_iceberg import cli
+    from kafka_iceberg.lake_assets import cli
 
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(100)))
@@ -370,8 +443,8 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
 ):
     from dagster import AssetKey, DagsterInstance
 
-    from lake_assets.replay import replay_job
-    from resources import default_resources
+    from kafka_iceberg.lake_assets.replay import replay_job
+    from kafka_iceberg.resources import default_resources
 
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(80)))
@@ -382,7 +455,9 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
     for key, value in {**lake_env, "LAKE_TABLES_FILE": str(tables)}.items():
         monkeypatch.setenv(key, value)
     target = f"test.{unique}_dagster"
-    run_config = {"ops": {"replay_and_validate": {"config": {"table": unique, "from_offsets": "earliest", "into": target}}}}
+    run_config = {
+        "ops": {"replay_and_validate": {"config": {"table": unique, "from_offsets": "earliest", "into": target}}}
+    }
     job = replay_job(sqlite_catalog=True)
     instance = DagsterInstance.ephemeral()
 
@@ -395,8 +470,9 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
     assert md["records"].value == 80
 
     spark.sql(f"UPDATE lake.{target} SET amount = -1 WHERE _kafka_partition = 0 AND _kafka_offset = 2")
-    failed = job.execute_in_process(run_config=run_config, resources=default_resources(settings), instance=instance,
-                                    raise_on_error=False)
+    failed = job.execute_in_process(
+        run_config=run_config, resources=default_resources(settings), instance=instance, raise_on_error=False
+    )
     assert not failed.success
     (mat,) = failed.get_asset_materialization_events()
     assert mat.materialization.metadata["validation"].value["differing"] == 1

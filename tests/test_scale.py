@@ -2,7 +2,7 @@
 tick of the lag sensors over all of them runs against the dev broker.
 
 Timings are printed (``-s`` shows them; docs/deployment.md records them; ``make bench`` prints
-them next to their goals with the same code, devtools/bench_scale.py), never asserted.
+them next to their goals with the same code, devtools/bench/scale.py), never asserted.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from dagster import AssetKey, SensorResult
 
-from devtools import bench_scale
-from kafka_iceberg.spec import load_table_specs
+from devtools.bench import scale as bench_scale
+from kafka_iceberg.declaration.spec import load_table_specs
 from tests.helpers import event_records
 from tests.spark_cluster import free_port, produce
 
@@ -28,9 +28,13 @@ def _load_code_location(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _env(tmp_path: Path, tables: Path, **extra) -> dict[str, str]:
-    return {**os.environ, "LAKE_HOME": str(tmp_path / "lake"), "LAKE_TABLES_FILE": str(tables),
-            "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",  # nothing listens: the broker is down
-            **extra}
+    return {
+        **os.environ,
+        "LAKE_HOME": str(tmp_path / "lake"),
+        "LAKE_TABLES_FILE": str(tables),
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",  # nothing listens: the broker is down
+        **extra,
+    }
 
 
 def test_hundred_tables_load_as_hundred_assets(tmp_path):
@@ -38,8 +42,10 @@ def test_hundred_tables_load_as_hundred_assets(tmp_path):
     proc = _load_code_location(_env(tmp_path, tables))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"\n100-table code location: loaded in {result['seconds']:.2f} s, "
-          f"{result['table_assets']} table assets, {result['sensors']} sensors, other assets: {result['other_assets']}")
+    print(
+        f"\n100-table code location: loaded in {result['seconds']:.2f} s, "
+        f"{result['table_assets']} table assets, {result['sensors']} sensors, other assets: {result['other_assets']}"
+    )
     assert result["table_assets"] == N_TABLES
     assert result["sensors"] >= 2 * N_TABLES  # a lag and a retention sensor per table
     # a user's own tables file gets none of the demo's assets and jobs
@@ -48,8 +54,9 @@ def test_hundred_tables_load_as_hundred_assets(tmp_path):
 
 def test_demo_assets_come_with_the_demo_tables_only(tmp_path):
     """The downstream asset and ``ingest_all`` need both nyc.flights and nyc.weather declared."""
-    from kafka_iceberg.settings import CHECKOUT as checkout, load_settings
-    from lake_assets.definitions import build_definitions
+    from kafka_iceberg.config.settings import CHECKOUT as checkout
+    from kafka_iceberg.config.settings import load_settings
+    from kafka_iceberg.lake_assets.definitions import build_definitions
 
     settings = load_settings({"LAKE_HOME": str(tmp_path)})
     demo = load_table_specs(checkout / "lake_assets" / "tables.yaml")
@@ -63,8 +70,11 @@ def test_demo_assets_come_with_the_demo_tables_only(tmp_path):
 def test_code_location_loads_with_the_catalog_down(tmp_path):
     tables = hundred_tables(tmp_path / "tables.yaml", "down", n=3)
     closed = free_port()
-    proc = _load_code_location(_env(tmp_path, tables, LAKE_CATALOG_URI=f"postgresql://lake:x@127.0.0.1:{closed}/lake",
-                                    LAKE_CATALOG_RETRY_S="0"))
+    proc = _load_code_location(
+        _env(
+            tmp_path, tables, LAKE_CATALOG_URI=f"postgresql://lake:x@127.0.0.1:{closed}/lake", LAKE_CATALOG_RETRY_S="0"
+        )
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -75,7 +85,9 @@ def test_one_lag_sensor_tick_over_hundred_tables(settings, broker, kafka_config,
         produce(kafka_config, spec.topic, event_records(range(20)))
 
     seconds, results = bench_scale.lag_tick(settings, specs)
-    print(f"\nlag sensor tick over {len(specs)} tables: {seconds:.2f} s ({1000 * seconds / len(specs):.0f} ms per table)")
+    print(
+        f"\nlag sensor tick over {len(specs)} tables: {seconds:.2f} s ({1000 * seconds / len(specs):.0f} ms per table)"
+    )
     assert all(isinstance(r, SensorResult) for r in results)
     observed = [r.asset_events[0].metadata for r in results]
     assert len(observed) == N_TABLES

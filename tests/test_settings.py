@@ -1,4 +1,4 @@
-"""kafka_iceberg.settings: every variable read in one place, built once per environment, typed groups
+"""kafka_iceberg.config.settings: every variable read in one place, built once per environment, typed groups
 (streaming, Slack, Schema Registry) with clear errors for malformed values."""
 
 from __future__ import annotations
@@ -7,10 +7,16 @@ import logging
 
 import pytest
 
+from kafka_iceberg.config.settings import (
+    debug_enabled,
+    expand_env_references,
+    load_settings,
+    registry_settings,
+    run_catalog,
+    slack_settings,
+)
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.formats import client_config
-from kafka_iceberg.settings import (debug_enabled, expand_env_references, load_settings, registry_settings,
-                                    run_catalog, slack_settings)
 
 
 def test_settings_are_built_once_per_environment_and_anew_when_it_changes(monkeypatch, tmp_path):
@@ -47,8 +53,13 @@ def test_slack_settings_never_raise_and_hide_the_token(caplog):
 
 
 def test_registry_credentials_reach_the_client_config():
-    bearer = registry_settings({"LAKE_SCHEMA_REGISTRY_BEARER_TOKEN": "t0k", "LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER": "lsrc-1",
-                                "LAKE_SCHEMA_REGISTRY_CA": "/ca.pem"})
+    bearer = registry_settings(
+        {
+            "LAKE_SCHEMA_REGISTRY_BEARER_TOKEN": "t0k",
+            "LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER": "lsrc-1",
+            "LAKE_SCHEMA_REGISTRY_CA": "/ca.pem",
+        }
+    )
     conf = client_config("http://r:1", bearer)
     assert conf["bearer.auth.token"] == "t0k" and conf["bearer.auth.logical.cluster"] == "lsrc-1"
     assert conf["ssl.ca.location"] == "/ca.pem" and "basic.auth.user.info" not in conf
@@ -63,6 +74,11 @@ def test_env_references_debug_and_run_catalog(monkeypatch, tmp_path):
     assert debug_enabled({"LAKE_DEBUG": "1"}) and not debug_enabled({"LAKE_DEBUG": ""})
     uri = f"sqlite:///{tmp_path / 'catalog.db'}"
     cat = run_catalog("lake", uri, f"file://{tmp_path}/wh")
-    assert cat.jdbc_uri == f"jdbc:sqlite:{tmp_path / 'catalog.db'}" and run_catalog("lake", uri, f"file://{tmp_path}/wh") is cat
-    monkeypatch.setenv("LAKE_CATALOG_PROPERTIES", '{"type": "sql", "uri": "%s"}' % uri)  # a changed environment: resolved anew
+    assert (
+        cat.jdbc_uri == f"jdbc:sqlite:{tmp_path / 'catalog.db'}"
+        and run_catalog("lake", uri, f"file://{tmp_path}/wh") is cat
+    )
+    monkeypatch.setenv(
+        "LAKE_CATALOG_PROPERTIES", '{"type": "sql", "uri": "%s"}' % uri
+    )  # a changed environment: resolved anew
     assert run_catalog("lake", uri, f"file://{tmp_path}/wh") is not cat

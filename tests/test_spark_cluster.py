@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kafka_iceberg.catalog import load_catalog, load_table
-from kafka_iceberg.settings import load_settings
+from kafka_iceberg.catalog.tables import load_catalog, load_table
+from kafka_iceberg.config.settings import load_settings
 from tests.helpers import event_records, spec_dict
 from tests.spark_cluster import duck, produce, start_cluster
 
@@ -33,8 +33,14 @@ def spark_cluster(tmp_path_factory):
 
 
 def _driver(env: dict[str, str], raw: dict, commit_id: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.cluster_batch", json.dumps(raw), commit_id], env=env, cwd=CHECKOUT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.cluster_batch", json.dumps(raw), commit_id],
+        env=env,
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -52,12 +58,14 @@ def test_micro_batches_on_a_standalone_cluster(spark_cluster, broker, kafka_conf
         "SPARK_MASTER": spark_cluster.url,
         "LAKE_SPARK_DRIVER_MEMORY": "1g",
         "LAKE_MAX_RECORDS_PER_TASK": "500",  # 4 partitions x 1000 records -> 8 read tasks
-        "LAKE_SPARK_CONF": json.dumps({
-            "spark.executor.memory": "512m",
-            "spark.executor.cores": "1",
-            "spark.cores.max": "2",
-            "spark.pyspark.python": sys.executable,
-        }),
+        "LAKE_SPARK_CONF": json.dumps(
+            {
+                "spark.executor.memory": "512m",
+                "spark.executor.cores": "1",
+                "spark.cores.max": "2",
+                "spark.pyspark.python": sys.executable,
+            }
+        ),
     }
     first = _driver(env, raw, f"cluster-{uuid.uuid4()}")
     assert first["master"] == spark_cluster.url

@@ -8,13 +8,13 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from devtools import duck
-from devtools.demo_data import produce
-from kafka_iceberg.catalog import load_catalog
+from devtools.demo.data import produce
+from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.errors import ConfigError
-from kafka_iceberg.settings import load_settings
-from lake_assets.streaming import stream_budget_s
-from lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset
-from resources import default_resources
+from kafka_iceberg.lake_assets.streaming import stream_budget_s
+from kafka_iceberg.lake_assets.tables import MICRO_BATCHES, table_asset, table_key, topic_asset
+from kafka_iceberg.resources import default_resources
 from tests.helpers import event_records, make_spec
 
 
@@ -23,20 +23,28 @@ def test_only_sensor_runs_outside_backfills_stream():
     assert stream_budget_s({"dagster/sensor_name": "flights_lag"}, budget_s) == 30.0
     assert stream_budget_s({"dagster/sensor_name": "flights_lag", "dagster/backfill": "abc"}, budget_s) == 0.0
     assert stream_budget_s({}, budget_s) == 0.0, "a run launched by hand or by a job commits one micro-batch"
-    assert stream_budget_s({"dagster/sensor_name": "x"}, load_settings(env={"LAKE_STREAM_BUDGET_S": "0"}).stream.budget_s) == 0.0
+    assert (
+        stream_budget_s({"dagster/sensor_name": "x"}, load_settings(env={"LAKE_STREAM_BUDGET_S": "0"}).stream.budget_s)
+        == 0.0
+    )
     with pytest.raises(ConfigError, match="LAKE_STREAM_BUDGET_S"):
         load_settings(env={"LAKE_STREAM_BUDGET_S": "-1"})
 
 
 def _distinct_rows(settings, spec) -> tuple[int, int]:
     table = load_catalog(settings.catalog).load_table(spec.identifier)
-    return duck.connect().execute(
-        f"SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) FROM {duck.scan_sql(table.metadata_location)}"
-    ).fetchone()
+    return (
+        duck.connect()
+        .execute(
+            f"SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) FROM {duck.scan_sql(table.metadata_location)}"
+        )
+        .fetchone()
+    )
 
 
 def test_a_sensor_run_commits_until_no_lag_is_left_each_commit_a_materialization(
-        settings, kafka_config, spark, unique, topic_factory, monkeypatch):
+    settings, kafka_config, spark, unique, topic_factory, monkeypatch
+):
     monkeypatch.setenv("LAKE_STREAM_BUDGET_S", "300")  # read by the run's settings (settings_for)
     monkeypatch.setenv("LAKE_STREAM_IDLE_S", "0")
     topic = topic_factory(unique, partitions=2)
@@ -47,12 +55,20 @@ def test_a_sensor_run_commits_until_no_lag_is_left_each_commit_a_materialization
     instance.add_dynamic_partitions(MICRO_BATCHES.name, ["s1", "s2"])
     resources = default_resources(settings)
 
-    run = materialize(assets, resources=resources, instance=instance, selection=[table_key(spec)], partition_key="s1",
-                      tags={"dagster/sensor_name": f"{spec.name}_lag"})
+    run = materialize(
+        assets,
+        resources=resources,
+        instance=instance,
+        selection=[table_key(spec)],
+        partition_key="s1",
+        tags={"dagster/sensor_name": f"{spec.name}_lag"},
+    )
     assert run.success
     events = [e.materialization for e in run.get_asset_materialization_events()]
     records = [m.metadata["records"].value for m in events]
-    assert len(records) >= 3 and sum(records) == 130 and max(records) <= 50, f"one materialization per commit: {records}"
+    assert len(records) >= 3 and sum(records) == 130 and max(records) <= 50, (
+        f"one materialization per commit: {records}"
+    )
     assert [m.metadata["stream_commit"].value for m in events] == list(range(1, len(events) + 1))
     assert {m.partition for m in events} == {"s1"}
     assert len({m.metadata["snapshot_id"].value for m in events}) == len(events)
@@ -61,7 +77,9 @@ def test_a_sensor_run_commits_until_no_lag_is_left_each_commit_a_materialization
 
     # a run not launched by a sensor (by hand, a job, a backfill) still commits exactly one micro-batch
     produce(kafka_config, topic, event_records(range(130, 250)))
-    single = materialize(assets, resources=resources, instance=instance, selection=[table_key(spec)], partition_key="s2")
+    single = materialize(
+        assets, resources=resources, instance=instance, selection=[table_key(spec)], partition_key="s2"
+    )
     (one,) = [e.materialization.metadata for e in single.get_asset_materialization_events()]
     assert 0 < one["records"].value <= 50 and one["lag_after_commit"].value == 120 - one["records"].value
     assert _distinct_rows(settings, spec) == (130 + one["records"].value,) * 2

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import devbroker
-from devtools.demo_data import FLIGHTS, WEATHER, create_topic, load_frame, produce, to_records
-from kafka_iceberg.settings import CHECKOUT
+from devtools.demo.data import FLIGHTS, WEATHER, create_topic, load_frame, produce, to_records
+from devtools.services import devbroker
+from kafka_iceberg.config.settings import CHECKOUT
 
 CHROMIUM = "/usr/bin/chromium"
 WEATHER_BOUND = 150
@@ -45,8 +45,9 @@ pytestmark = pytest.mark.browser
 
 
 def _graphql(url: str, query: str) -> dict:
-    req = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())["data"]
 
@@ -81,15 +82,36 @@ def dagster_ui(tmp_path, broker, kafka_config, slack):
     tables_file = tmp_path / "tables.yaml"
     tables_file.write_text(yaml.safe_dump(declared, sort_keys=False))
     port = devbroker.free_port()
-    env = {**os.environ, "LAKE_HOME": str(lake_home), "DAGSTER_HOME": str(dagster_home), "LAKE_TABLES_FILE": str(tables_file),
-           "KAFKA_BOOTSTRAP_SERVERS": broker, "SPARK_MASTER": "local[1]", "LAKE_SPARK_DRIVER_MEMORY": "1g",
-           "DAGSTER_UI_URL": f"http://127.0.0.1:{port}",
-           "KAFKA_CLIENT_CONFIG": json.dumps({"sasl.password": SASL_PASSWORD}),
-           "SLACK_BOT_TOKEN": SLACK_TOKEN, "SLACK_API_BASE_URL": slack.base_url}
+    env = {
+        **os.environ,
+        "LAKE_HOME": str(lake_home),
+        "DAGSTER_HOME": str(dagster_home),
+        "LAKE_TABLES_FILE": str(tables_file),
+        "KAFKA_BOOTSTRAP_SERVERS": broker,
+        "SPARK_MASTER": "local[1]",
+        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        "DAGSTER_UI_URL": f"http://127.0.0.1:{port}",
+        "KAFKA_CLIENT_CONFIG": json.dumps({"sasl.password": SASL_PASSWORD}),
+        "SLACK_BOT_TOKEN": SLACK_TOKEN,
+        "SLACK_API_BASE_URL": slack.base_url,
+    }
     log = open(tmp_path / "dagster-dev.log", "w")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=CHECKOUT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(Path(sys.executable).with_name("dagster")),
+            "dev",
+            "-w",
+            "workspace.yaml",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        cwd=CHECKOUT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -120,8 +142,10 @@ def dagster_ui(tmp_path, broker, kafka_config, slack):
         log.close()
 
 
-BACKFILLS = ("{ partitionBackfillsOrError(limit: 20) { ... on PartitionBackfills { results "
-             "{ id status numPartitions partitionNames tags { key value } } } } }")
+BACKFILLS = (
+    "{ partitionBackfillsOrError(limit: 20) { ... on PartitionBackfills { results "
+    "{ id status numPartitions partitionNames tags { key value } } } } }"
+)
 
 
 def _backfills(url: str) -> list[dict]:
@@ -132,8 +156,10 @@ def _backfills(url: str) -> list[dict]:
 
 def _runs_of_backfill(url: str, backfill_id: str) -> list[dict]:
     """The runs launched by one backfill (``runId`` and ``status``)."""
-    query = ('{ runsOrError(filter: {tags: [{key: "dagster/backfill", value: "%s"}]}) '
-             '{ ... on Runs { results { runId status } } } }' % backfill_id)
+    query = (
+        '{ runsOrError(filter: {tags: [{key: "dagster/backfill", value: "%s"}]}) '
+        "{ ... on Runs { results { runId status } } } }" % backfill_id
+    )
     return _graphql(url, query)["runsOrError"]["results"]
 
 
@@ -144,8 +170,10 @@ def _runs(url: str) -> list[dict]:
 
 def _check_executions(url: str, check: str) -> list[dict]:
     """Every execution of the weather table's asset check ``check``, newest first."""
-    query = ('{ assetCheckExecutions(assetKey: {path: ["lake", "nyc", "weather"]}, checkName: "%s", limit: 50) '
-             '{ runId status evaluation { success } } }' % check)
+    query = (
+        '{ assetCheckExecutions(assetKey: {path: ["lake", "nyc", "weather"]}, checkName: "%s", limit: 50) '
+        "{ runId status evaluation { success } } }" % check
+    )
     return _graphql(url, query)["assetCheckExecutions"]
 
 
@@ -168,8 +196,15 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         page = browser.new_page(viewport={"width": 1500, "height": 950})
         page.set_default_timeout(60_000)
@@ -247,7 +282,10 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         for check in ("duplicate_free", "freshness", "quarantine"):
             executions = [e for e in _check_executions(url, check) if e["runId"] in all_runs]
             assert sorted(e["runId"] for e in executions) == sorted(all_runs), (check, executions)
-            assert all(e["status"] in ("SUCCEEDED", "FAILED") and e["evaluation"] for e in executions), (check, executions)
+            assert all(e["status"] in ("SUCCEEDED", "FAILED") and e["evaluation"] for e in executions), (
+                check,
+                executions,
+            )
             if check == "duplicate_free":  # severity ERROR: never failed
                 assert {e["status"] for e in executions} == {"SUCCEEDED"}, executions
         page.goto(f"{url}/assets/lake/nyc/weather?view=checks")
@@ -256,8 +294,9 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         before = {r["runId"] for r in _runs(url)}
         page.get_by_role("button", name="Execute all").click()
         deadline = time.monotonic() + 600  # one Spark run on a loaded machine
-        while not (checks_run := [r for r in _runs(url) if r["runId"] not in before]) or \
-                checks_run[0]["status"] not in ("SUCCESS", "FAILURE", "CANCELED"):
+        while not (checks_run := [r for r in _runs(url) if r["runId"] not in before]) or checks_run[0][
+            "status"
+        ] not in ("SUCCESS", "FAILURE", "CANCELED"):
             assert time.monotonic() < deadline, f"the checks run did not finish in 600 s: {checks_run}"
             time.sleep(3)
         assert len(checks_run) == 1 and checks_run[0]["status"] == "SUCCESS", checks_run
@@ -269,9 +308,12 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         # 7. the lag sensor and its ticks (the first requested the backfill)
         page.goto(f"{url}/locations/lake_assets.definitions/sensors/weather_lag")
         expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
-        ticks = _graphql(url, '{ sensorOrError(sensorSelector: {repositoryLocationName: "lake_assets.definitions", '
-                              'repositoryName: "__repository__", sensorName: "weather_lag"}) '
-                              '{ ... on Sensor { sensorState { ticks(limit: 1000) { status } } } } }')
+        ticks = _graphql(
+            url,
+            '{ sensorOrError(sensorSelector: {repositoryLocationName: "kafka_iceberg.lake_assets.definitions", '
+            'repositoryName: "__repository__", sensorName: "weather_lag"}) '
+            "{ ... on Sensor { sensorState { ticks(limit: 1000) { status } } } } }",
+        )
         statuses = [t["status"] for t in ticks["sensorOrError"]["sensorState"]["ticks"]]
         assert "SUCCESS" in statuses, statuses
         page.reload()
@@ -286,8 +328,18 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000
 
 
-SCREENSHOTS = ("backfill", "backfills", "run-success", "lineage", "checks", "lag-sensor", "freshness", "column-schema",
-               "resources", "resources-slack")
+SCREENSHOTS = (
+    "backfill",
+    "backfills",
+    "run-success",
+    "lineage",
+    "checks",
+    "lag-sensor",
+    "freshness",
+    "column-schema",
+    "resources",
+    "resources-slack",
+)
 
 
 def _asset_health_and_schema(page, url: str) -> None:
@@ -311,7 +363,7 @@ def _asset_health_and_schema(page, url: str) -> None:
         page.reload()
         expect(policy).to_be_visible(timeout=60_000)
     body = page.inner_text("body")
-    assert passing.search(body), body[body.find("Freshness policy"):][:300]
+    assert passing.search(body), body[body.find("Freshness policy") :][:300]
     policy.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)
     page.screenshot(path=str(SHOTS / "freshness.png"))
@@ -335,8 +387,13 @@ def _resources_without_secrets(page, url: str) -> None:
     page.goto(base)
     for name in ("kafka", "catalog", "pyspark", "slack"):
         expect(page.get_by_text(name, exact=True).first).to_be_visible()
-    pages = {"": None, "kafka": ("client_config_json", "KAFKA_CLIENT_CONFIG"), "slack": ("token", "SLACK_BOT_TOKEN"),
-             "catalog": None, "pyspark": None}
+    pages = {
+        "": None,
+        "kafka": ("client_config_json", "KAFKA_CLIENT_CONFIG"),
+        "slack": ("token", "SLACK_BOT_TOKEN"),
+        "catalog": None,
+        "pyspark": None,
+    }
     for resource, env_field in pages.items():
         page.goto(f"{base}/{resource}" if resource else base)
         expect(page.get_by_text("Configuration" if resource else "Name", exact=True).first).to_be_visible()

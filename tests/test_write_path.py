@@ -14,20 +14,20 @@ import uuid
 import pytest
 
 from devtools import duck
-from devtools.devbroker import free_port
-from devtools.demo_data import produce
-from devtools.rehearsal import kill_group
-from kafka_iceberg.catalog import load_table
-from kafka_iceberg.checks import duplicate_free
+from devtools.demo.data import produce
+from devtools.rehearsal.run import kill_group
+from devtools.services.devbroker import free_port
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.recovery import BRANCH_PREFIX
+from kafka_iceberg.catalog.tables import load_table
+from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.errors import CommitConflictError, DataLossError, MalformedRecordError, TopicNotFoundError
-from kafka_iceberg.pipeline import run_micro_batch
-from kafka_iceberg.recovery import BRANCH_PREFIX
-from kafka_iceberg.spec import parse_table_spec
+from kafka_iceberg.ops.checks import duplicate_free
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (
-    delete_records,
     current_view,
     data_files_on_disk,
+    delete_records,
     event,
     event_records,
     make_spec,
@@ -35,6 +35,7 @@ from tests.helpers import (
     spec_dict,
     table_rows,
 )
+
 
 def run(spark, settings, spec, kafka, catalog, **kw):
     return run_micro_batch(
@@ -59,7 +60,9 @@ def assert_exactly(spark, settings, spec, catalog, ids: set[int]):
     assert duck.count_rows(table.metadata_location) == len(ids)
 
 
-def test_micro_batches_across_partitions_respect_the_bound(spark, settings, kafka, kafka_config, catalog, unique, topic_factory):
+def test_micro_batches_across_partitions_respect_the_bound(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
     topic = topic_factory(unique, partitions=3)
     produce(kafka_config, topic, event_records(range(900)))
     spec = make_spec(unique, topic, max_records_per_partition=120)
@@ -132,11 +135,11 @@ def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id
     code = textwrap.dedent(
         f"""
         import json, sys
-        from devtools.faults import env_crash_hook
-        from kafka_iceberg.catalog import get_spark
-        from kafka_iceberg.pipeline import run_micro_batch
-        from kafka_iceberg.settings import load_settings
-        from kafka_iceberg.spec import parse_table_spec
+        from devtools.rehearsal.faults import env_crash_hook
+        from kafka_iceberg.catalog.spark import get_spark
+        from kafka_iceberg.batch.pipeline import run_micro_batch
+        from kafka_iceberg.config.settings import load_settings
+        from kafka_iceberg.declaration.spec import parse_table_spec
         settings = load_settings()
         spec = parse_table_spec(json.loads(sys.argv[1]))
         run_micro_batch(get_spark(settings), settings, spec, commit_id={commit_id!r}, crash_hook=env_crash_hook())
@@ -154,8 +157,13 @@ def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id
         env["LAKE_CRASH_AT"] = crash_at
     # its own process group, so the whole tree (Python driver, Spark's JVM, Python workers)
     # can be killed at once, as an OOM kill or a lost node would
-    return subprocess.Popen([sys.executable, "-c", code, json.dumps(raw_spec)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(raw_spec)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("crash_at", ["after_write", "after_publish"])
@@ -205,8 +213,9 @@ def test_kill_while_writing_leaves_no_orphans(spark, settings, kafka, kafka_conf
     produce(kafka_config, topic, event_records(range(n)))
     raw = spec_dict(unique, topic, max_records_per_partition=n)
     spec = parse_table_spec(raw)
-    proc = _run_in_subprocess(settings, raw, None, commit_id=f"killed-{unique}",
-                              extra_env={"LAKE_MAX_RECORDS_PER_TASK": "5000"})
+    proc = _run_in_subprocess(
+        settings, raw, None, commit_id=f"killed-{unique}", extra_env={"LAKE_MAX_RECORDS_PER_TASK": "5000"}
+    )
     deadline = time.monotonic() + 240
     while not data_files_on_disk(settings, spec):
         assert proc.poll() is None, "the run finished before it could be killed"
@@ -265,7 +274,10 @@ def test_malformed_record_fails_the_run_under_the_fail_policy(
 @pytest.mark.parametrize(
     "value, reason",
     [
-        ({"id": 1, "name": "x", "event_time": "2023-11-14T00:00:00Z", "color": "red"}, "fields not in the table schema: color"),
+        (
+            {"id": 1, "name": "x", "event_time": "2023-11-14T00:00:00Z", "color": "red"},
+            "fields not in the table schema: color",
+        ),
         ({"name": "x", "event_time": "2023-11-14T00:00:00Z"}, "required field id is missing or null"),
         ({"id": "one", "event_time": "2023-11-14T00:00:00Z"}, "does not fit the table schema: id is one, not bigint"),
     ],
@@ -345,7 +357,7 @@ def test_records_deleted_between_plan_and_read_fail_the_run(
 
 def test_unreachable_broker_is_a_clear_error(unique):
     from kafka_iceberg.errors import BrokerUnavailableError
-    from kafka_iceberg.kafka_client import KafkaConfig, KafkaMetadata
+    from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
     dead = KafkaMetadata(KafkaConfig(f"127.0.0.1:{free_port()}", {}, timeout_s=3))
     t0 = time.monotonic()
@@ -383,8 +395,8 @@ def test_transaction_markers_and_aborted_records_are_skipped(
 def test_a_micro_batch_loads_table_metadata_at_phase_boundaries_and_an_empty_one_starts_no_spark_job(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory
 ):
+    from kafka_iceberg.batch.pipeline import connect, prepare, run_batch
     from kafka_iceberg.batch.plan import plan_ingest
-    from kafka_iceberg.pipeline import connect, prepare, run_batch
 
     topic = topic_factory(unique, partitions=2)
     produce(kafka_config, topic, event_records(range(100)))

@@ -4,5 +4,5 @@
 :mod:`~kafka_iceberg.batch.recover`, :mod:`~kafka_iceberg.batch.plan`,
 :mod:`~kafka_iceberg.batch.read`, :mod:`~kafka_iceberg.batch.write`,
 :mod:`~kafka_iceberg.batch.publish`; the values in :mod:`~kafka_iceberg.batch.types`.
-:mod:`kafka_iceberg.pipeline` runs them in order.
+:mod:`kafka_iceberg.batch.pipeline` runs them in order.
 """

@@ -44,7 +44,7 @@ def commit(table, requirements: tuple = (), updates: tuple = ()):
         CommitFailedException: a requirement failed on the base (nothing was written).
         StaleBaseError: the table moved since the base (the new metadata.json is deleted again).
         The SQL driver's error when the catalog database is unavailable or locked (transient:
-        :func:`kafka_iceberg.catalog.is_transient_catalog_error`), as pyiceberg's commit raises it.
+        :func:`kafka_iceberg.catalog.tables.is_transient_catalog_error`), as pyiceberg's commit raises it.
     """
     from pyiceberg.table import Table
 
@@ -132,9 +132,14 @@ def _swap(catalog, identifier, base_location: str, location: str) -> None:
     with Session(catalog.engine) as session:
         result = session.execute(
             update(IcebergTables)
-            .where(IcebergTables.catalog_name == catalog.name, IcebergTables.table_namespace == namespace,
-                   IcebergTables.table_name == name, IcebergTables.metadata_location == base_location)
-            .values(metadata_location=location, previous_metadata_location=base_location))
+            .where(
+                IcebergTables.catalog_name == catalog.name,
+                IcebergTables.table_namespace == namespace,
+                IcebergTables.table_name == name,
+                IcebergTables.metadata_location == base_location,
+            )
+            .values(metadata_location=location, previous_metadata_location=base_location)
+        )
         if result.rowcount < 1:
             raise StaleBaseError(f"table {namespace}.{name} moved since its metadata {base_location} was loaded")
         session.commit()

@@ -2,7 +2,7 @@
 the crash hook, and the few table operations the phases share (each retried on a transient
 catalog error where that is safe).
 
-Table metadata (snapshots and refs, a :class:`~kafka_iceberg.catalog.TableMetadataView`) is
+Table metadata (snapshots and refs, a :class:`~kafka_iceberg.catalog.tables.TableMetadataView`) is
 loaded only through :meth:`Lake.history`, which counts the loads in ``metadata_loads``; the
 phases call it at their boundaries, never per helper call.
 """
@@ -10,10 +10,12 @@ phases call it at their boundaries, never per helper call.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from kafka_iceberg.catalog import (
+from kafka_iceberg.batch.keys import ensure_key_column
+from kafka_iceberg.catalog.registry_tables import ensure_registry_table
+from kafka_iceberg.catalog.tables import (
     TableMetadataView,
     ensure_dead_letter_table,
     ensure_table,
@@ -21,10 +23,10 @@ from kafka_iceberg.catalog import (
     metadata_view,
     with_catalog_retry,
 )
+from kafka_iceberg.config.settings import Settings
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.kafka_client import KafkaMetadata
-from kafka_iceberg.settings import Settings
-from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.kafka.admin import KafkaMetadata
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class Lake:
     """The connections one micro-batch (or replay) uses.
 
     Args:
-        spark: a SparkSession configured by :func:`kafka_iceberg.catalog.spark_conf`.
+        spark: a SparkSession configured by :func:`kafka_iceberg.catalog.spark.spark_conf`.
         settings: runtime settings (catalog, timeouts, task sizing).
         kafka: cluster metadata client (watermarks, timestamp lookups, group commits).
         catalog: pyiceberg catalog on the same JDBC database as Spark's.
@@ -73,7 +75,7 @@ class Lake:
         return self.settings.catalog.name
 
     def retry(self, what: str, fn, before_retry=None):
-        """:func:`~kafka_iceberg.catalog.with_catalog_retry` with the settings' budget."""
+        """:func:`~kafka_iceberg.catalog.tables.with_catalog_retry` with the settings' budget."""
         return with_catalog_retry(what, fn, self.settings.catalog_retry_s, before_retry=before_retry)
 
     def history(self, identifier: str) -> TableMetadataView:
@@ -99,6 +101,7 @@ class Lake:
         Raises:
             LakeError: ``must_exist`` and the table does not exist. CatalogUnavailableError.
         """
+
         def load():
             self.metadata_loads.append(identifier)
             return load_table(self.catalog, identifier)
@@ -117,12 +120,13 @@ class Lake:
 
         Raises:
             Py4JJavaError: the table does not exist, or the catalog failed (transient: see
-                :func:`~kafka_iceberg.catalog.is_transient_catalog_error`).
+                :func:`~kafka_iceberg.catalog.tables.is_transient_catalog_error`).
         """
         if identifier not in self.java_tables:
             jvm = self.spark._jvm
             self.java_tables[identifier] = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-                self.spark._jsparkSession, f"{self.catalog_name}.{identifier}")
+                self.spark._jsparkSession, f"{self.catalog_name}.{identifier}"
+            )
         return self.java_tables[identifier]
 
     def sql(self, what: str, statement: str, before_retry=None):
@@ -140,16 +144,16 @@ class Lake:
         if key in _ENSURED:
             return
         if spec.columns_from_registry:
-            from kafka_iceberg.batch.formats import ensure_registry_table
-
-            self.retry(f"table {spec.identifier}: create the table from the registry",
-                       lambda: ensure_registry_table(self.spark, self.settings, spec))
+            self.retry(
+                f"table {spec.identifier}: create the table from the registry",
+                lambda: ensure_registry_table(self.spark, self.settings, spec),
+            )
         else:
-            self.retry(f"table {spec.identifier}: create or check the table",
-                       lambda: ensure_table(self.spark, self.settings, spec))
+            self.retry(
+                f"table {spec.identifier}: create or check the table",
+                lambda: ensure_table(self.spark, self.settings, spec),
+            )
         if spec.key_format is not None:
-            from kafka_iceberg.batch.keys import ensure_key_column
-
             ensure_key_column(self, spec)
         if spec.bad_records.policy == "quarantine":
             self.ensure_dead_letter_table(spec)
@@ -157,8 +161,10 @@ class Lake:
 
     def ensure_dead_letter_table(self, spec: TableSpec) -> None:
         """Create ``spec``'s dead-letter table if missing (see :func:`catalog.ensure_dead_letter_table`)."""
-        self.retry(f"table {spec.identifier}: create the dead-letter table",
-                   lambda: ensure_dead_letter_table(self.spark, self.settings, spec))
+        self.retry(
+            f"table {spec.identifier}: create the dead-letter table",
+            lambda: ensure_dead_letter_table(self.spark, self.settings, spec),
+        )
 
     def forget_tables(self, spec: TableSpec) -> None:
         """Forget that :meth:`ensure_tables` ran for ``spec`` (its table vanished)."""

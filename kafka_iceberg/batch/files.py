@@ -1,7 +1,7 @@
 """Data files written by Spark tasks with pyiceberg's Parquet writer (``LAKE_WRITER=arrow``), and
 their publish as one snapshot.
 
-Records pyarrow claimed in the read task (:mod:`kafka_iceberg.arrow_json`) never become Spark
+Records pyarrow claimed in the read task (:mod:`kafka_iceberg.formats.arrow_json`) never become Spark
 rows: the read task turns them into table rows (Arrow) and writes them as Parquet data files with
 the table's schema (field ids), partition spec, location provider and write properties, keeping at
 most :data:`FLUSH_ROWS` rows in memory. The task reports its files (pyiceberg ``DataFile``s)
@@ -14,7 +14,7 @@ fast-forward, drop); the state contract is the same.
 
 An attempt whose commit fails deletes the files it wrote (:func:`discard`); the files of an
 attempt killed before its commit are orphans under the table location, and recovery deletes them
-like those of Spark's writer (:mod:`kafka_iceberg.recovery`).
+like those of Spark's writer (:mod:`kafka_iceberg.batch.recovery`).
 
 Where pyiceberg's writer differs from Spark's: a read task writes one file per table partition it
 saw (no shuffle), so a large batch has more, smaller files (compaction rewrites them); and a list
@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from kafka_iceberg.batch.commit import commit
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,16 @@ class FileWriter:
 
         # what the writer reads (schema, spec, properties, location, format version), not the history:
         # a table's snapshot list grows with every commit and would travel with every task
-        self.metadata = table.metadata.model_copy(update={"snapshots": [], "snapshot_log": [], "metadata_log": [],
-                                                          "refs": {}, "statistics": [], "partition_statistics": []})
+        self.metadata = table.metadata.model_copy(
+            update={
+                "snapshots": [],
+                "snapshot_log": [],
+                "metadata_log": [],
+                "refs": {},
+                "statistics": [],
+                "partition_statistics": [],
+            }
+        )
         self.io_properties = dict(table.io.properties)
         self.schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
         self.value_columns = [c.name for c in columns]
@@ -78,9 +88,14 @@ class FileWriter:
         """Table rows of a parsed batch (raw record columns plus ``j``) in the table's Arrow schema."""
         j = batch.column("j")
         ts = pc.multiply(pc.cast(batch.column("timestamp_ms"), pa.int64()), 1000)
-        kafka = {"topic": batch.column("topic"), "partition": batch.column("partition"),
-                 "offset": batch.column("offset"), "timestamp": ts.cast(pa.timestamp("us", tz="UTC")),
-                 "key": batch.column("key"), "headers": batch.column("headers")}
+        kafka = {
+            "topic": batch.column("topic"),
+            "partition": batch.column("partition"),
+            "offset": batch.column("offset"),
+            "timestamp": ts.cast(pa.timestamp("us", tz="UTC")),
+            "key": batch.column("key"),
+            "headers": batch.column("headers"),
+        }
         arrays = {name: j.field(name) for name in self.value_columns}
         arrays.update({column: kafka[declared] for declared, column in self.kafka_columns.items()})
         return pa.Table.from_arrays([arrays[f.name].cast(f.type) for f in self.schema], schema=self.schema)
@@ -102,7 +117,7 @@ class FileWriter:
 
         return load_file_io(self.io_properties, self.metadata.location)
 
-    def sink(self) -> "Sink":
+    def sink(self) -> Sink:
         """A new :class:`Sink` for one task."""
         return Sink(self)
 
@@ -166,7 +181,7 @@ def file_writer(lake, spec, columns: Sequence) -> FileWriter:
 def discard(io, files: Sequence) -> None:
     """Delete ``files`` (``DataFile`` s no snapshot references: their attempt failed before its
     commit) through the FileIO ``io``, best effort: one that cannot be deleted is logged and left
-    to orphan-file removal (:mod:`kafka_iceberg.recovery`, :mod:`kafka_iceberg.maintenance`)."""
+    to orphan-file removal (:mod:`kafka_iceberg.batch.recovery`, :mod:`kafka_iceberg.ops.maintenance`)."""
     for f in files:
         try:
             io.delete(f.file_path)
@@ -193,13 +208,13 @@ class StagedPublish:
             ValueError: the updates do not apply to the base (e.g. a newer sequence number).
             Whatever the catalog raises when it is unavailable.
         """
-        from kafka_iceberg.batch.commit import commit
 
         return commit(self.table, self.requirements, self.updates)
 
 
-def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch: str, branch_base: int,
-                  ref: str, ref_base: int | None) -> StagedPublish:
+def stage_publish(
+    table, files: Sequence, summary: Mapping[str, str], *, branch: str, branch_base: int, ref: str, ref_base: int | None
+) -> StagedPublish:
     """Prepare one catalog commit that appends ``files`` (pyiceberg ``DataFile`` s) as one snapshot
     carrying ``summary`` whose parent is ``branch_base`` (the attempt ``branch``'s head), points
     ``ref`` at it (keeping its retention settings) and removes ``branch``; the catalog refuses it unless ``branch`` is still at
@@ -218,7 +233,12 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
     """
     from pyiceberg.table.refs import SnapshotRefType
     from pyiceberg.table.update import (
-        AddSnapshotUpdate, AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate)
+        AddSnapshotUpdate,
+        AssertRefSnapshotId,
+        AssertTableUUID,
+        RemoveSnapshotRefUpdate,
+        SetSnapshotRefUpdate,
+    )
 
     slim = _without_history(table, branch)
     tx = slim.transaction()
@@ -229,12 +249,16 @@ def stage_publish(table, files: Sequence, summary: Mapping[str, str], *, branch:
     snapshot_id = next(u.snapshot.snapshot_id for u in staged if isinstance(u, AddSnapshotUpdate))
     kept = table.metadata.refs.get(ref)  # its retention settings stay, as Java's fast-forward keeps them
     retention = {k: getattr(kept, k, None) for k in ("max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep")}
-    updates = (*staged, SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id,
-                                             **retention),
-               RemoveSnapshotRefUpdate(ref_name=branch))
-    requirements = (AssertTableUUID(uuid=slim.metadata.table_uuid),
-                    AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
-                    AssertRefSnapshotId(ref=ref, snapshot_id=ref_base))
+    updates = (
+        *staged,
+        SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id, **retention),
+        RemoveSnapshotRefUpdate(ref_name=branch),
+    )
+    requirements = (
+        AssertTableUUID(uuid=slim.metadata.table_uuid),
+        AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
+        AssertRefSnapshotId(ref=ref, snapshot_id=ref_base),
+    )
     return StagedPublish(snapshot_id, table, requirements, updates)
 
 
@@ -256,7 +280,15 @@ def _without_history(table, branch: str):
     refs = {name: ref for name, ref in md.refs.items() if name in (branch, "main")}
     heads = {ref.snapshot_id for ref in refs.values()}
     properties = {_MERGE_ENABLED: "true", **md.properties}  # Java's default; only this commit reads it
-    slim = md.model_copy(update={"snapshots": [s for s in md.snapshots if s.snapshot_id in heads], "refs": refs,
-                                 "properties": properties,
-                                 "snapshot_log": [], "metadata_log": [], "statistics": [], "partition_statistics": []})
+    slim = md.model_copy(
+        update={
+            "snapshots": [s for s in md.snapshots if s.snapshot_id in heads],
+            "refs": refs,
+            "properties": properties,
+            "snapshot_log": [],
+            "metadata_log": [],
+            "statistics": [],
+            "partition_statistics": [],
+        }
+    )
     return Table(table.name(), slim, table.metadata_location, table.io, table.catalog)

@@ -22,8 +22,11 @@ import logging
 
 from pyspark.sql import functions as F
 
-from kafka_iceberg.format_spec import KEY_PARSED
-from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.declaration.format_spec import KEY_PARSED
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.formats import UnsupportedSchemaError, classify, iceberg_schema, resolve, table_schema_from_subject
+from kafka_iceberg.formats.spark import ERROR, ERROR_KIND, VALUE, decode_dataframe, schema_id_counts, spark_sql_type
+from kafka_iceberg.formats.transform import PROBLEM
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +48,6 @@ def key_column_type(spec: TableSpec, registry=None) -> str:
     if fmt.columns:
         return "STRUCT<" + ", ".join(f"`{n}`: {t}" for n, t, _ in fmt.columns) + ">"
     from pyiceberg.types import StructType
-
-    from kafka_iceberg.formats import table_schema_from_subject
-    from kafka_iceberg.formats.spark import spark_sql_type
 
     schema = table_schema_from_subject(fmt.url(), fmt.subject(spec.topic, is_key=True), registry)
     return spark_sql_type(StructType(*schema.fields))
@@ -71,8 +71,11 @@ def ensure_key_column(lake, spec: TableSpec) -> None:
         return
     typ = key_column_type(spec, lake.settings.registry)
     comment = f"the record key parsed as {spec.key_format.type}"
-    lake.sql(f"table {spec.identifier}: add column {KEY_PARSED}",
-             f"ALTER TABLE {qualified} ADD COLUMN `{KEY_PARSED}` {typ} COMMENT '{comment}'", before_retry=exists)
+    lake.sql(
+        f"table {spec.identifier}: add column {KEY_PARSED}",
+        f"ALTER TABLE {qualified} ADD COLUMN `{KEY_PARSED}` {typ} COMMENT '{comment}'",
+        before_retry=exists,
+    )
     log.warning("table %s: added column %s %s (key_format %s)", spec.identifier, KEY_PARSED, typ, spec.key_format.type)
 
 
@@ -81,7 +84,7 @@ def _problem(kind, reason):
 
 
 def parse_keys(lake, spec: TableSpec, raw):
-    """``raw`` (:data:`kafka_iceberg.reader.RAW_SCHEMA_DDL`) with ``_key`` and ``_key_problem``
+    """``raw`` (:data:`kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL`) with ``_key`` and ``_key_problem``
     added (see the module docstring). A null key is not a bad key unless ``key_format.schema``
     has a required field.
 
@@ -96,8 +99,10 @@ def parse_keys(lake, spec: TableSpec, raw):
         struct = table.schema().find_field(KEY_PARSED).field_type
         parsed = _registry_keys(spec, raw, Schema(*struct.fields), lake.settings.registry)
     else:
-        struct = lake.retry(f"table {spec.identifier}: read the table schema",
-                            lambda: lake.spark.table(qualified).schema[KEY_PARSED].dataType)
+        struct = lake.retry(
+            f"table {spec.identifier}: read the table schema",
+            lambda: lake.spark.table(qualified).schema[KEY_PARSED].dataType,
+        )
         parsed = _json_keys(raw, struct)
     return _required(parsed, [n for n, _, required in spec.key_format.columns if required])
 
@@ -106,7 +111,6 @@ def key_refusals(key_schema, writers) -> dict[int, tuple[str, str]]:
     """Key schema id -> (kind, reason) for writers that do not fit the key column: a change
     :func:`kafka_iceberg.formats.evolution.classify` calls ``blocked``, a wider type (the column
     is not promoted), or a schema with no Iceberg mapping. New fields are not refused (dropped)."""
-    from kafka_iceberg.formats import UnsupportedSchemaError, classify, iceberg_schema
 
     out = {}
     for sid, writer in sorted(writers.items()):
@@ -124,15 +128,22 @@ def key_refusals(key_schema, writers) -> dict[int, tuple[str, str]]:
 
 
 def _registry_keys(spec: TableSpec, raw, key_schema, registry):
-    from kafka_iceberg.formats import resolve
-    from kafka_iceberg.formats.spark import ERROR, ERROR_KIND, VALUE, decode_dataframe, schema_id_counts
 
     writers = resolve(spec.key_format.url(), schema_id_counts(raw, "key"), registry)
     cols = list(raw.columns)
-    decoded = decode_dataframe(raw, writers, key_schema, spec.key_format.type, keep=cols, column="key",
-                               refused=key_refusals(key_schema, writers))
-    problem = F.when(F.col("key").isNotNull() & F.col(ERROR_KIND).isNotNull(),
-                     _problem(F.col(ERROR_KIND), F.concat(F.lit("the key: "), F.col(ERROR))))
+    decoded = decode_dataframe(
+        raw,
+        writers,
+        key_schema,
+        spec.key_format.type,
+        keep=cols,
+        column="key",
+        refused=key_refusals(key_schema, writers),
+    )
+    problem = F.when(
+        F.col("key").isNotNull() & F.col(ERROR_KIND).isNotNull(),
+        _problem(F.col(ERROR_KIND), F.concat(F.lit("the key: "), F.col(ERROR))),
+    )
     return decoded.select(*cols, F.when(F.col("key").isNotNull(), F.col(VALUE)).alias(KEY), problem.alias(KEY_PROBLEM))
 
 
@@ -144,15 +155,23 @@ def _json_keys(raw, struct):
     schema = T.StructType(list(struct.fields) + [T.StructField(_CORRUPT, T.StringType())])
     k = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
     shown = F.substring(text, 1, 200)
-    problem = (F.when(F.col("key").isNull(), F.lit(None))
-               .when(F.col("_k").isNull() | (F.col(f"_k.{_CORRUPT}").isNotNull()
-                                             & F.from_json(text, "MAP<STRING,STRING>").isNull()),
-                     _problem(F.lit("malformed"), F.concat(F.lit("the key is not a JSON object: "), shown)))
-               .when(F.col(f"_k.{_CORRUPT}").isNotNull(),
-                     _problem(F.lit("schema"), F.concat(F.lit(f"the key does not fit {KEY_PARSED}: "), shown))))
-    return (raw.withColumn("_k", k)
-            .select(*cols, F.when(F.col("key").isNotNull() & problem.isNull(), F.col("_k").dropFields(_CORRUPT))
-                    .alias(KEY), problem.alias(KEY_PROBLEM)))
+    problem = (
+        F.when(F.col("key").isNull(), F.lit(None))
+        .when(
+            F.col("_k").isNull()
+            | (F.col(f"_k.{_CORRUPT}").isNotNull() & F.from_json(text, "MAP<STRING,STRING>").isNull()),
+            _problem(F.lit("malformed"), F.concat(F.lit("the key is not a JSON object: "), shown)),
+        )
+        .when(
+            F.col(f"_k.{_CORRUPT}").isNotNull(),
+            _problem(F.lit("schema"), F.concat(F.lit(f"the key does not fit {KEY_PARSED}: "), shown)),
+        )
+    )
+    return raw.withColumn("_k", k).select(
+        *cols,
+        F.when(F.col("key").isNotNull() & problem.isNull(), F.col("_k").dropFields(_CORRUPT)).alias(KEY),
+        problem.alias(KEY_PROBLEM),
+    )
 
 
 def _required(parsed, required: list[str]):
@@ -160,13 +179,14 @@ def _required(parsed, required: list[str]):
     rule = F.col(KEY_PROBLEM)
     for name in required:
         missing = F.col(KEY).isNull() | F.col(KEY).getField(name).isNull()
-        rule = F.coalesce(rule, F.when(missing, _problem(
-            F.lit("schema"), F.lit(f"the key: required field {name} is missing or null"))))
+        rule = F.coalesce(
+            rule,
+            F.when(missing, _problem(F.lit("schema"), F.lit(f"the key: required field {name} is missing or null"))),
+        )
     return parsed.withColumn(KEY_PROBLEM, rule) if required else parsed
 
 
 def with_key_problem(classified):
     """``classified`` with ``_problem`` set to the key's problem where the value has none."""
-    from kafka_iceberg.transform import PROBLEM
 
     return classified.withColumn(PROBLEM, F.coalesce(F.col(PROBLEM), F.col(KEY_PROBLEM)))

@@ -1,21 +1,21 @@
 """The plan phase: from a table's history and the topic's watermarks to a :class:`WritePlan`.
 
 Ingestion, accept-gap and replay differ only here; every plan goes through the one offset
-planner :func:`kafka_iceberg.planning.plan_batch` (accept-gap reads nothing) and then through
+planner :func:`kafka_iceberg.batch.planning.plan_batch` (accept-gap reads nothing) and then through
 the same read, write and publish phases.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.planning import BatchPlan, Watermarks, plan_batch
 from kafka_iceberg.batch.types import Target, WritePlan
-from kafka_iceberg.catalog import TableMetadataView
+from kafka_iceberg.catalog.tables import TableMetadataView
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.planning import BatchPlan, Watermarks, plan_batch
-from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import IngestState, state_at
 
 
@@ -64,8 +64,12 @@ def plan_ingest(lake: Lake, spec: TableSpec, history: TableMetadataView) -> Writ
     partitions = lake.kafka.partitions(spec.topic)
     watermarks = lake.kafka.watermarks(spec.topic, partitions)
     offsets = plan_batch(
-        table=spec.identifier, topic=spec.topic, base_snapshot_id=history.main, committed=state.offsets,
-        watermarks=watermarks, initial_offsets=_initial_offsets(lake, spec, watermarks, bool(state.offsets)),
+        table=spec.identifier,
+        topic=spec.topic,
+        base_snapshot_id=history.main,
+        committed=state.offsets,
+        watermarks=watermarks,
+        initial_offsets=_initial_offsets(lake, spec, watermarks, bool(state.offsets)),
         bound=spec.max_records_per_partition,
     )
     return WritePlan(ingest_target(spec), offsets, state)
@@ -94,21 +98,43 @@ def plan_accept_gap(lake: Lake, spec: TableSpec, history: TableMetadataView, com
     watermarks = lake.kafka.watermarks(spec.topic)
     now_ms = int(time.time() * 1000)
     gaps = tuple(
-        {"partition": p, "start": state.offsets[p], "end": wm.low, "reason": reason.strip(),
-         "accepted_ms": now_ms, "commit_id": commit_id}
+        {
+            "partition": p,
+            "start": state.offsets[p],
+            "end": wm.low,
+            "reason": reason.strip(),
+            "accepted_ms": now_ms,
+            "commit_id": commit_id,
+        }
         for p, wm in sorted(watermarks.items())
         if p in state.offsets and state.offsets[p] < wm.low
     )
     if not gaps:
         raise LakeError(f"table {spec.identifier}: no committed offset is below its log start offset; no gap to accept")
     moved = {**state.offsets, **{g["partition"]: g["end"] for g in gaps}}
-    offsets = BatchPlan(table=spec.identifier, topic=spec.topic, base_snapshot_id=history.main,
-                        start_offsets=moved, end_offsets=dict(moved), watermarks=watermarks, has_state=False)
+    offsets = BatchPlan(
+        table=spec.identifier,
+        topic=spec.topic,
+        base_snapshot_id=history.main,
+        start_offsets=moved,
+        end_offsets=dict(moved),
+        watermarks=watermarks,
+        has_state=False,
+    )
     return WritePlan(ingest_target(spec), offsets, state, new_gaps=gaps)
 
 
-def plan_range(lake: Lake, target: Target, topic: str, history: TableMetadataView, *, start: Mapping[int, int],
-               end: Mapping[int, int], bound: int, extra_summary: Mapping[str, str]) -> WritePlan:
+def plan_range(
+    lake: Lake,
+    target: Target,
+    topic: str,
+    history: TableMetadataView,
+    *,
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    bound: int,
+    extra_summary: Mapping[str, str],
+) -> WritePlan:
     """Plan the next batch of a bounded range (a replay): per partition of ``start``, read from the
     target ref's committed offset (``start`` where it has none) up to ``end``, at most ``bound``
     offsets.
@@ -122,10 +148,20 @@ def plan_range(lake: Lake, target: Target, topic: str, history: TableMetadataVie
     for p in start:
         s = state.offsets.get(p, start[p])
         if not start[p] <= s <= end[p]:
-            raise LakeError(f"replay target {target.identifier}: committed offset {s} of partition {p} lies outside "
-                            f"the replay range [{start[p]}, {end[p]})")
+            raise LakeError(
+                f"replay target {target.identifier}: committed offset {s} of partition {p} lies outside "
+                f"the replay range [{start[p]}, {end[p]})"
+            )
     watermarks = lake.kafka.watermarks(topic, sorted(start))
     committed = {p: o for p, o in state.offsets.items() if p in start}
-    offsets = plan_batch(table=target.identifier, topic=topic, base_snapshot_id=head, committed=committed,
-                         watermarks=watermarks, initial_offsets=start, bound=bound, stop_at=end)
+    offsets = plan_batch(
+        table=target.identifier,
+        topic=topic,
+        base_snapshot_id=head,
+        committed=committed,
+        watermarks=watermarks,
+        initial_offsets=start,
+        bound=bound,
+        stop_at=end,
+    )
     return WritePlan(target, offsets, state, extra_summary=dict(extra_summary))

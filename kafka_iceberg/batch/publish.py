@@ -13,12 +13,12 @@ consumer group.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, stage_publish
 from kafka_iceberg.batch.types import PublishedCommit, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog import TableMetadataView, is_transient_catalog_error
+from kafka_iceberg.catalog.tables import TableMetadataView, is_transient_catalog_error
 from kafka_iceberg.errors import CommitConflictError, LakeError
 
 log = logging.getLogger(__name__)
@@ -43,16 +43,21 @@ def publish(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> PublishedCo
     else:
         snapshot_id = _fast_forward(lake, plan, attempt)
         summary = attempt.history.snapshots[snapshot_id].summary
-    return PublishedCommit(snapshot_id, int(summary.get("added-data-files", 0)),
-                           int(summary.get("added-files-size", 0)), attempt.dead_letter_snapshot_id,
-                           int(summary["total-records"]) if "total-records" in summary else None)
+    return PublishedCommit(
+        snapshot_id,
+        int(summary.get("added-data-files", 0)),
+        int(summary.get("added-files-size", 0)),
+        attempt.dead_letter_snapshot_id,
+        int(summary["total-records"]) if "total-records" in summary else None,
+    )
 
 
 def _moved(plan: WritePlan, head: object, how: str = "") -> CommitConflictError:
     target = plan.target
     return CommitConflictError(
         f"table {target.identifier}: {target.ref} moved from snapshot {plan.base_snapshot_id} to {head} after this "
-        f"micro-batch was planned; another run committed first{how}. Nothing was published; rerun to re-plan.")
+        f"micro-batch was planned; another run committed first{how}. Nothing was published; rerun to re-plan."
+    )
 
 
 def _fast_forward(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> int:
@@ -79,17 +84,20 @@ def _fast_forward(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> int:
         except Exception as exc:
             text = str(exc)
             if any(marker in text for marker in _REFUSED):
-                raise _moved(plan, "another snapshot", f" (Iceberg refused the fast-forward: {_java_message(text)})") \
-                    from None
+                raise _moved(
+                    plan, "another snapshot", f" (Iceberg refused the fast-forward: {_java_message(text)})"
+                ) from None
             raise
         return table.refs().get(ref).snapshotId()  # the table as committed, reloaded by Iceberg
 
     check(attempt.history)
-    head = lake.retry(f"table {target.identifier}: publish branch {attempt.branch} to {ref}", fast_forward,
-                      before_retry=check)
+    head = lake.retry(
+        f"table {target.identifier}: publish branch {attempt.branch} to {ref}", fast_forward, before_retry=check
+    )
     if head != attempt.snapshot_id:
-        raise CommitConflictError(f"table {target.identifier}: {ref} is at snapshot {head}, not "
-                                  f"{attempt.snapshot_id}, after the fast-forward")
+        raise CommitConflictError(
+            f"table {target.identifier}: {ref} is at snapshot {head}, not {attempt.snapshot_id}, after the fast-forward"
+        )
     return head
 
 
@@ -119,8 +127,10 @@ def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tupl
         if head != plan.base_snapshot_id:
             raise _moved(plan, head)
         if view.refs.get(attempt.branch) != attempt.branch_base:
-            raise LakeError(f"table {identifier}: attempt branch {attempt.branch} moved or vanished before its "
-                            "publish (recovery judged the attempt dead); nothing was published")
+            raise LakeError(
+                f"table {identifier}: attempt branch {attempt.branch} moved or vanished before its "
+                "publish (recovery judged the attempt dead); nothing was published"
+            )
         return None
 
     def landed() -> tuple[int, Mapping[str, str]] | None:
@@ -130,9 +140,15 @@ def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tupl
 
     def commit() -> tuple[int, Mapping[str, str]]:
         from_prepared = bool(prepared)
-        staged = stage_publish(prepared.pop() if prepared else lake.load(identifier), attempt.files,
-                               attempt.summary, branch=attempt.branch, branch_base=attempt.branch_base,
-                               ref=plan.target.ref, ref_base=plan.base_snapshot_id)
+        staged = stage_publish(
+            prepared.pop() if prepared else lake.load(identifier),
+            attempt.files,
+            attempt.summary,
+            branch=attempt.branch,
+            branch_base=attempt.branch_base,
+            ref=plan.target.ref,
+            ref_base=plan.base_snapshot_id,
+        )
         tried.append(staged.snapshot_id)
         try:
             committed = staged.commit().metadata.snapshot_by_id(staged.snapshot_id)
@@ -140,13 +156,17 @@ def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tupl
         except Exception as exc:
             if is_transient_catalog_error(exc) or check() is not None or not from_prepared:
                 raise
-            log.info("table %s: commit on the prepared metadata refused (%s); committing on a fresh load",
-                     identifier, exc)
+            log.info(
+                "table %s: commit on the prepared metadata refused (%s); committing on a fresh load", identifier, exc
+            )
             return commit()
 
     try:
-        return lake.retry(f"table {identifier}: publish the files of {attempt.branch} to {plan.target.ref}",
-                          commit, before_retry=landed)
+        return lake.retry(
+            f"table {identifier}: publish the files of {attempt.branch} to {plan.target.ref}",
+            commit,
+            before_retry=landed,
+        )
     except Exception:
         _discard_unless_committed(lake, identifier, attempt.files, tried)
         raise
@@ -174,25 +194,32 @@ def _java_message(text: str) -> str:
 def publish_dead_letter(lake: Lake, dead_letter_table: str, branch: str, snapshot_id: int) -> None:
     """Fast-forward the dead-letter table's ``main`` to ``snapshot_id`` on ``branch`` (after the
     table published the batch that points at it); a no-op when it is there already."""
+
     def done():
         return True if lake.history(dead_letter_table).main == snapshot_id else None
 
     if done() is None:
-        lake.sql(f"table {dead_letter_table}: publish dead-letter branch {branch}",
-                 f"CALL {lake.catalog_name}.system.fast_forward('{dead_letter_table}', 'main', '{branch}')",
-                 before_retry=done)
+        lake.sql(
+            f"table {dead_letter_table}: publish dead-letter branch {branch}",
+            f"CALL {lake.catalog_name}.system.fast_forward('{dead_letter_table}', 'main', '{branch}')",
+            before_retry=done,
+        )
 
 
 def drop_branch(lake: Lake, identifier: str, branch: str) -> None:
     """Drop an attempt branch after its publish; a failure is logged (the next recovery drops it)."""
     try:
-        lake.sql(f"table {identifier}: drop branch {branch}",
-                 f"ALTER TABLE {lake.catalog_name}.{identifier} DROP BRANCH IF EXISTS `{branch}`")
+        lake.sql(
+            f"table {identifier}: drop branch {branch}",
+            f"ALTER TABLE {lake.catalog_name}.{identifier} DROP BRANCH IF EXISTS `{branch}`",
+        )
     except Exception as exc:  # published already; the next recovery drops it
         log.warning("table %s: could not drop branch %s (%s); the next run drops it", identifier, branch, exc)
 
 
-def mirror_group(lake: Lake, plan: WritePlan, offsets: Mapping[int, int], only_if_different: bool = False) -> str | None:
+def mirror_group(
+    lake: Lake, plan: WritePlan, offsets: Mapping[int, int], only_if_different: bool = False
+) -> str | None:
     """Mirror the committed ``offsets`` into the target's consumer group (none: nothing to do), so
     lag tools see them. The table is the source of truth: a group that disagrees is
     overwritten. Returns the error text of a failure (logged, never fatal), else None."""

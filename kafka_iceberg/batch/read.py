@@ -12,16 +12,25 @@ import logging
 
 from pyspark.sql import functions as F
 
-from kafka_iceberg import arrow_json
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, file_writer
+from kafka_iceberg.batch.formats import classify_registry
+from kafka_iceberg.batch.keys import parse_keys, with_key_problem
+from kafka_iceberg.batch.planning import BatchPlan, split_ranges
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
-from kafka_iceberg.cdc import parse_changes
+from kafka_iceberg.cdc.changes import parse_changes
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError, MalformedRecordError
-from kafka_iceberg.planning import BatchPlan, split_ranges
-from kafka_iceberg.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
-from kafka_iceberg.spec import TableSpec
-from kafka_iceberg.transform import PROBLEM, classify, classify_parsed, iceberg_value_columns, new_fields, value_columns
+from kafka_iceberg.formats import arrow_json
+from kafka_iceberg.formats.transform import (
+    PROBLEM,
+    classify,
+    classify_parsed,
+    iceberg_value_columns,
+    new_fields,
+    value_columns,
+)
+from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +38,7 @@ log = logging.getLogger(__name__)
 def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> ReadBatch:
     """Read, evolve the schema if declared, classify and count the planned records.
 
-    JSON tables whose columns pyarrow can parse (:func:`kafka_iceberg.arrow_json.supported`),
+    JSON tables whose columns pyarrow can parse (:func:`kafka_iceberg.formats.arrow_json.supported`),
     without schema evolution, upserts or a ``key_format``, are parsed in the read task (``LAKE_JSON_PARSER=arrow``,
     the default); the others with Spark's ``from_json``. The classification is the same.
     The returned ``classified`` frame is persisted; the caller unpersists it.
@@ -39,8 +48,13 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
         LakeError: a record outside its planned range (a reader bug).
         DataLossError, ReadTimeoutError (wrapped in a Spark error; see ``errors.from_task_exception``).
     """
-    if lake.settings.json_parser == "arrow" and spec.upsert is None and spec.unknown_fields != "evolve" \
-            and not spec.format.uses_registry and spec.key_format is None:
+    if (
+        lake.settings.json_parser == "arrow"
+        and spec.upsert is None
+        and spec.unknown_fields != "evolve"
+        and not spec.format.uses_registry
+        and spec.key_format is None
+    ):
         columns = tuple(_arrow_columns(lake, plan.target.identifier))
         if arrow_json.supported(columns):
             return _read_parsed(lake, spec, plan, columns)
@@ -48,13 +62,9 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
     classified = keyed = None
     try:
         if spec.key_format is not None:  # the key first: docs/tables.md#parsed-keys
-            from kafka_iceberg.batch.keys import parse_keys
-
             keyed = raw = parse_keys(lake, spec, records).persist()
         schema_ids = {}
         if spec.format.uses_registry:
-            from kafka_iceberg.batch.formats import classify_registry
-
             classified, changes, schema_ids = classify_registry(lake, spec, raw, commit_id)
             columns = tuple(_value_columns(lake, plan.target.identifier))
         else:
@@ -62,8 +72,6 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
             columns = tuple(_value_columns(lake, plan.target.identifier))
             classified = _classify(raw, spec, list(columns))
         if keyed is not None:
-            from kafka_iceberg.batch.keys import with_key_problem
-
             classified = with_key_problem(classified)
         classified = classified.persist()
         return _counted(spec, plan, classified, columns, tuple(changes), schema_ids)
@@ -107,8 +115,10 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
         if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
             counted = _counted(spec, plan, classified, columns, (), {})
             read_bytes = {t.partition: t.bytes for t in totals}  # the cache no longer has every value
-            return dataclasses.replace(counted, stats=tuple(dataclasses.replace(s, bytes=read_bytes.get(s.partition, 0))
-                                                            for s in counted.stats))
+            return dataclasses.replace(
+                counted,
+                stats=tuple(dataclasses.replace(s, bytes=read_bytes.get(s.partition, 0)) for s in counted.stats),
+            )
         check_read(plan.offsets, totals)
         return ReadBatch(classified, columns, totals, {}, (), {})
     except BaseException as exc:
@@ -118,8 +128,9 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
         raise
 
 
-def _with_leftovers(spec: TableSpec, plan: WritePlan, leftovers, columns: tuple, totals, files: tuple,
-                    left: int) -> ReadBatch:
+def _with_leftovers(
+    spec: TableSpec, plan: WritePlan, leftovers, columns: tuple, totals, files: tuple, left: int
+) -> ReadBatch:
     """The read batch when the tasks wrote ``files``: ``totals`` count every record, and the
     cached ``leftovers`` (the ``left`` records pyarrow did not claim, classified by Spark) give
     the bad ones."""
@@ -144,8 +155,16 @@ def piece_totals(pieces) -> tuple[PartitionStats, ...]:
     out = []
     for p, mine in sorted(by_partition.items()):
         stamps = [x.max_timestamp_ms for x in mine if x.max_timestamp_ms is not None]
-        out.append(PartitionStats(p, sum(x.records for x in mine), 0, max(x.max_offset for x in mine),
-                                  max(stamps) if stamps else None, sum(x.bytes for x in mine)))
+        out.append(
+            PartitionStats(
+                p,
+                sum(x.records for x in mine),
+                0,
+                max(x.max_offset for x in mine),
+                max(stamps) if stamps else None,
+                sum(x.bytes for x in mine),
+            )
+        )
     return tuple(out)
 
 
@@ -160,45 +179,70 @@ def _counted(spec: TableSpec, plan: WritePlan, classified, columns: tuple, chang
 
 
 def _classify(raw, spec: TableSpec, columns: list):
-    """Append tables: :func:`~kafka_iceberg.transform.classify`. Upsert tables: the records as
-    change events (:func:`kafka_iceberg.cdc.parse_changes`), with the same ``_problem`` column."""
+    """Append tables: :func:`~kafka_iceberg.formats.transform.classify`. Upsert tables: the records as
+    change events (:func:`kafka_iceberg.cdc.changes.parse_changes`), with the same ``_problem`` column."""
     if spec.upsert is None:
         return classify(raw, spec, columns)
-    return parse_changes(raw, columns, list(spec.upsert.key), spec.upsert.cdc, reject_unknown=spec.unknown_fields != "ignore")
+    return parse_changes(
+        raw, columns, list(spec.upsert.key), spec.upsert.cdc, reject_unknown=spec.unknown_fields != "ignore"
+    )
 
 
-def raw_records(lake: Lake, table: str, offsets: BatchPlan, parser: arrow_json.Parser | None = None, stats=None,
-                writer=None, written=None):
-    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.reader.RAW_SCHEMA_DDL` (plus
+def raw_records(
+    lake: Lake,
+    table: str,
+    offsets: BatchPlan,
+    parser: arrow_json.Parser | None = None,
+    stats=None,
+    writer=None,
+    written=None,
+):
+    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL` (plus
     ``j`` and ``_arrow`` with a ``parser``), one task per range piece of at most ``max_records_per_task``
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
-    :meth:`~kafka_iceberg.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see
-    :func:`~kafka_iceberg.reader.make_task_reader`."""
+    :meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see
+    :func:`~kafka_iceberg.kafka.reader.make_task_reader`."""
     pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
     rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
     one_task = offsets.one_read_task(lake.settings.max_records_per_task)
     ranges = lake.spark.sparkContext.parallelize(rows, 1 if one_task else max(1, len(rows)))
     ranges_df = lake.spark.createDataFrame(ranges, "topic STRING, partition INT, start BIGINT, end BIGINT")
-    reader = make_task_reader(lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats,
-                              writer, written)
+    reader = make_task_reader(
+        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written
+    )
     ddl = RAW_SCHEMA_DDL if parser is None else f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}"
     return ranges_df.mapInArrow(reader, ddl)
 
 
 def partition_stats(classified) -> tuple[PartitionStats, ...]:
     """Records, bad records, max offset, max timestamp and key + value bytes per partition (one Spark job)."""
-    rows = classified.groupBy("partition").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.count(F.col(PROBLEM)).alias("quarantined"),
-        F.max("offset").alias("max_offset"),
-        F.max("timestamp_ms").alias("max_timestamp_ms"),
-        F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
-    ).collect()
-    return tuple(sorted(
-        (PartitionStats(int(r["partition"]), int(r["records"]), int(r["quarantined"]), int(r["max_offset"]),
-                        r["max_timestamp_ms"], int(r["bytes"] or 0)) for r in rows),
-        key=lambda s: s.partition,
-    ))
+    rows = (
+        classified.groupBy("partition")
+        .agg(
+            F.count(F.lit(1)).alias("records"),
+            F.count(F.col(PROBLEM)).alias("quarantined"),
+            F.max("offset").alias("max_offset"),
+            F.max("timestamp_ms").alias("max_timestamp_ms"),
+            F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
+        )
+        .collect()
+    )
+    return tuple(
+        sorted(
+            (
+                PartitionStats(
+                    int(r["partition"]),
+                    int(r["records"]),
+                    int(r["quarantined"]),
+                    int(r["max_offset"]),
+                    r["max_timestamp_ms"],
+                    int(r["bytes"] or 0),
+                )
+                for r in rows
+            ),
+            key=lambda s: s.partition,
+        )
+    )
 
 
 def check_read(offsets: BatchPlan, stats) -> None:
@@ -219,18 +263,32 @@ def check_read(offsets: BatchPlan, stats) -> None:
 
 def quarantine_kinds(classified) -> dict[str, int]:
     """Bad records per problem kind (``malformed``, ``schema``, ...)."""
-    rows = (classified.where(F.col(PROBLEM).isNotNull()).groupBy(F.col(f"{PROBLEM}.kind").alias("kind"))
-            .agg(F.count(F.lit(1)).alias("n")).collect())
+    rows = (
+        classified.where(F.col(PROBLEM).isNotNull())
+        .groupBy(F.col(f"{PROBLEM}.kind").alias("kind"))
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    )
     return {r["kind"]: int(r["n"]) for r in rows}
 
 
 def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
     """The error for the lowest bad ``(partition, offset)`` of the batch."""
-    row = (classified.where(F.col(PROBLEM).isNotNull()).orderBy("partition", "offset")
-           .select("topic", "partition", "offset", F.col(f"{PROBLEM}.kind").alias("kind"),
-                   F.col(f"{PROBLEM}.reason").alias("reason")).first())
-    return MalformedRecordError(spec.identifier, row["topic"], row["partition"], row["offset"],
-                                f"{row['kind']}: {row['reason']}")
+    row = (
+        classified.where(F.col(PROBLEM).isNotNull())
+        .orderBy("partition", "offset")
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            F.col(f"{PROBLEM}.kind").alias("kind"),
+            F.col(f"{PROBLEM}.reason").alias("reason"),
+        )
+        .first()
+    )
+    return MalformedRecordError(
+        spec.identifier, row["topic"], row["partition"], row["offset"], f"{row['kind']}: {row['reason']}"
+    )
 
 
 def _arrow_columns(lake: Lake, identifier: str):
@@ -244,8 +302,9 @@ def _arrow_columns(lake: Lake, identifier: str):
 
 def _value_columns(lake: Lake, identifier: str):
     qualified = f"{lake.catalog_name}.{identifier}"
-    return lake.retry(f"table {identifier}: read the table schema",
-                      lambda: value_columns(lake.spark.table(qualified).schema))
+    return lake.retry(
+        f"table {identifier}: read the table schema", lambda: value_columns(lake.spark.table(qualified).schema)
+    )
 
 
 def evolve_schema(lake: Lake, spec: TableSpec, raw, commit_id: str) -> list[dict]:
@@ -257,12 +316,18 @@ def evolve_schema(lake: Lake, spec: TableSpec, raw, commit_id: str) -> list[dict
     added = []
     for f in fields:
         if f.type is None:
-            log.warning("table %s: new field %r is not added: %s; its records are quarantined",
-                        spec.identifier, f.name, f.why_not)
+            log.warning(
+                "table %s: new field %r is not added: %s; its records are quarantined",
+                spec.identifier,
+                f.name,
+                f.why_not,
+            )
             continue
         comment = f"added by schema evolution from topic {spec.topic} in run {commit_id}".replace("'", "")
-        sql = (f"ALTER TABLE {lake.catalog_name}.{spec.identifier} ADD COLUMN `{f.name}` {f.type.upper()} "
-               f"COMMENT '{comment}'")
+        sql = (
+            f"ALTER TABLE {lake.catalog_name}.{spec.identifier} ADD COLUMN `{f.name}` {f.type.upper()} "
+            f"COMMENT '{comment}'"
+        )
 
         def exists(name=f.name):
             return True if any(c.name == name for c in _value_columns(lake, spec.identifier)) else None

@@ -1,5 +1,5 @@
 """The recovery phase: finish what dead attempts left on a table and its dead-letter table
-(see :mod:`kafka_iceberg.recovery`), after rolling the dead-letter table forward to every
+(see :mod:`kafka_iceberg.batch.recovery`), after rolling the dead-letter table forward to every
 dead-letter snapshot a published snapshot points at.
 
 It starts from histories the caller loaded and loads again only after it changed a table, so
@@ -9,22 +9,27 @@ a batch with nothing to recover reads each table's metadata once.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.publish import publish_dead_letter
-from kafka_iceberg.catalog import TableMetadataView
+from kafka_iceberg.batch.recovery import Attempt, RecoveryReport, age_liveness, recover
+from kafka_iceberg.catalog.tables import TableMetadataView
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.recovery import Attempt, RecoveryReport, age_liveness, recover
-from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import ancestors, dead_letter_ref
 
 log = logging.getLogger(__name__)
 
 
-def recover_tables(lake: Lake, spec: TableSpec, history: TableMetadataView, dead_letters: TableMetadataView | None,
-                   is_alive: Callable[[Attempt], bool] | None = None,
-                   only: set[str] | None = None) -> tuple[RecoveryReport, TableMetadataView]:
+def recover_tables(
+    lake: Lake,
+    spec: TableSpec,
+    history: TableMetadataView,
+    dead_letters: TableMetadataView | None,
+    is_alive: Callable[[Attempt], bool] | None = None,
+    only: set[str] | None = None,
+) -> tuple[RecoveryReport, TableMetadataView]:
     """Recover the table (``history``) and its dead-letter table (``dead_letters``; None when it does
     not exist). ``only``: restrict to these attempt branches (an attempt cleaning up after itself).
 
@@ -47,9 +52,16 @@ def recover_tables(lake: Lake, spec: TableSpec, history: TableMetadataView, dead
         given = [view]  # a retry after a transient error starts from freshly loaded metadata
 
         def attempt(ident=ident, given=given):
-            return recover(lake.spark, catalog_name=lake.catalog_name, identifier=ident, view=given.pop() if given
-                           else None, load_view=lambda: lake.history(ident), is_alive=alive,
-                           clock_skew_s=lake.settings.orphan_clock_skew_s, only=only)
+            return recover(
+                lake.spark,
+                catalog_name=lake.catalog_name,
+                identifier=ident,
+                view=given.pop() if given else None,
+                load_view=lambda: lake.history(ident),
+                is_alive=alive,
+                clock_skew_s=lake.settings.orphan_clock_skew_s,
+                only=only,
+            )
 
         part = lake.retry(f"table {spec.identifier}: recover {ident}", attempt)
         report.dead_attempts += [prefix + b for b in part.dead_attempts]
@@ -66,8 +78,9 @@ def dead_letters_id(spec: TableSpec) -> str:
     return spec.bad_records.dead_letter_identifier
 
 
-def roll_forward_dead_letters(lake: Lake, spec: TableSpec, history: TableMetadataView,
-                              dead_letters: TableMetadataView) -> list[int]:
+def roll_forward_dead_letters(
+    lake: Lake, spec: TableSpec, history: TableMetadataView, dead_letters: TableMetadataView
+) -> list[int]:
     """Publish dead-letter snapshots that ``main``'s published snapshots point at but the dead-letter
     table's ``main`` does not reach yet (a crash between the two publishes). Returns their ids,
     oldest first.

@@ -7,11 +7,11 @@ phase returns a new value and never edits the one it got.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
-from kafka_iceberg.planning import BatchPlan
-from kafka_iceberg.recovery import RecoveryReport
+from kafka_iceberg.batch.planning import BatchPlan
+from kafka_iceberg.batch.recovery import RecoveryReport
 from kafka_iceberg.state import IngestState
 
 
@@ -76,7 +76,7 @@ class PartitionStats:
 @dataclass(frozen=True)
 class ReadBatch:
     """The records of one batch, classified (a persisted Spark DataFrame: raw columns, ``j`` and
-    ``_problem``, see :func:`kafka_iceberg.transform.classify`) against the table's value
+    ``_problem``, see :func:`kafka_iceberg.formats.transform.classify`) against the table's value
     ``columns``, with per-partition ``stats``, bad records per kind and the columns schema
     evolution added before the read. With ``data_files`` (``LAKE_WRITER=arrow``) the read tasks
     already wrote the records pyarrow claimed as those data files, and ``classified`` holds only

@@ -10,30 +10,31 @@ must equal the records the read phase counted for it, or nothing is published.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 from kafka_iceberg.batch.commit import StaleBaseError, commit
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, file_writer, write_rows
 from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog import TableMetadataView
-from kafka_iceberg.cdc import DELETE, reduce_changes
+from kafka_iceberg.catalog.tables import TableMetadataView
+from kafka_iceberg.cdc.changes import DELETE, reduce_changes
+from kafka_iceberg.cdc.upsert import merge_changes
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.spec import TableSpec
+from kafka_iceberg.formats.transform import dead_letter_rows, table_rows
 from kafka_iceberg.state import (
     KEY_DEAD_LETTER,
     dead_letter_pointer,
     dead_letter_summary,
     ingest_summary,
 )
-from kafka_iceberg.transform import dead_letter_rows, table_rows
-from kafka_iceberg.upsert import merge_changes
 
 log = logging.getLogger(__name__)
 
 
-def batch_summary(spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str,
-                  dead_letter: str | None = None) -> dict[str, str]:
+def batch_summary(
+    spec: TableSpec, plan: WritePlan, batch: ReadBatch | None, commit_id: str, dead_letter: str | None = None
+) -> dict[str, str]:
     """The snapshot summary of one batch (pure; see :mod:`kafka_iceberg.state`): the base state
     carried forward with this batch's offsets, timestamps, counts and gaps. ``batch`` is None
     for a commit that reads nothing; ``dead_letter`` is the ``kafka.dead-letter`` pointer
@@ -79,6 +80,7 @@ def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | N
         LakeError: the branch was not created. CatalogUnavailableError: the retries ran out.
         CommitFailedException: the branch exists already, or the table kept moving.
     """
+
     def created():
         return lake.history(identifier).refs.get(branch)
 
@@ -125,8 +127,17 @@ def _commit_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int) -
             base = None
 
 
-def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, summary: Mapping[str, str],
-           expected: int, what: str, shuffle: bool = True) -> tuple[int, TableMetadataView]:
+def append(
+    lake: Lake,
+    identifier: str,
+    branch: str,
+    branch_base: int,
+    rows,
+    summary: Mapping[str, str],
+    expected: int,
+    what: str,
+    shuffle: bool = True,
+) -> tuple[int, TableMetadataView]:
     """Append ``rows`` to ``branch`` as one snapshot carrying ``summary``; returns its id and the
     table's metadata loaded after the append (one load). ``shuffle=False`` writes each Spark partition's
     rows as they are (``distribution-mode`` none, fanout writers): no shuffle stage, and for rows in
@@ -139,6 +150,7 @@ def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, sum
         LakeError: the branch vanished, no snapshot was made, or its ``added-records`` is not
             ``expected`` (``what`` names those records; nothing is published).
     """
+
     def write():
         writer = rows.writeTo(f"{lake.catalog_name}.{identifier}.branch_{branch}")
         for key, value in summary.items():
@@ -150,8 +162,9 @@ def append(lake: Lake, identifier: str, branch: str, branch_base: int, rows, sum
     return _committed(lake, identifier, branch, branch_base, write, expected, what)
 
 
-def _committed(lake: Lake, identifier: str, branch: str, branch_base: int, write, expected: int,
-               what: str) -> tuple[int, TableMetadataView]:
+def _committed(
+    lake: Lake, identifier: str, branch: str, branch_base: int, write, expected: int, what: str
+) -> tuple[int, TableMetadataView]:
     """Run ``write`` (one commit to ``branch``; it may return the metadata after it, else it is
     loaded), retried only while the branch still points at ``branch_base``; returns the new
     snapshot id and that metadata.
@@ -159,14 +172,16 @@ def _committed(lake: Lake, identifier: str, branch: str, branch_base: int, write
     Raises:
         LakeError: the branch vanished, no snapshot was made, or its ``added-records`` is not ``expected``.
     """
+
     def landed(view: TableMetadataView | None = None):
         head = (view or lake.history(identifier)).refs.get(branch)
         if head is None:
             raise LakeError(f"table {identifier}: attempt branch {branch} disappeared during the write")
         return head if head != branch_base else None
 
-    view = lake.retry(f"table {identifier}: append to branch {branch}", write, before_retry=landed) \
-        or lake.history(identifier)
+    view = lake.retry(f"table {identifier}: append to branch {branch}", write, before_retry=landed) or lake.history(
+        identifier
+    )
     head = landed(view)
     if head is None:
         raise LakeError(f"table {identifier}: the append to branch {branch} made no snapshot")
@@ -190,12 +205,17 @@ def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
     files = list(batch.data_files)
     try:
         if batch.records > sum(f.record_count for f in files):
-            files += write_rows(lake.spark, file_writer(lake, spec, batch.columns),
-                                table_rows(batch.classified, spec, list(batch.columns)))
+            files += write_rows(
+                lake.spark,
+                file_writer(lake, spec, batch.columns),
+                table_rows(batch.classified, spec, list(batch.columns)),
+            )
         written = sum(f.record_count for f in files)
         if written != batch.records:
-            raise LakeError(f"table {spec.identifier}: micro-batch does not reconcile: its data files hold {written} "
-                            f"rows but {batch.records} records were added; nothing was published")
+            raise LakeError(
+                f"table {spec.identifier}: micro-batch does not reconcile: its data files hold {written} "
+                f"rows but {batch.records} records were added; nothing was published"
+            )
     except Exception:
         table = lake.loaded.get(spec.identifier)  # prepare's load; without one the files stay for recovery
         if table is not None:
@@ -204,8 +224,9 @@ def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
     return tuple(files)
 
 
-def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, branch: str, branch_base: int,
-                  commit_id: str) -> WrittenAttempt:
+def write_attempt(
+    lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, branch: str, branch_base: int, commit_id: str
+) -> WrittenAttempt:
     """Write the batch for the attempt ``branch`` (created at ``branch_base``): bad records first to the
     same-named branch of the dead-letter table (when the target has one), then the good rows with
     the summary, which points at that dead-letter snapshot: appended to ``branch``, or (arrow writer)
@@ -218,28 +239,52 @@ def write_attempt(lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch
     shuffle = not plan.offsets.one_read_task(lake.settings.max_records_per_task)  # one read task: rows in one partition
     if batch.quarantined and dlq is not None:  # created with the table (Lake.ensure_tables)
         dlq_base = create_branch(lake, dlq, branch, lake.history(dlq).main)
-        dlq_snapshot, _ = append(lake, dlq, branch, dlq_base, dead_letter_rows(batch.classified, commit_id),
-                                 dead_letter_summary(commit_id, spec.identifier), batch.quarantined, "quarantined",
-                                 shuffle=shuffle)
+        dlq_snapshot, _ = append(
+            lake,
+            dlq,
+            branch,
+            dlq_base,
+            dead_letter_rows(batch.classified, commit_id),
+            dead_letter_summary(commit_id, spec.identifier),
+            batch.quarantined,
+            "quarantined",
+            shuffle=shuffle,
+        )
         pointer = dead_letter_pointer(dlq, dlq_snapshot, branch)
     summary = batch_summary(spec, plan, batch, commit_id, pointer)
     if spec.upsert is not None:
         snapshot_id, history = merge(lake, spec, batch, branch, summary)
         return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
     if batch.data_files is not None:
-        return WrittenAttempt(branch, None, dlq_snapshot, None, files=write_files(lake, spec, batch), summary=summary,
-                              branch_base=branch_base)
+        return WrittenAttempt(
+            branch,
+            None,
+            dlq_snapshot,
+            None,
+            files=write_files(lake, spec, batch),
+            summary=summary,
+            branch_base=branch_base,
+        )
     rows = table_rows(batch.classified, spec, list(batch.columns))
-    snapshot_id, history = append(lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added",
-                                  shuffle=shuffle)
+    snapshot_id, history = append(
+        lake, spec.identifier, branch, branch_base, rows, summary, batch.records, "added", shuffle=shuffle
+    )
     return WrittenAttempt(branch, snapshot_id, dlq_snapshot, history)
 
 
-_KAFKA_SQL = {"topic": "topic", "partition": "partition", "offset": "offset",
-              "timestamp": "timestamp_millis(timestamp_ms)", "key": "key", "headers": "headers"}
+_KAFKA_SQL = {
+    "topic": "topic",
+    "partition": "partition",
+    "offset": "offset",
+    "timestamp": "timestamp_millis(timestamp_ms)",
+    "key": "key",
+    "headers": "headers",
+}
 
 
-def merge(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, summary: Mapping[str, str]) -> tuple[int, TableMetadataView]:
+def merge(
+    lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, summary: Mapping[str, str]
+) -> tuple[int, TableMetadataView]:
     """Upsert tables: the batch's last change per key merged into ``branch`` as one snapshot carrying
     ``summary`` (docs/cdc.md); returns its id and the table's metadata loaded after the merge.
     Not retried in place: a failed merge fails the attempt, and the rerun converges.
@@ -253,8 +298,15 @@ def merge(lake: Lake, spec: TableSpec, batch: ReadBatch, branch: str, summary: M
     changes = reduce_changes(batch.classified, list(batch.columns), key, spec.identifier, extra).persist()
     try:
         expected = changes.where(f"NOT {DELETE}").count()
-        snapshot_id = merge_changes(lake.spark, f"{lake.catalog_name}.{spec.identifier}", branch, changes, key,
-                                    dict(summary), expected_rows=expected)
+        snapshot_id = merge_changes(
+            lake.spark,
+            f"{lake.catalog_name}.{spec.identifier}",
+            branch,
+            changes,
+            key,
+            dict(summary),
+            expected_rows=expected,
+        )
     finally:
         changes.unpersist()
     return snapshot_id, lake.history(spec.identifier)

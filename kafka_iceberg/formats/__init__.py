@@ -16,16 +16,42 @@ New tables: ``table_schema_from_subject(url, subject)``. Type mapping: docs/tabl
 
 from kafka_iceberg.formats.decode import Decoded, as_struct_column, decode_values
 from kafka_iceberg.formats.evolution import BatchPlan, Change, Evolution, classify, plan_batch
-from kafka_iceberg.formats.resolver import (RegistryUnavailableError, SchemaNotFoundError, WriterSchema,
-                                            client_config, resolve, schema_ids, subject_name)
-from kafka_iceberg.formats.types import (UnsupportedSchemaError, arrow_schema, iceberg_schema,
-                                         table_schema_from_subject)
+from kafka_iceberg.formats.resolver import (
+    RegistryUnavailableError,
+    SchemaNotFoundError,
+    WriterSchema,
+    client_config,
+    resolve,
+    schema_ids,
+    subject_name,
+)
+from kafka_iceberg.formats.types import UnsupportedSchemaError, arrow_schema, iceberg_schema, table_schema_from_subject
 from kafka_iceberg.formats.wire import BAD_KINDS, BadRecord, frame
 
 FORMATS = ("avro", "protobuf", "json_schema")
 
 __all__ = [
-    "BAD_KINDS", "BadRecord", "BatchPlan", "Change", "plan_batch", "as_struct_column", "Decoded", "Evolution", "FORMATS", "RegistryUnavailableError",
-    "SchemaNotFoundError", "UnsupportedSchemaError", "WriterSchema", "arrow_schema", "classify", "client_config",
-    "decode_values", "frame", "iceberg_schema", "resolve", "schema_ids", "subject_name", "table_schema_from_subject",
+    "BAD_KINDS",
+    "BadRecord",
+    "BatchPlan",
+    "Change",
+    "plan_batch",
+    "as_struct_column",
+    "Decoded",
+    "Evolution",
+    "FORMATS",
+    "RegistryUnavailableError",
+    "SchemaNotFoundError",
+    "UnsupportedSchemaError",
+    "WriterSchema",
+    "arrow_schema",
+    "classify",
+    "client_config",
+    "decode_values",
+    "frame",
+    "iceberg_schema",
+    "resolve",
+    "schema_ids",
+    "subject_name",
+    "table_schema_from_subject",
 ]

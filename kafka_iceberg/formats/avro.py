@@ -7,7 +7,7 @@ or more bytes than it has shifts the sentinel, so a bad record can never pass si
 misaligning its neighbours. On any failure the group is decoded again per record
 (:meth:`AvroDecoder.decode_one`, ``schemaless_reader`` with a check that every byte was used) to
 isolate the bad records. fastavro handles maps, multi-type unions and named-type references,
-which polars' block reader does not (measured in :mod:`devtools.formats_bench`).
+which polars' block reader does not (measured in :mod:`devtools.bench.formats`).
 
 The ``uuid`` logical type is read as its text (the form Spark carries for Iceberg ``uuid``).
 Timestamps, dates and times are read as their raw numbers when the writer schema has no
@@ -40,9 +40,16 @@ def _strip_uuid(t):
     return t
 
 
-_RAW_UNITS = {"timestamp-millis": "ms", "timestamp-micros": "us", "timestamp-nanos": "ns",
-              "local-timestamp-millis": "ms", "local-timestamp-micros": "us", "date": "date",
-              "time-millis": "time-ms", "time-micros": "time-us"}
+_RAW_UNITS = {
+    "timestamp-millis": "ms",
+    "timestamp-micros": "us",
+    "timestamp-nanos": "ns",
+    "local-timestamp-millis": "ms",
+    "local-timestamp-micros": "us",
+    "date": "date",
+    "time-millis": "time-ms",
+    "time-micros": "time-us",
+}
 
 
 def _strip_time(t, named: dict):
@@ -113,7 +120,6 @@ class AvroDecoder:
     _OPTS = {"return_record_name": True, "return_record_name_override": True}
 
     def __init__(self, schema_str: str):
-        import fastavro
 
         writer = _strip_uuid(json.loads(schema_str))
         try:
@@ -129,9 +135,14 @@ class AvroDecoder:
         """(parsed schema, container header, sync marker) for ``writer`` (JSON)."""
         import fastavro
 
-        wrapper = {"type": "record", "name": _WRAPPER, "fields": [
-            {"name": "v", "type": writer},
-            {"name": "s", "type": {"type": "fixed", "name": _WRAPPER + "s", "size": len(_SENTINEL)}}]}
+        wrapper = {
+            "type": "record",
+            "name": _WRAPPER,
+            "fields": [
+                {"name": "v", "type": writer},
+                {"name": "s", "type": {"type": "fixed", "name": _WRAPPER + "s", "size": len(_SENTINEL)}},
+            ],
+        }
         buf = io.BytesIO()
         fastavro.writer(buf, fastavro.parse_schema(wrapper), [], codec="null")
         header = buf.getvalue()

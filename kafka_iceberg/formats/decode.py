@@ -11,17 +11,26 @@ only to isolate bad records.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kafka_iceberg.formats.avro import AvroDecoder
+from kafka_iceberg.formats.protobuf import ProtobufDecoder
 from kafka_iceberg.formats.resolver import SCHEMA_TYPES, WriterSchema
 from kafka_iceberg.formats.values import FitError, converter
-from kafka_iceberg.formats.wire import (SCHEMA, UNDECODABLE, UNKNOWN_SCHEMA_ID, BadRecord, WireError,
-                                        protobuf_indexes, schema_id_of)
+from kafka_iceberg.formats.wire import (
+    SCHEMA,
+    UNDECODABLE,
+    UNKNOWN_SCHEMA_ID,
+    BadRecord,
+    WireError,
+    protobuf_indexes,
+    schema_id_of,
+)
 
 _DECODERS: dict = {}  # (schema id, schema text, indexes) -> decoder; schema ids are immutable
 
@@ -46,10 +55,8 @@ def _decoder(fmt: str, writer: WriterSchema, indexes: tuple[int, ...]):
     key = (writer.schema_id, writer.schema_str, indexes)
     if key not in _DECODERS:
         if fmt == "avro":
-            from kafka_iceberg.formats.avro import AvroDecoder
             _DECODERS[key] = AvroDecoder(writer.schema_str)
         elif fmt == "protobuf":
-            from kafka_iceberg.formats.protobuf import ProtobufDecoder
             _DECODERS[key] = ProtobufDecoder(writer.schema_str, indexes)
         else:
             _DECODERS[key] = _JsonDecoder()
@@ -66,8 +73,13 @@ class _JsonDecoder:
         return value
 
 
-def _group(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | None], fmt: str,
-           bad: list[BadRecord], refused: Mapping[int, tuple[str, str]]) -> dict[tuple, list[int]]:
+def _group(
+    values: Sequence[bytes | None],
+    writers: Mapping[int, WriterSchema | None],
+    fmt: str,
+    bad: list[BadRecord],
+    refused: Mapping[int, tuple[str, str]],
+) -> dict[tuple, list[int]]:
     """Input positions by (schema id, message indexes); wire-level problems go to ``bad``."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, v in enumerate(values):
@@ -79,8 +91,7 @@ def _group(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | 
             if sid in refused:
                 raise WireError(*refused[sid])
             if writer.schema_type != SCHEMA_TYPES[fmt]:
-                raise WireError(UNDECODABLE, f"schema id {sid} is a {writer.schema_type} schema; the table "
-                                             f"reads {fmt}")
+                raise WireError(UNDECODABLE, f"schema id {sid} is a {writer.schema_type} schema; the table reads {fmt}")
             indexes, _ = protobuf_indexes(v) if fmt == "protobuf" else ((), 5)
             groups[(sid, indexes)].append(i)
         except WireError as e:
@@ -91,7 +102,7 @@ def _group(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | 
 def _decode_group(dec, fmt: str, values, positions: list[int], raw: bool, bad: list[BadRecord]) -> dict[int, object]:
     """Position -> decoded value of one group; undecodable records go to ``bad``."""
     if fmt == "protobuf":
-        payloads = [values[i][protobuf_indexes(values[i])[1]:] for i in positions]
+        payloads = [values[i][protobuf_indexes(values[i])[1] :] for i in positions]
     else:
         payloads = [values[i][5:] for i in positions]
     if fmt == "avro":
@@ -103,13 +114,23 @@ def _decode_group(dec, fmt: str, values, positions: list[int], raw: bool, bad: l
         try:
             out[i] = dec.decode_one(p, raw) if raw else dec.decode_one(p)
         except Exception as e:  # noqa: BLE001 - every library error of a bad payload is a verdict
-            bad.append(BadRecord(i, UNDECODABLE, f"undecodable {fmt} payload for schema id "
-                                                 f"{schema_id_of(values[i])}: {type(e).__name__}: {e}"))
+            bad.append(
+                BadRecord(
+                    i,
+                    UNDECODABLE,
+                    f"undecodable {fmt} payload for schema id {schema_id_of(values[i])}: {type(e).__name__}: {e}",
+                )
+            )
     return out
 
 
-def decode_values(values: Sequence[bytes | None], writers: Mapping[int, WriterSchema | None],
-                  target: pa.Schema, fmt: str, refused: Mapping[int, tuple[str, str]] | None = None) -> Decoded:
+def decode_values(
+    values: Sequence[bytes | None],
+    writers: Mapping[int, WriterSchema | None],
+    target: pa.Schema,
+    fmt: str,
+    refused: Mapping[int, tuple[str, str]] | None = None,
+) -> Decoded:
     """Decode framed ``values`` (Confluent wire format) of format ``fmt`` (``avro``, ``protobuf``
     or ``json_schema``) into rows of ``target``.
 
@@ -138,8 +159,7 @@ def decode_values(values: Sequence[bytes | None], writers: Mapping[int, WriterSc
     rows, index = _merge(parts, typ)
     bad.sort(key=lambda b: b.index)
     counts = Counter(sid for (sid, _), pos in groups.items() for _ in pos)
-    return Decoded(pa.Table.from_struct_array(rows) if len(rows) else target.empty_table(), index, bad,
-                   dict(counts))
+    return Decoded(pa.Table.from_struct_array(rows) if len(rows) else target.empty_table(), index, bad, dict(counts))
 
 
 def _merge(parts: list[tuple[pa.StructArray, list[int]]], typ: pa.StructType) -> tuple[pa.StructArray, list[int]]:
@@ -166,8 +186,9 @@ def _convert(items: list, positions: list[int], conv, bad: list[BadRecord]) -> t
     return keep, where
 
 
-def _to_arrow(items: list, positions: list[int], typ: pa.StructType, fmt: str,
-              bad: list[BadRecord]) -> tuple[pa.StructArray, list[int]]:
+def _to_arrow(
+    items: list, positions: list[int], typ: pa.StructType, fmt: str, bad: list[BadRecord]
+) -> tuple[pa.StructArray, list[int]]:
     items, positions = _convert(items, positions, converter(typ, text=fmt == "json_schema"), bad)
     try:
         arr = pa.array(items, type=typ)
@@ -188,8 +209,13 @@ def _to_arrow(items: list, positions: list[int], typ: pa.StructType, fmt: str,
     if not violations:
         return arr, positions
     for row, path in sorted(violations.items()):
-        bad.append(BadRecord(positions[row], SCHEMA, f"the value does not fit the table schema: required field "
-                                                     f"{path} is missing or null"))
+        bad.append(
+            BadRecord(
+                positions[row],
+                SCHEMA,
+                f"the value does not fit the table schema: required field {path} is missing or null",
+            )
+        )
     keep_mask = pa.array([r not in violations for r in range(len(arr))])
     return arr.filter(keep_mask), [p for r, p in enumerate(positions) if r not in violations]
 

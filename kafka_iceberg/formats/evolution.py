@@ -22,8 +22,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
-from pyiceberg.types import (BinaryType, DecimalType, DoubleType, FixedType, FloatType, IcebergType, IntegerType,
-                             ListType, LongType, MapType, NestedField, PrimitiveType, StringType, StructType, UUIDType)
+from pyiceberg.types import (
+    BinaryType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+    StructType,
+    UUIDType,
+)
+
+from kafka_iceberg.formats.types import iceberg_schema
 
 ORDER = ("none", "evolvable", "promotion", "blocked")
 
@@ -91,25 +108,42 @@ def _compare(table: IcebergType, writer: IcebergType, path: str, out: list[Chang
         out.append(Change("blocked", path, None, f"{path}: the table has {table}, the writer sends {writer}"))
 
 
-def _fields(table: tuple[NestedField, ...], writer: tuple[NestedField, ...], prefix: str,
-            out: list[Change]) -> None:
+def _fields(table: tuple[NestedField, ...], writer: tuple[NestedField, ...], prefix: str, out: list[Change]) -> None:
     by_name = {f.name: f for f in writer}
     for t in table:
         path = f"{prefix}.{t.name}" if prefix else t.name
         w = by_name.pop(t.name, None)
         if w is None:
             if t.required:
-                out.append(Change("blocked", path, None, f"{path}: required in the table, absent from the writer "
-                                                         "schema (a required field was removed)"))
+                out.append(
+                    Change(
+                        "blocked",
+                        path,
+                        None,
+                        f"{path}: required in the table, absent from the writer schema (a required field was removed)",
+                    )
+                )
             continue
         if t.required and not w.required:
-            out.append(Change("blocked", path, None, f"{path}: required in the table, optional in the writer "
-                                                     "schema (it may send null)"))
+            out.append(
+                Change(
+                    "blocked",
+                    path,
+                    None,
+                    f"{path}: required in the table, optional in the writer schema (it may send null)",
+                )
+            )
         _compare(t.field_type, w.field_type, path, out)
     for w in by_name.values():  # what is left is new
         path = f"{prefix}.{w.name}" if prefix else w.name
-        out.append(Change("evolvable", path, w.field_type, f"{path}: a new field of type {w.field_type}, "
-                                                           "added as an optional column"))
+        out.append(
+            Change(
+                "evolvable",
+                path,
+                w.field_type,
+                f"{path}: a new field of type {w.field_type}, added as an optional column",
+            )
+        )
 
 
 def classify(table: Schema, writer: Schema) -> Evolution:
@@ -145,8 +179,9 @@ def apply(table, evolution: Evolution) -> None:
 def _fresh(t: IcebergType) -> IcebergType:
     """``t`` with every nested field optional (Iceberg adds only optional columns)."""
     if isinstance(t, StructType):
-        return StructType(*[NestedField(f.field_id, f.name, _fresh(f.field_type), required=False, doc=f.doc)
-                            for f in t.fields])
+        return StructType(
+            *[NestedField(f.field_id, f.name, _fresh(f.field_type), required=False, doc=f.doc) for f in t.fields]
+        )
     if isinstance(t, ListType):
         return ListType(t.element_id, _fresh(t.element_type), element_required=False)
     if isinstance(t, MapType):
@@ -178,7 +213,6 @@ def plan_batch(table: Schema, writers: dict, unknown_fields: str = "reject") -> 
     Raises:
         ValueError: an unknown policy, or two writers asking for different promotions of one column.
     """
-    from kafka_iceberg.formats.types import iceberg_schema
 
     if unknown_fields not in ("reject", "ignore", "evolve"):
         raise ValueError(f"unknown_fields must be reject, ignore or evolve, not {unknown_fields!r}")
@@ -194,8 +228,11 @@ def plan_batch(table: Schema, writers: dict, unknown_fields: str = "reject") -> 
             continue
         new = ev.of("evolvable")
         if new and unknown_fields == "reject":
-            refused[sid] = ("unknown_field", f"schema id {sid} has fields the table lacks (unknown_fields: reject): "
-                            + ", ".join(c.path for c in new))
+            refused[sid] = (
+                "unknown_field",
+                f"schema id {sid} has fields the table lacks (unknown_fields: reject): "
+                + ", ".join(c.path for c in new),
+            )
             continue
         for c in ev.of("promotion") + (new if unknown_fields == "evolve" else []):
             if c.path in apply and apply[c.path].new_type != c.new_type:

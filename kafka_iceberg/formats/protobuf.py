@@ -13,18 +13,63 @@ import base64
 import functools
 from datetime import timezone
 
-from kafka_iceberg.formats.types import _PB_WRAPPERS
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestamptzType,
+)
+
+PB_WRAPPERS = {
+    "google.protobuf.DoubleValue": DoubleType(),
+    "google.protobuf.FloatValue": FloatType(),
+    "google.protobuf.Int64Value": LongType(),
+    "google.protobuf.UInt64Value": LongType(),
+    "google.protobuf.Int32Value": IntegerType(),
+    "google.protobuf.UInt32Value": LongType(),
+    "google.protobuf.BoolValue": BooleanType(),
+    "google.protobuf.StringValue": StringType(),
+    "google.protobuf.BytesValue": BinaryType(),
+    "google.protobuf.Timestamp": TimestamptzType(),
+}
+"""Well-known wrapper messages read as their (nullable) scalar, with the Iceberg type of each."""
 
 
 @functools.lru_cache(maxsize=256)
 def _pool(schema_str: str):
-    from google.protobuf import (any_pb2, api_pb2, descriptor_pb2, duration_pb2, empty_pb2, field_mask_pb2,
-                                 source_context_pb2, struct_pb2, timestamp_pb2, type_pb2, wrappers_pb2)
+    from google.protobuf import (
+        any_pb2,
+        api_pb2,
+        descriptor_pb2,
+        duration_pb2,
+        empty_pb2,
+        field_mask_pb2,
+        source_context_pb2,
+        struct_pb2,
+        timestamp_pb2,
+        type_pb2,
+        wrappers_pb2,
+    )
     from google.protobuf.descriptor_pool import DescriptorPool
 
     pool = DescriptorPool()
-    for mod in (any_pb2, source_context_pb2, type_pb2, api_pb2, descriptor_pb2, duration_pb2, empty_pb2,
-                field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2):
+    for mod in (
+        any_pb2,
+        source_context_pb2,
+        type_pb2,
+        api_pb2,
+        descriptor_pb2,
+        duration_pb2,
+        empty_pb2,
+        field_mask_pb2,
+        struct_pb2,
+        timestamp_pb2,
+        wrappers_pb2,
+    ):
         pool.AddSerializedFile(mod.DESCRIPTOR.serialized_pb)
     fd = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema_str))
     if pool_has(pool, fd.name):
@@ -72,7 +117,7 @@ def _value_reader(f):
     full = f.message_type.full_name
     if full == "google.protobuf.Timestamp":
         return lambda m: m.ToDatetime(tzinfo=timezone.utc)
-    if full in _PB_WRAPPERS:
+    if full in PB_WRAPPERS:
         return lambda m: m.value
     return message_reader(f.message_type)
 

@@ -4,8 +4,8 @@ The driver collects the schema ids a micro-batch needs, fetches each one once (s
 immutable, so a process-wide cache keeps them for good) and ships the resulting
 :class:`WriterSchema` objects (small, picklable) to the Spark tasks, which never call the registry.
 
-Authentication comes from the environment (read by :func:`kafka_iceberg.settings.registry_settings`
-into :class:`~kafka_iceberg.settings_models.RegistrySettings`), never from the table declarations:
+Authentication comes from the environment (read by :func:`kafka_iceberg.config.settings.registry_settings`
+into :class:`~kafka_iceberg.config.models.RegistrySettings`), never from the table declarations:
 
 - ``LAKE_SCHEMA_REGISTRY_BASIC_AUTH``: ``user:password`` (basic auth), or
 - ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN`` (a static bearer token) with
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
+from kafka_iceberg.config.models import RegistrySettings
+from kafka_iceberg.config.settings import registry_settings
 from kafka_iceberg.errors import LakeError
 from kafka_iceberg.formats.wire import WireError, schema_id_of
-from kafka_iceberg.settings import registry_settings
-from kafka_iceberg.settings_models import RegistrySettings
 
 SCHEMA_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}
 """``format.type`` of a declaration -> the registry's ``schemaType``."""
@@ -49,13 +49,23 @@ class WriterSchema:
     schema_str: str
 
 
-def client_config(url: str, registry: RegistrySettings | None = None, retries: int = 3,
-                  retry_wait_ms: int = 200, timeout_s: float = 10.0) -> dict:
+def client_config(
+    url: str,
+    registry: RegistrySettings | None = None,
+    retries: int = 3,
+    retry_wait_ms: int = 200,
+    timeout_s: float = 10.0,
+) -> dict:
     """The ``SchemaRegistryClient`` configuration for ``url`` with the credentials of ``registry``
-    (default: :func:`kafka_iceberg.settings.registry_settings` of the process environment)."""
+    (default: :func:`kafka_iceberg.config.settings.registry_settings` of the process environment)."""
     registry = registry_settings() if registry is None else registry
-    conf: dict = {"url": url, "max.retries": retries, "retries.wait.ms": retry_wait_ms,
-                  "retries.max.wait.ms": max(retry_wait_ms, 2000), "timeout": timeout_s}
+    conf: dict = {
+        "url": url,
+        "max.retries": retries,
+        "retries.wait.ms": retry_wait_ms,
+        "retries.max.wait.ms": max(retry_wait_ms, 2000),
+        "timeout": timeout_s,
+    }
     if registry.basic_auth:
         conf["basic.auth.user.info"] = registry.basic_auth.get_secret_value()
     if registry.bearer_token:
@@ -92,10 +102,11 @@ def _call(url: str, what: str, fn, attempts: int, backoff_s: float):
         except (httpx.HTTPError, OSError) as e:
             last = e
         if attempt + 1 < attempts:
-            time.sleep(backoff_s * 2 ** attempt)
+            time.sleep(backoff_s * 2**attempt)
     raise RegistryUnavailableError(
         f"schema registry {url} is unreachable: {what} failed {attempts} times "
-        f"(last error: {type(last).__name__}: {last}); nothing was committed") from None
+        f"(last error: {type(last).__name__}: {last}); nothing was committed"
+    ) from None
 
 
 def schema_ids(values: Iterable[bytes | None]) -> set[int]:
@@ -110,8 +121,9 @@ def schema_ids(values: Iterable[bytes | None]) -> set[int]:
     return ids
 
 
-def resolve(url: str, ids: Iterable[int], registry: RegistrySettings | None = None, attempts: int = 3,
-            backoff_s: float = 0.5) -> dict[int, WriterSchema | None]:
+def resolve(
+    url: str, ids: Iterable[int], registry: RegistrySettings | None = None, attempts: int = 3, backoff_s: float = 0.5
+) -> dict[int, WriterSchema | None]:
     """Fetch each schema id once (cached for the process's life) -> {id: schema, or None if unknown}.
 
     A schema id the registry does not know maps to ``None``: its records are ``unknown_schema_id``
@@ -166,8 +178,9 @@ def _is_serialized(text: str) -> bool:
         return False
 
 
-def latest(url: str, subject: str, registry: RegistrySettings | None = None, attempts: int = 3,
-           backoff_s: float = 0.5) -> WriterSchema:
+def latest(
+    url: str, subject: str, registry: RegistrySettings | None = None, attempts: int = 3, backoff_s: float = 0.5
+) -> WriterSchema:
     """The latest schema registered under ``subject``.
 
     Raises:
@@ -176,8 +189,9 @@ def latest(url: str, subject: str, registry: RegistrySettings | None = None, att
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     client = SchemaRegistryClient(client_config(url, registry))
-    r = _call(url, f"latest version of subject {subject}", lambda: client.get_latest_version(subject),
-              attempts, backoff_s)
+    r = _call(
+        url, f"latest version of subject {subject}", lambda: client.get_latest_version(subject), attempts, backoff_s
+    )
     return resolve(url, [r.schema_id], registry, attempts, backoff_s)[r.schema_id]
 
 

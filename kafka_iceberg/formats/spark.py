@@ -11,19 +11,21 @@ columns; null for a bad record), then ``_format_error_kind`` and ``_format_error
 record, else the bad-record kind (:data:`kafka_iceberg.formats.wire.BAD_KINDS`) and reason. The
 writer schemas travel to the tasks inside the ``mapInArrow`` closure; tasks never call the registry.
 
-:func:`classify_formatted` gives the shape of ``kafka_iceberg.transform.classify`` (raw columns,
+:func:`classify_formatted` gives the shape of ``kafka_iceberg.formats.transform.classify`` (raw columns,
 ``j``, ``_problem``), so the write path's later steps (table rows, dead-letter rows, counts) work
 on it unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
+from kafka_iceberg.formats.decode import decode_values
 from kafka_iceberg.formats.resolver import WriterSchema
+from kafka_iceberg.formats.types import UnsupportedSchemaError, arrow_schema
 
 ERROR_KIND = "_format_error_kind"
 ERROR = "_format_error"
@@ -36,23 +38,37 @@ def schema_ids_in(df, column: str = "value") -> set[int]:
     from pyspark.sql import functions as F
 
     head = F.substring(F.col(column), 1, 5)
-    rows = (df.where(F.length(column) >= 5).where(F.hex(F.substring(F.col(column), 1, 1)) == "00")
-            .select(F.conv(F.hex(F.substring(head, 2, 4)), 16, 10).cast("long").alias("id")).distinct().collect())
+    rows = (
+        df.where(F.length(column) >= 5)
+        .where(F.hex(F.substring(F.col(column), 1, 1)) == "00")
+        .select(F.conv(F.hex(F.substring(head, 2, 4)), 16, 10).cast("long").alias("id"))
+        .distinct()
+        .collect()
+    )
     return {int(r["id"]) for r in rows}
 
 
 def output_schema(value_schema: pa.Schema, keep: pa.Schema) -> pa.Schema:
     """Arrow schema of :func:`decode_dataframe`'s output: kept columns, ``j`` (a nullable struct of
     the value columns), then the two error columns."""
-    return pa.schema(list(keep) + [pa.field(VALUE, pa.struct(list(value_schema)))]
-                     + [pa.field(ERROR_KIND, pa.string()), pa.field(ERROR, pa.string())])
+    return pa.schema(
+        list(keep)
+        + [pa.field(VALUE, pa.struct(list(value_schema)))]
+        + [pa.field(ERROR_KIND, pa.string()), pa.field(ERROR, pa.string())]
+    )
 
 
-def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | None], value_schema: pa.Schema,
-                 fmt: str, keep: Sequence[str], out_schema: pa.Schema, column: str = "value",
-                 refused: Mapping[int, tuple[str, str]] | None = None) -> pa.RecordBatch:
+def decode_batch(
+    batch: pa.RecordBatch,
+    writers: Mapping[int, WriterSchema | None],
+    value_schema: pa.Schema,
+    fmt: str,
+    keep: Sequence[str],
+    out_schema: pa.Schema,
+    column: str = "value",
+    refused: Mapping[int, tuple[str, str]] | None = None,
+) -> pa.RecordBatch:
     """One input batch -> one output batch with a row per input row (see the module docstring)."""
-    from kafka_iceberg.formats.decode import decode_values
 
     n = batch.num_rows
     result = decode_values(batch.column(column).to_pylist(), writers, value_schema, fmt, refused)
@@ -61,8 +77,11 @@ def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | Non
         where[i] = row
     taken = result.rows.take(pa.array(where, pa.int64()))
     valid = pa.array([w is not None for w in where])
-    struct = pa.StructArray.from_arrays([taken.column(f.name).combine_chunks() for f in value_schema],
-                                        fields=list(value_schema), mask=pa.compute.invert(valid))
+    struct = pa.StructArray.from_arrays(
+        [taken.column(f.name).combine_chunks() for f in value_schema],
+        fields=list(value_schema),
+        mask=pa.compute.invert(valid),
+    )
     kinds, reasons = [None] * n, [None] * n
     for b in result.bad:
         kinds[b.index], reasons[b.index] = b.kind, b.reason
@@ -71,9 +90,15 @@ def decode_batch(batch: pa.RecordBatch, writers: Mapping[int, WriterSchema | Non
     return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
 
 
-def decode_dataframe(df, writers: Mapping[int, WriterSchema | None], table_schema, fmt: str,
-                     keep: Sequence[str] = ("partition", "offset"), column: str = "value",
-                     refused: Mapping[int, tuple[str, str]] | None = None):
+def decode_dataframe(
+    df,
+    writers: Mapping[int, WriterSchema | None],
+    table_schema,
+    fmt: str,
+    keep: Sequence[str] = ("partition", "offset"),
+    column: str = "value",
+    refused: Mapping[int, tuple[str, str]] | None = None,
+):
     """``df`` (raw records with a binary ``column``) decoded in the Spark tasks (``mapInArrow``).
 
     ``table_schema``: the table's value columns as a pyiceberg ``Schema``. ``writers``: from
@@ -81,12 +106,9 @@ def decode_dataframe(df, writers: Mapping[int, WriterSchema | None], table_schem
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from kafka_iceberg.formats.types import arrow_schema
-
     value_schema = arrow_schema(table_schema)
     keep = list(keep)
-    keep_schema = pa.schema([pa.field(f.name, _spark_to_arrow(f.dataType)) for f in df.schema.fields
-                             if f.name in keep])
+    keep_schema = pa.schema([pa.field(f.name, _spark_to_arrow(f.dataType)) for f in df.schema.fields if f.name in keep])
     keep_schema = pa.schema([keep_schema.field(k) for k in keep])
     out_schema = output_schema(value_schema, keep_schema)
     writers, refused = dict(writers), dict(refused or {})
@@ -105,10 +127,16 @@ def _spark_to_arrow(t) -> pa.DataType:
     return to_arrow_type(t)
 
 
-def classify_formatted(raw, table_schema, fmt: str, writers: Mapping[int, WriterSchema | None],
-                       refused: Mapping[int, tuple[str, str]] | None = None, max_record_bytes: int | None = None):
-    """Raw records (``kafka_iceberg.reader.RAW_SCHEMA_DDL``) decoded and classified in the shape
-    of ``kafka_iceberg.transform.classify``: every raw column, ``j`` (a struct of the table's value
+def classify_formatted(
+    raw,
+    table_schema,
+    fmt: str,
+    writers: Mapping[int, WriterSchema | None],
+    refused: Mapping[int, tuple[str, str]] | None = None,
+    max_record_bytes: int | None = None,
+):
+    """Raw records (``kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL``) decoded and classified in the shape
+    of ``kafka_iceberg.formats.transform.classify``: every raw column, ``j`` (a struct of the table's value
     columns, ``table_schema`` as a pyiceberg ``Schema``) and ``_problem`` (null, or
     ``struct<kind, reason>``). Kinds in order: ``tombstone`` (null value), ``oversize`` (key +
     value above ``max_record_bytes``), then the format's kinds (:data:`~kafka_iceberg.formats.wire.BAD_KINDS`).
@@ -124,9 +152,17 @@ def classify_formatted(raw, table_schema, fmt: str, writers: Mapping[int, Writer
 
     rule = F.when(F.col("value").isNull(), problem(F.lit("tombstone"), F.lit("the value is null (a tombstone)")))
     if max_record_bytes is not None:
-        rule = rule.when(size > max_record_bytes, problem(
-            F.lit("oversize"), F.concat(F.lit("key + value are "), size.cast("string"),
-                                        F.lit(f" bytes, above max_record_bytes {max_record_bytes}"))))
+        rule = rule.when(
+            size > max_record_bytes,
+            problem(
+                F.lit("oversize"),
+                F.concat(
+                    F.lit("key + value are "),
+                    size.cast("string"),
+                    F.lit(f" bytes, above max_record_bytes {max_record_bytes}"),
+                ),
+            ),
+        )
     rule = rule.when(F.col(ERROR_KIND).isNotNull(), problem(F.col(ERROR_KIND), F.col(ERROR)))
     return decoded.select(*cols, F.when(rule.isNull(), F.col(VALUE)).alias(VALUE), rule.alias("_problem"))
 
@@ -140,8 +176,6 @@ def spark_sql_type(t) -> str:
     """
     from pyiceberg import types as it
 
-    from kafka_iceberg.formats.types import UnsupportedSchemaError
-
     if isinstance(t, it.StructType):
         return "STRUCT<" + ", ".join(f"`{f.name}`: {spark_sql_type(f.field_type)}" for f in t.fields) + ">"
     if isinstance(t, it.ListType):
@@ -150,10 +184,20 @@ def spark_sql_type(t) -> str:
         return f"MAP<{spark_sql_type(t.key_type)}, {spark_sql_type(t.value_type)}>"
     if isinstance(t, it.DecimalType):
         return f"DECIMAL({t.precision},{t.scale})"
-    simple = {it.BooleanType: "BOOLEAN", it.IntegerType: "INT", it.LongType: "BIGINT", it.FloatType: "FLOAT",
-              it.DoubleType: "DOUBLE", it.DateType: "DATE", it.TimestampType: "TIMESTAMP_NTZ",
-              it.TimestamptzType: "TIMESTAMP", it.StringType: "STRING", it.UUIDType: "STRING",
-              it.BinaryType: "BINARY", it.FixedType: "BINARY"}
+    simple = {
+        it.BooleanType: "BOOLEAN",
+        it.IntegerType: "INT",
+        it.LongType: "BIGINT",
+        it.FloatType: "FLOAT",
+        it.DoubleType: "DOUBLE",
+        it.DateType: "DATE",
+        it.TimestampType: "TIMESTAMP_NTZ",
+        it.TimestamptzType: "TIMESTAMP",
+        it.StringType: "STRING",
+        it.UUIDType: "STRING",
+        it.BinaryType: "BINARY",
+        it.FixedType: "BINARY",
+    }
     if type(t) not in simple:
         raise UnsupportedSchemaError(f"Iceberg type {t} has no Spark SQL type")
     return simple[type(t)]
@@ -170,6 +214,11 @@ def schema_id_counts(df, column: str = "value") -> dict[int, int]:
     from pyspark.sql import functions as F
 
     sid = F.conv(F.hex(F.substring(F.col(column), 2, 4)), 16, 10).cast("long")
-    rows = (df.where(F.length(column) >= 5).where(F.hex(F.substring(F.col(column), 1, 1)) == "00")
-            .groupBy(sid.alias("id")).count().collect())
+    rows = (
+        df.where(F.length(column) >= 5)
+        .where(F.hex(F.substring(F.col(column), 1, 1)) == "00")
+        .groupBy(sid.alias("id"))
+        .count()
+        .collect()
+    )
     return {int(r["id"]): int(r["count"]) for r in rows}

@@ -27,9 +27,30 @@ import json
 
 import pyarrow as pa
 from pyiceberg.schema import Schema
-from pyiceberg.types import (BinaryType, BooleanType, DateType, DecimalType, DoubleType, FixedType, FloatType,
-                             IcebergType, IntegerType, ListType, LongType, MapType, NestedField, StringType,
-                             StructType, TimestampType, TimestamptzType, TimeType, UUIDType)
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+from kafka_iceberg.formats.protobuf import PB_WRAPPERS, message_descriptor
+from kafka_iceberg.formats.resolver import latest
 
 UNION_MEMBER = "member"
 
@@ -46,12 +67,26 @@ class _Ids:
         return next(self._next)
 
 
-_AVRO_PRIMITIVES = {"boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
-                    "double": DoubleType(), "bytes": BinaryType(), "string": StringType()}
-_AVRO_LOGICAL = {"date": DateType(), "time-millis": TimeType(), "time-micros": TimeType(),
-                 "timestamp-millis": TimestamptzType(), "timestamp-micros": TimestamptzType(),
-                 "timestamp-nanos": TimestamptzType(), "local-timestamp-millis": TimestampType(),
-                 "local-timestamp-micros": TimestampType(), "uuid": UUIDType()}
+_AVRO_PRIMITIVES = {
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "bytes": BinaryType(),
+    "string": StringType(),
+}
+_AVRO_LOGICAL = {
+    "date": DateType(),
+    "time-millis": TimeType(),
+    "time-micros": TimeType(),
+    "timestamp-millis": TimestamptzType(),
+    "timestamp-micros": TimestamptzType(),
+    "timestamp-nanos": TimestamptzType(),
+    "local-timestamp-millis": TimestampType(),
+    "local-timestamp-micros": TimestampType(),
+    "uuid": UUIDType(),
+}
 
 
 def _fullname(t: dict, ns: str | None) -> tuple[str, str | None]:
@@ -66,8 +101,10 @@ def _union(branches: list, ids: _Ids, named: dict, ns, stack) -> tuple[IcebergTy
     if len(non_null) == 1:
         typ, inner_nullable = _avro(non_null[0], ids, named, ns, stack)
         return typ, nullable or inner_nullable
-    fields = [NestedField(ids(), f"{UNION_MEMBER}{k}", _avro(b, ids, named, ns, stack)[0], required=False)
-              for k, b in enumerate(non_null)]
+    fields = [
+        NestedField(ids(), f"{UNION_MEMBER}{k}", _avro(b, ids, named, ns, stack)[0], required=False)
+        for k, b in enumerate(non_null)
+    ]
     return StructType(*fields), nullable
 
 
@@ -131,30 +168,37 @@ def avro_schema(schema_str: str) -> Schema:
 
 # ---- Protobuf -----------------------------------------------------------------------------------
 
-_PB_WRAPPERS = {"google.protobuf.DoubleValue": DoubleType(), "google.protobuf.FloatValue": FloatType(),
-                "google.protobuf.Int64Value": LongType(), "google.protobuf.UInt64Value": LongType(),
-                "google.protobuf.Int32Value": IntegerType(), "google.protobuf.UInt32Value": LongType(),
-                "google.protobuf.BoolValue": BooleanType(), "google.protobuf.StringValue": StringType(),
-                "google.protobuf.BytesValue": BinaryType(), "google.protobuf.Timestamp": TimestamptzType()}
-
 
 def _pb_scalar(f) -> IcebergType:
     t = f.type
     if t in (f.TYPE_INT32, f.TYPE_SINT32, f.TYPE_SFIXED32):
         return IntegerType()
-    if t in (f.TYPE_INT64, f.TYPE_SINT64, f.TYPE_SFIXED64, f.TYPE_UINT32, f.TYPE_FIXED32, f.TYPE_UINT64,
-             f.TYPE_FIXED64):
+    if t in (
+        f.TYPE_INT64,
+        f.TYPE_SINT64,
+        f.TYPE_SFIXED64,
+        f.TYPE_UINT32,
+        f.TYPE_FIXED32,
+        f.TYPE_UINT64,
+        f.TYPE_FIXED64,
+    ):
         return LongType()
-    return {f.TYPE_FLOAT: FloatType(), f.TYPE_DOUBLE: DoubleType(), f.TYPE_BOOL: BooleanType(),
-            f.TYPE_STRING: StringType(), f.TYPE_BYTES: BinaryType(), f.TYPE_ENUM: StringType()}[t]
+    return {
+        f.TYPE_FLOAT: FloatType(),
+        f.TYPE_DOUBLE: DoubleType(),
+        f.TYPE_BOOL: BooleanType(),
+        f.TYPE_STRING: StringType(),
+        f.TYPE_BYTES: BinaryType(),
+        f.TYPE_ENUM: StringType(),
+    }[t]
 
 
 def _pb_value(f, ids: _Ids, stack: tuple) -> IcebergType:
     if f.message_type is None:
         return _pb_scalar(f)
     name = f.message_type.full_name
-    if name in _PB_WRAPPERS:
-        return _PB_WRAPPERS[name]
+    if name in PB_WRAPPERS:
+        return PB_WRAPPERS[name]
     return _pb_struct(f.message_type, ids, stack)
 
 
@@ -178,7 +222,6 @@ def _pb_struct(desc, ids: _Ids, stack: tuple) -> StructType:
 def protobuf_schema(schema_str: str, message_indexes: tuple[int, ...] = (0,)) -> Schema:
     """The Iceberg schema of the message at ``message_indexes`` of a registered Protobuf schema
     (a base64 ``FileDescriptorProto``, as the registry serves it with ``format=serialized``)."""
-    from kafka_iceberg.formats.protobuf import message_descriptor
 
     return Schema(*_pb_struct(message_descriptor(schema_str, message_indexes), _Ids(), ()).fields)
 
@@ -215,8 +258,9 @@ def _json(node: dict, root: dict, ids: _Ids, stack: tuple) -> tuple[IcebergType,
         fields = []
         for name, sub in props.items():
             typ, nullable = _json(sub, root, ids, stack)
-            fields.append(NestedField(ids(), name, typ, required=name in required and not nullable,
-                                      doc=sub.get("description")))
+            fields.append(
+                NestedField(ids(), name, typ, required=name in required and not nullable, doc=sub.get("description"))
+            )
         return StructType(*fields), False
     if kinds == "array":
         elem, nullable = _json(node.get("items") or {}, root, ids, stack)
@@ -234,8 +278,10 @@ def _json_union(branches: list, root: dict, ids: _Ids, stack: tuple) -> tuple[Ic
     if len(non_null) == 1:
         typ, inner = _json(non_null[0], root, ids, stack)
         return typ, nullable or inner
-    fields = [NestedField(ids(), f"{UNION_MEMBER}{k}", _json(b, root, ids, stack)[0], required=False)
-              for k, b in enumerate(non_null)]
+    fields = [
+        NestedField(ids(), f"{UNION_MEMBER}{k}", _json(b, root, ids, stack)[0], required=False)
+        for k, b in enumerate(non_null)
+    ]
     return StructType(*fields), nullable
 
 
@@ -259,18 +305,18 @@ def iceberg_schema(writer, message_indexes: tuple[int, ...] = (0,)) -> Schema:
 
 def table_schema_from_subject(url: str, subject: str, registry=None) -> Schema:
     """The Iceberg table schema for the latest schema of ``subject`` (its first message for Protobuf);
-    ``registry``: the credentials (:class:`~kafka_iceberg.settings_models.RegistrySettings`, default: the environment's).
+    ``registry``: the credentials (:class:`~kafka_iceberg.config.models.RegistrySettings`, default: the environment's).
 
     Raises:
         SchemaNotFoundError, RegistryUnavailableError: see :mod:`kafka_iceberg.formats.resolver`.
         UnsupportedSchemaError: the schema has no Iceberg mapping.
     """
-    from kafka_iceberg.formats.resolver import latest
 
     return iceberg_schema(latest(url, subject, registry))
 
 
 # ---- Arrow --------------------------------------------------------------------------------------
+
 
 def arrow_type(t: IcebergType) -> pa.DataType:
     """The Arrow type the decoders produce for Iceberg type ``t``."""
@@ -279,15 +325,26 @@ def arrow_type(t: IcebergType) -> pa.DataType:
     if isinstance(t, ListType):
         return pa.list_(pa.field("element", arrow_type(t.element_type), nullable=not t.element_required))
     if isinstance(t, MapType):
-        return pa.map_(arrow_type(t.key_type), pa.field("value", arrow_type(t.value_type),
-                                                        nullable=not t.value_required))
+        return pa.map_(
+            arrow_type(t.key_type), pa.field("value", arrow_type(t.value_type), nullable=not t.value_required)
+        )
     if isinstance(t, DecimalType):
         return pa.decimal128(t.precision, t.scale)
-    return {BooleanType: pa.bool_(), IntegerType: pa.int32(), LongType: pa.int64(), FloatType: pa.float32(),
-            DoubleType: pa.float64(), DateType: pa.date32(), TimeType: pa.time64("us"),
-            TimestampType: pa.timestamp("us"), TimestamptzType: pa.timestamp("us", tz="UTC"),
-            StringType: pa.string(), UUIDType: pa.string(), BinaryType: pa.binary(),
-            FixedType: pa.binary()}[type(t)]
+    return {
+        BooleanType: pa.bool_(),
+        IntegerType: pa.int32(),
+        LongType: pa.int64(),
+        FloatType: pa.float32(),
+        DoubleType: pa.float64(),
+        DateType: pa.date32(),
+        TimeType: pa.time64("us"),
+        TimestampType: pa.timestamp("us"),
+        TimestamptzType: pa.timestamp("us", tz="UTC"),
+        StringType: pa.string(),
+        UUIDType: pa.string(),
+        BinaryType: pa.binary(),
+        FixedType: pa.binary(),
+    }[type(t)]
 
 
 def arrow_field(f: NestedField) -> pa.Field:

@@ -32,8 +32,11 @@ class FitError(ValueError):
 
 
 def is_union(t: pa.DataType) -> bool:
-    return pa.types.is_struct(t) and t.num_fields > 1 and all(_MEMBER.fullmatch(t.field(i).name)
-                                                              for i in range(t.num_fields))
+    return (
+        pa.types.is_struct(t)
+        and t.num_fields > 1
+        and all(_MEMBER.fullmatch(t.field(i).name) for i in range(t.num_fields))
+    )
 
 
 def _timestamp(v, tz: bool):
@@ -120,12 +123,13 @@ def _union(t: pa.DataType, text: bool):
         # first the members whose type the value has; then (JSON) text a member converts
         for exact in (True, False):
             for name, mt, mconv in members:
-                if (_accepts(mt, v) if exact else (text and mconv is not None and isinstance(v, str))):
+                if _accepts(mt, v) if exact else (text and mconv is not None and isinstance(v, str)):
                     try:
                         return {name: mconv(v) if mconv else v}
                     except FitError:
                         continue
         raise FitError(f"{type(v).__name__} value fits no branch of the union")
+
     return conv
 
 
@@ -148,6 +152,7 @@ def _struct(t: pa.StructType, text: bool):
                 except FitError as e:
                     raise FitError(f"{name}: {e}") from None
         return out
+
     return conv
 
 
@@ -168,4 +173,5 @@ def converter(t: pa.DataType, text: bool = False):
     if pa.types.is_timestamp(t):
         return lambda v: _timestamp(v, t.tz is not None)
     return {"date32[day]": _date, "time64[us]": _time, "binary": _binary}.get(str(t)) or (
-        _decimal if pa.types.is_decimal(t) else None)
+        _decimal if pa.types.is_decimal(t) else None
+    )

@@ -54,8 +54,11 @@ def schema_id_of(value: bytes | None) -> int:
     if value is None or len(value) < HEADER_BYTES or value[0] != MAGIC:
         first = "null" if value is None else ("empty" if not value else f"first byte 0x{value[0]:02x}")
         size = 0 if value is None else len(value)
-        raise WireError(MISSING_MAGIC_BYTE, f"not in the Confluent wire format (magic byte 0x00 and a 4-byte "
-                                            f"schema id expected; {size} bytes, {first})")
+        raise WireError(
+            MISSING_MAGIC_BYTE,
+            f"not in the Confluent wire format (magic byte 0x00 and a 4-byte "
+            f"schema id expected; {size} bytes, {first})",
+        )
     return struct.unpack_from(">I", value, 1)[0]
 
 

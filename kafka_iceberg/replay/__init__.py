@@ -1,6 +1,6 @@
 """Replay a table's Kafka offset range into a new table or an Iceberg branch, and validate it.
 
-Plain Python (no Dagster); the CLI (``python -m kafka_iceberg.cli replay``) and the Dagster
+Plain Python (no Dagster); the CLI (``python -m kafka_iceberg.lake_assets.cli replay``) and the Dagster
 job ``replay`` (``lake_assets/replay.py``) both call :func:`run_replay`.
 
 A replay reads, per partition, the half-open offset range ``[start, end)`` of the original
@@ -8,7 +8,7 @@ table's topic again and writes it, in bounded micro-batches, to one of two targe
 
 * **a new table** (``into``): same schema and partitioning as the original, its own
   identifier, a consumer group that is never committed. Each micro-batch goes through
-  the write path's phases (:func:`kafka_iceberg.pipeline.run_batch`) with a range plan,
+  the write path's phases (:func:`kafka_iceberg.batch.pipeline.run_batch`) with a range plan,
   so the replay is exactly-once and crash-recoverable like ingestion: the target's
   committed offsets live in its own snapshot summaries, and a rerun of the same replay
   continues from them.

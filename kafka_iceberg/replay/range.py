@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
-from kafka_iceberg.kafka_client import KafkaMetadata
-from kafka_iceberg.planning import Watermarks
+from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.kafka.admin import KafkaMetadata
 from kafka_iceberg.replay.request import ReplayDataLossError, ReplayError, ReplayRequest
-from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import SnapshotInfo, ancestors, state_at
 
 
@@ -106,8 +106,10 @@ def _start(kafka, spec, request, partitions, wm, original_snapshots, original_ma
         )
     state = state_at(original_snapshots, request.from_snapshot)
     if not state.offsets:
-        raise ReplayError(f"{where}: snapshot {request.from_snapshot} has no committed offsets (kafka.offsets) "
-                          "in its ancestry; nothing was ingested before it")
+        raise ReplayError(
+            f"{where}: snapshot {request.from_snapshot} has no committed offsets (kafka.offsets) "
+            "in its ancestry; nothing was ingested before it"
+        )
     # a partition added to the topic after the snapshot starts where ingestion starts it: the log start
     return {p: state.offsets.get(p, wm[p].low) for p in partitions}
 
@@ -116,8 +118,10 @@ def _end(kafka, spec, request, start, original_offsets, recorded, where) -> tupl
     if request.end_offsets is not None:
         unknown = sorted(set(request.end_offsets) - set(start))
         if unknown:
-            raise ReplayError(f"{where}: end offsets name partitions {unknown} that the start does not "
-                              f"(start partitions: {sorted(start)})")
+            raise ReplayError(
+                f"{where}: end offsets name partitions {unknown} that the start does not "
+                f"(start partitions: {sorted(start)})"
+            )
     if request.end_ms is not None:
         return kafka.offsets_for_timestamp(spec.topic, sorted(start), request.end_ms), set()
     end = dict(request.end_offsets or {})
@@ -128,15 +132,18 @@ def _end(kafka, spec, request, start, original_offsets, recorded, where) -> tupl
         if p not in end:
             defaulted.add(p)
             if not original_offsets:
-                raise ReplayError(f"{where}: the original has no committed offsets, so there is no default end; "
-                                  "give one (--to or --to-time)")
+                raise ReplayError(
+                    f"{where}: the original has no committed offsets, so there is no default end; "
+                    "give one (--to or --to-time)"
+                )
             # the original holds nothing of a partition it has no offset for
             end[p] = original_offsets.get(p, start[p])
     return end, defaulted
 
 
-def _check_partition(request, where: str, p: int, s: int, e: int, w: Watermarks, held: int | None,
-                     defaulted: bool) -> None:
+def _check_partition(
+    request, where: str, p: int, s: int, e: int, w: Watermarks, held: int | None, defaulted: bool
+) -> None:
     if s > e:
         why = " (the original's committed offset: it holds nothing from the start on)" if defaulted else ""
         raise ReplayError(f"{where}: partition {p} starts at offset {s}, after its end {e}{why}")
@@ -150,8 +157,9 @@ def _check_partition(request, where: str, p: int, s: int, e: int, w: Watermarks,
         )
 
 
-def check_readable(table: str, topic: str, progress: Mapping[int, int], end: Mapping[int, int],
-                   wm: Mapping[int, Watermarks]) -> None:
+def check_readable(
+    table: str, topic: str, progress: Mapping[int, int], end: Mapping[int, int], wm: Mapping[int, Watermarks]
+) -> None:
     """Every partition still to replay (``progress < end``) starts at or above its log start offset.
 
     Raises:
@@ -171,8 +179,10 @@ def check_progress(table: str, rng: ReplayRange, committed: Mapping[int, int]) -
     for p in rng.start:
         s = committed.get(p, rng.start[p])
         if not rng.start[p] <= s <= rng.end[p]:
-            raise ReplayError(f"replay target {table}: committed offset {s} of partition {p} lies outside the "
-                              f"replay range [{rng.start[p]}, {rng.end[p]})")
+            raise ReplayError(
+                f"replay target {table}: committed offset {s} of partition {p} lies outside the "
+                f"replay range [{rng.start[p]}, {rng.end[p]})"
+            )
 
 
 # -- targets --------------------------------------------------------------------------------
@@ -181,8 +191,11 @@ def replay_table_spec(spec: TableSpec, identifier: str) -> TableSpec:
     consumer group ``lake-replay.<identifier>`` that the replay never commits, and its own
     dead-letter table ``<identifier>_dead_letter``. Same topic, schema, Kafka columns,
     partitioning and bad-record policy."""
-    return dataclasses.replace(spec, name=identifier.rsplit(".", 1)[-1], identifier=identifier,
-                               consumer_group=f"lake-replay.{identifier}",
-                               description=f"Replay of {spec.identifier} from Kafka topic {spec.topic}.",
-                               bad_records=dataclasses.replace(spec.bad_records,
-                                                               dead_letter_identifier=f"{identifier}_dead_letter"))
+    return dataclasses.replace(
+        spec,
+        name=identifier.rsplit(".", 1)[-1],
+        identifier=identifier,
+        consumer_group=f"lake-replay.{identifier}",
+        description=f"Replay of {spec.identifier} from Kafka topic {spec.topic}.",
+        bad_records=dataclasses.replace(spec.bad_records, dead_letter_identifier=f"{identifier}_dead_letter"),
+    )

@@ -5,12 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Mapping
+from typing import TYPE_CHECKING
 
+from kafka_iceberg.declaration.spec import IDENTIFIER
 from kafka_iceberg.errors import DataLossError, LakeError
-from kafka_iceberg.spec import IDENTIFIER
+
+if TYPE_CHECKING:  # validate imports pyspark; the annotation needs only the name
+    from kafka_iceberg.replay.validate import ValidationReport
 
 REPLAY_BRANCH_PREFIX = "replay_"
 """Prefix of replay branches. Recovery only ever drops ``ingest_<ms>_<token>`` attempt branches."""
@@ -48,7 +52,7 @@ class ReplayMismatchError(LakeError):
     """Validation found rows that differ between the original and the replay; ``report`` is the
     :class:`ValidationReport`."""
 
-    def __init__(self, report: "ValidationReport"):
+    def __init__(self, report: ValidationReport):
         self.report = report
         super().__init__(report.summary())
 
@@ -150,11 +154,17 @@ class ReplayRequest:
     max_batches: int | None = None
 
     def __post_init__(self):
-        starts = [self.start_offsets is not None, self.start_earliest, self.start_ms is not None,
-                  self.from_snapshot is not None]
+        starts = [
+            self.start_offsets is not None,
+            self.start_earliest,
+            self.start_ms is not None,
+            self.from_snapshot is not None,
+        ]
         if sum(starts) != 1:
-            raise ReplayError("give exactly one start: offsets (--from P:O,...), earliest, a time (--from-time) "
-                              "or a snapshot (--from-snapshot)")
+            raise ReplayError(
+                "give exactly one start: offsets (--from P:O,...), earliest, a time (--from-time) "
+                "or a snapshot (--from-snapshot)"
+            )
         if self.end_offsets is not None and self.end_ms is not None:
             raise ReplayError("give at most one end: offsets (--to) or a time (--to-time)")
         if self.into and self.branch:
@@ -186,7 +196,7 @@ class ReplayRequest:
         validate: bool = False,
         max_records_per_partition: int | None = None,
         max_batches: int | None = None,
-    ) -> "ReplayRequest":
+    ) -> ReplayRequest:
         """Build a request from the CLI's and the Dagster config's strings.
 
         ``from_offsets``: ``"0:100,1:250"`` or ``"earliest"``; ``from_time``/``to_time``: ISO-8601
@@ -196,6 +206,7 @@ class ReplayRequest:
         Raises:
             ReplayError: a malformed value or a contradictory combination.
         """
+
         def given(v):
             return v is not None and str(v).strip() != ""
 
@@ -224,7 +235,10 @@ class ReplayRequest:
         """8 hex digits identifying the requested range (not the target), for default target names."""
         doc = {
             "start_offsets": {str(k): v for k, v in sorted((self.start_offsets or {}).items())},
-            "start_earliest": self.start_earliest, "start_ms": self.start_ms, "from_snapshot": self.from_snapshot,
-            "end_offsets": {str(k): v for k, v in sorted((self.end_offsets or {}).items())}, "end_ms": self.end_ms,
+            "start_earliest": self.start_earliest,
+            "start_ms": self.start_ms,
+            "from_snapshot": self.from_snapshot,
+            "end_offsets": {str(k): v for k, v in sorted((self.end_offsets or {}).items())},
+            "end_ms": self.end_ms,
         }
         return hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]

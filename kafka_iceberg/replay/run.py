@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Callable, Collection
 
 from kafka_iceberg.batch.context import CrashHook, Lake, no_crash
+from kafka_iceberg.batch.pipeline import prepare, run_batch
 from kafka_iceberg.batch.plan import ingest_target, plan_range
+from kafka_iceberg.batch.recovery import Attempt
 from kafka_iceberg.batch.types import Target, WritePlan
-from kafka_iceberg.catalog import TableMetadataView
+from kafka_iceberg.catalog.tables import TableMetadataView
+from kafka_iceberg.config.settings import Settings
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import DataLossError
-from kafka_iceberg.kafka_client import KafkaMetadata
-from kafka_iceberg.pipeline import prepare, run_batch
-from kafka_iceberg.recovery import Attempt
+from kafka_iceberg.kafka.admin import KafkaMetadata
 from kafka_iceberg.replay.range import (
     ReplayRange,
     check_progress,
@@ -26,8 +28,6 @@ from kafka_iceberg.replay.range import (
 )
 from kafka_iceberg.replay.request import ReplayDataLossError, ReplayError, ReplayRequest, replay_branch_name
 from kafka_iceberg.replay.validate import TableVersion, ValidationReport, validate_replay
-from kafka_iceberg.settings import Settings
-from kafka_iceberg.spec import TableSpec
 from kafka_iceberg.state import ancestors, recorded_replay, replay_summary, state_at
 
 log = logging.getLogger(__name__)
@@ -113,13 +113,24 @@ def default_target(spec: TableSpec, request: ReplayRequest) -> str:
     return f"{spec.identifier}_replay_{request.digest()}"
 
 
-def run_replay(spark, settings: Settings, spec: TableSpec, request: ReplayRequest, *, kafka: KafkaMetadata, catalog,
-               commit_id: str, is_alive: Callable[[Attempt], bool] | None = None, declared: Collection[str] = (),
-               progress: Callable[[str], None] | None = None, crash_hook: CrashHook = no_crash) -> ReplayResult:
+def run_replay(
+    spark,
+    settings: Settings,
+    spec: TableSpec,
+    request: ReplayRequest,
+    *,
+    kafka: KafkaMetadata,
+    catalog,
+    commit_id: str,
+    is_alive: Callable[[Attempt], bool] | None = None,
+    declared: Collection[str] = (),
+    progress: Callable[[str], None] | None = None,
+    crash_hook: CrashHook = no_crash,
+) -> ReplayResult:
     """Replay ``request``'s range of table ``spec`` into its target, then validate if asked.
 
     Args:
-        spark, settings, kafka, catalog, crash_hook: as for :func:`kafka_iceberg.pipeline.run_micro_batch`.
+        spark, settings, kafka, catalog, crash_hook: as for :func:`kafka_iceberg.batch.pipeline.run_micro_batch`.
         commit_id: recorded as ``kafka.commit-id`` of every snapshot this run commits and used
             in its attempt branches; in Dagster the run id, so ingestion's liveness check sees
             the replay's attempts as alive while its run is.
@@ -154,8 +165,13 @@ def run_replay(spark, settings: Settings, spec: TableSpec, request: ReplayReques
     if request.validate and result.complete:
         original = lake.history(spec.identifier)
         result.validation = validate_replay(
-            spark, settings, spec, original=TableVersion(spec.identifier, original.main), replay=version,
-            ranges=result.range.ranges, excluded=state_at(original.snapshots, original.main).accepted_gaps,
+            spark,
+            settings,
+            spec,
+            original=TableVersion(spec.identifier, original.main),
+            replay=version,
+            ranges=result.range.ranges,
+            excluded=state_at(original.snapshots, original.main).accepted_gaps,
             check_outside_range=check_outside,
         )
         say(result.validation.summary())
@@ -165,12 +181,21 @@ def run_replay(spark, settings: Settings, spec: TableSpec, request: ReplayReques
 
 def _same_replay(recorded: dict | None, params: dict, where: str, advice: str) -> None:
     if recorded is not None and recorded != params:
-        raise ReplayError(f"{where} holds another replay ({json.dumps(recorded)}); this one is "
-                          f"{json.dumps(params)}. {advice}")
+        raise ReplayError(
+            f"{where} holds another replay ({json.dumps(recorded)}); this one is {json.dumps(params)}. {advice}"
+        )
 
 
-def _replay_to_table(lake: Lake, spec: TableSpec, request: ReplayRequest, commit_id: str, is_alive, declared, say,
-                     original: TableMetadataView) -> ReplayResult:
+def _replay_to_table(
+    lake: Lake,
+    spec: TableSpec,
+    request: ReplayRequest,
+    commit_id: str,
+    is_alive,
+    declared,
+    say,
+    original: TableMetadataView,
+) -> ReplayResult:
     target = request.into or default_target(spec, request)
     if target == spec.identifier or target in set(declared):
         raise ReplayError(f"replay target {target} is a declared table; replay into a new table")
@@ -179,44 +204,62 @@ def _replay_to_table(lake: Lake, spec: TableSpec, request: ReplayRequest, commit
     if existing is not None:
         recorded = recorded_replay(existing.snapshots, existing.main)
         if recorded is None and existing.main is not None:
-            raise ReplayError(f"replay target {target} already exists and holds data that is not a replay; "
-                              "choose another target (--into)")
+            raise ReplayError(
+                f"replay target {target} already exists and holds data that is not a replay; "
+                "choose another target (--into)"
+            )
         progress = state_at(existing.snapshots, existing.main).offsets
-    rng = resolve_range(lake.kafka, spec, request, original_snapshots=original.snapshots,
-                        original_main=original.main, recorded=recorded)
+    rng = resolve_range(
+        lake.kafka, spec, request, original_snapshots=original.snapshots, original_main=original.main, recorded=recorded
+    )
     params = replay_params(spec.identifier, rng, request.from_snapshot)
     _same_replay(recorded, params, f"replay target {target}", "Choose another target, or drop that table first")
-    check_readable(spec.identifier, rng.topic, {p: progress.get(p, s) for p, s in rng.start.items()}, rng.end,
-                   lake.kafka.watermarks(rng.topic, sorted(rng.start)))
+    check_readable(
+        spec.identifier,
+        rng.topic,
+        {p: progress.get(p, s) for p, s in rng.start.items()},
+        rng.end,
+        lake.kafka.watermarks(rng.topic, sorted(rng.start)),
+    )
     tspec = replay_table_spec(spec, target)
     prepare(lake, tspec, is_alive)
-    result = ReplayResult(spec.identifier, target, None, request.from_snapshot, rng, dict(progress),
-                          resumed=recorded is not None)
+    result = ReplayResult(
+        spec.identifier, target, None, request.from_snapshot, rng, dict(progress), resumed=recorded is not None
+    )
     # a replay table mirrors no consumer group, so lag tools never see it
     where = Target(target, "main", None, ingest_target(tspec).dead_letter_table)
     _replay_batches(lake, tspec, where, request, params, commit_id, result, say)
     return result
 
 
-def _replay_to_branch(lake: Lake, spec: TableSpec, request: ReplayRequest, commit_id: str, say,
-                      view: TableMetadataView) -> ReplayResult:
+def _replay_to_branch(
+    lake: Lake, spec: TableSpec, request: ReplayRequest, commit_id: str, say, view: TableMetadataView
+) -> ReplayResult:
     ref, s_id = replay_branch_name(request.branch), request.from_snapshot
     recorded = None
     if ref in view.refs:
         head = view.refs[ref]
         if s_id not in [s.snapshot_id for s in ancestors(view.snapshots, head)]:
-            raise ReplayError(f"branch {ref} of {spec.identifier} exists and does not descend from snapshot {s_id}; "
-                              "choose another branch name, or drop it first")
+            raise ReplayError(
+                f"branch {ref} of {spec.identifier} exists and does not descend from snapshot {s_id}; "
+                "choose another branch name, or drop it first"
+            )
         recorded = recorded_replay(view.snapshots, head)
         if recorded is None and head != s_id:
             raise ReplayError(f"branch {ref} of {spec.identifier} exists and holds commits that are not a replay")
-    rng = resolve_range(lake.kafka, spec, request, original_snapshots=view.snapshots, original_main=view.main,
-                        recorded=recorded)
+    rng = resolve_range(
+        lake.kafka, spec, request, original_snapshots=view.snapshots, original_main=view.main, recorded=recorded
+    )
     params = replay_params(spec.identifier, rng, s_id)
     _same_replay(recorded, params, f"branch {ref} of {spec.identifier}", "Choose another branch name, or drop it first")
     progress = state_at(view.snapshots, view.refs.get(ref, s_id)).offsets
-    check_readable(spec.identifier, rng.topic, {p: progress.get(p, s) for p, s in rng.start.items()}, rng.end,
-                   lake.kafka.watermarks(rng.topic, sorted(rng.start)))
+    check_readable(
+        spec.identifier,
+        rng.topic,
+        {p: progress.get(p, s) for p, s in rng.start.items()},
+        rng.end,
+        lake.kafka.watermarks(rng.topic, sorted(rng.start)),
+    )
     if ref not in view.refs:
         lake.spark.sql(f"ALTER TABLE {lake.catalog_name}.{spec.identifier} CREATE BRANCH `{ref}` AS OF VERSION {s_id}")
     result = ReplayResult(spec.identifier, spec.identifier, ref, s_id, rng, {}, resumed=recorded is not None)
@@ -225,8 +268,16 @@ def _replay_to_branch(lake: Lake, spec: TableSpec, request: ReplayRequest, commi
     return result
 
 
-def _replay_batches(lake: Lake, spec: TableSpec, target: Target, request: ReplayRequest, params: dict,
-                    commit_id: str, result: ReplayResult, say) -> None:
+def _replay_batches(
+    lake: Lake,
+    spec: TableSpec,
+    target: Target,
+    request: ReplayRequest,
+    params: dict,
+    commit_id: str,
+    result: ReplayResult,
+    say,
+) -> None:
     """Plan and run the replay's micro-batches on ``target`` until its range is done (or
     ``request.max_batches``), updating ``result``. The same phases as ingestion, with a
     range plan; every snapshot carries ``kafka.replay-of``."""
@@ -247,15 +298,26 @@ def _replay_batches(lake: Lake, spec: TableSpec, target: Target, request: Replay
         result.batches += 1
         result.records += batch.records
         result.quarantined += batch.quarantined
-        say(f"replay {result.original} -> {target.identifier}{'@' + target.ref if on_branch else ''}: batch "
-            f"{result.batches}, {batch.records} records, ranges {dict(batch.ranges)}, snapshot {batch.snapshot_id}")
+        say(
+            f"replay {result.original} -> {target.identifier}{'@' + target.ref if on_branch else ''}: batch "
+            f"{result.batches}, {batch.records} records, ranges {dict(batch.ranges)}, snapshot {batch.snapshot_id}"
+        )
     result.complete = result.offsets == rng.end
 
 
-def _plan(lake: Lake, target: Target, rng: ReplayRange, history: TableMetadataView, bound: int,
-          params: dict) -> WritePlan:
+def _plan(
+    lake: Lake, target: Target, rng: ReplayRange, history: TableMetadataView, bound: int, params: dict
+) -> WritePlan:
     try:
-        return plan_range(lake, target, rng.topic, history, start=rng.start, end=rng.end, bound=bound,
-                          extra_summary=replay_summary(params))
+        return plan_range(
+            lake,
+            target,
+            rng.topic,
+            history,
+            start=rng.start,
+            end=rng.end,
+            bound=bound,
+            extra_summary=replay_summary(params),
+        )
     except DataLossError as exc:
         raise ReplayDataLossError(target.identifier, rng.topic, exc.partition, exc.committed, exc.log_start) from None

@@ -7,14 +7,14 @@ table quarantined on both sides) are simply absent from both and compare equal.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from pyspark.sql import functions as F
 
+from kafka_iceberg.config.settings import Settings
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.replay.request import ReplayMismatchError
-from kafka_iceberg.settings import Settings
-from kafka_iceberg.spec import TableSpec
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -108,19 +108,27 @@ class ValidationReport:
     def valid(self) -> bool:
         """True when both sides hold the same multiset of rows over the range and the target holds
         nothing outside it."""
-        return (self.mismatched_rows == 0 and self.outside_range == 0 and self.rows_with_uncompared_values == 0
-                and self.missing == self.extra == self.differing == 0)
+        return (
+            self.mismatched_rows == 0
+            and self.outside_range == 0
+            and self.rows_with_uncompared_values == 0
+            and self.missing == self.extra == self.differing == 0
+        )
 
     def summary(self) -> str:
         """One line for logs and run failures."""
         verdict = "MATCH" if self.valid else "MISMATCH"
-        text = (f"{verdict}: {self.replay} vs {self.original}: {self.records_compared} original records compared, "
-                f"{self.replay_records} replayed; missing {self.missing}, extra {self.extra}, differing {self.differing}")
+        text = (
+            f"{verdict}: {self.replay} vs {self.original}: {self.records_compared} original records compared, "
+            f"{self.replay_records} replayed; missing {self.missing}, extra {self.extra}, differing {self.differing}"
+        )
         if self.outside_range:
             text += f", {self.outside_range} replay rows outside the range"
         if self.rows_with_uncompared_values:
-            text += (f", {self.rows_with_uncompared_values} rows with values in columns only one side has "
-                     f"({self.columns_only_in_original + self.columns_only_in_replay})")
+            text += (
+                f", {self.rows_with_uncompared_values} rows with values in columns only one side has "
+                f"({self.columns_only_in_original + self.columns_only_in_replay})"
+            )
         return text
 
     def to_dict(self) -> dict:
@@ -147,15 +155,19 @@ class ValidationReport:
 
 
 def _range_predicate(p: str, o: str, ranges: Mapping[int, tuple[int, int]]) -> str:
-    parts = [f"(`{p}` = {int(part)} AND `{o}` >= {int(s)} AND `{o}` < {int(e)})" for part, (s, e) in sorted(ranges.items())
-             if e > s]
+    parts = [
+        f"(`{p}` = {int(part)} AND `{o}` >= {int(s)} AND `{o}` < {int(e)})"
+        for part, (s, e) in sorted(ranges.items())
+        if e > s
+    ]
     return "(" + " OR ".join(parts) + ")" if parts else "FALSE"
 
 
 def _scope(P: str, O: str, ranges: Mapping[int, tuple[int, int]], excluded: list[dict]) -> str:
     """The SQL predicate of the compared rows: inside ``ranges``, outside every ``excluded`` range."""
-    gap_pred = " OR ".join(f"(`{P}` = {int(g['partition'])} AND `{O}` >= {int(g['start'])} AND `{O}` < {int(g['end'])})"
-                           for g in excluded)
+    gap_pred = " OR ".join(
+        f"(`{P}` = {int(g['partition'])} AND `{O}` >= {int(g['start'])} AND `{O}` < {int(g['end'])})" for g in excluded
+    )
     where = _range_predicate(P, O, ranges)
     return f"{where} AND NOT ({gap_pred})" if gap_pred else where
 
@@ -211,16 +223,25 @@ def validate_replay(
     only_r = [c for c in rep_all.columns if c not in set(orig_all.columns)]
     uncompared = sum(
         df.where(scope).where(" OR ".join(f"`{c}` IS NOT NULL" for c in cols)).count()
-        for df, cols in ((orig_all, only_o), (rep_all, only_r)) if cols
+        for df, cols in ((orig_all, only_o), (rep_all, only_r))
+        if cols
     )
     comps = {p: PartitionComparison(p, s, e) for p, (s, e) in sorted(ranges.items())}
-    mismatched, examples = _compare(orig_all.where(scope).select(*columns), rep_all.where(scope).select(*columns),
-                                    P, O, comps, sample)
+    mismatched, examples = _compare(
+        orig_all.where(scope).select(*columns), rep_all.where(scope).select(*columns), P, O, comps, sample
+    )
     outside = rep_all.where(f"NOT {where}").count() if check_outside_range else 0
     report = ValidationReport(
-        original=original.describe(), replay=replay.describe(), columns=columns, partitions=list(comps.values()),
-        mismatched_rows=int(mismatched), outside_range=int(outside), columns_only_in_original=only_o,
-        columns_only_in_replay=only_r, rows_with_uncompared_values=int(uncompared), excluded=excluded,
+        original=original.describe(),
+        replay=replay.describe(),
+        columns=columns,
+        partitions=list(comps.values()),
+        mismatched_rows=int(mismatched),
+        outside_range=int(outside),
+        columns_only_in_original=only_o,
+        columns_only_in_replay=only_r,
+        rows_with_uncompared_values=int(uncompared),
+        excluded=excluded,
         examples=sorted(examples, key=lambda e: (e["partition"], e["offset"]))[:sample],
     )
     if raise_on_mismatch and not report.valid:
@@ -252,16 +273,21 @@ def _compare(o, r, P: str, O: str, comps: dict, sample: int) -> tuple[int, list[
         kinds = {
             "missing": mo.select(P, O).distinct().join(keys_r, [P, O], "left_anti"),
             "extra": mr.select(P, O).distinct().join(keys_o, [P, O], "left_anti"),
-            "differing": mo.select(P, O).union(mr.select(P, O)).distinct()
-            .join(keys_o, [P, O], "left_semi").join(keys_r, [P, O], "left_semi"),
+            "differing": mo.select(P, O)
+            .union(mr.select(P, O))
+            .distinct()
+            .join(keys_o, [P, O], "left_semi")
+            .join(keys_r, [P, O], "left_semi"),
         }
         for kind, df in kinds.items():
             df = df.cache()
             try:
                 for p, n in _per_partition(df, P).items():
                     setattr(comps[p], kind, n)
-                examples += [{"partition": row[P], "offset": row[O], "kind": kind}
-                             for row in df.orderBy(P, O).limit(sample).collect()]
+                examples += [
+                    {"partition": row[P], "offset": row[O], "kind": kind}
+                    for row in df.orderBy(P, O).limit(sample).collect()
+                ]
             finally:
                 df.unpersist()
         return mismatched, examples

@@ -1,0 +1,1 @@
+"""Dev tooling: bench."""

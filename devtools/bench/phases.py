@@ -1,0 +1,205 @@
+"""Repeated measurement of one micro-batch's phases next to its same-run references, for
+before/after comparisons of a change to the read or write path on a shared machine.
+
+    PYTHONPATH=. .venv/bin/python -m devtools.bench.phases [--records 200000] [--repeats 3] [--small 5]
+
+One broker, one topic of N flights records (as ``scripts/bench.py``), then ``--repeats`` rounds of:
+(a) the raw consume of the N records by one plain Consumer, (b) one micro-batch of all N records
+into a fresh table, timed from ``plan()`` to ``execute()``; then ``--small`` 1,000-record
+micro-batches on the warm session (goal 2). Each round's (b)/(a) uses the (a) of the same round,
+so a change in the machine's load moves both. Prints figures; asserts nothing. Dev tooling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from devtools.bench.common import (
+    PARTITIONS,
+    TOPIC,
+    TOPIC_CONFIG,
+    WARMUP_RECORDS,
+    WARMUP_TOPIC,
+    _load,
+    bench_settings,
+    flights_records,
+    flights_spec,
+    fmt_phases,
+    rate,
+    raw_consume,
+    say,
+    section,
+    timed_batch,
+)
+from devtools.demo import data as demo_data
+from devtools.services import devbroker
+
+
+def _round(spark, settings, config, kafka, catalog, n: int, i: int, parser: str | None = None) -> dict:
+    from kafka_iceberg.batch.pipeline import TableWriter
+
+    load = _load()
+    a = raw_consume(config, TOPIC, list(range(PARTITIONS)))
+    spec = flights_spec(f"bench_phases_{i}", f"bench.phases_{i}", TOPIC, n)
+    if parser is not None:  # LAKE_JSON_PARSER for this round only
+        settings = dataclasses.replace(settings, json_parser=parser)
+    writer = TableWriter(spark, settings, spec, kafka, catalog)
+    writer.ensure_table()
+    writer.recover()
+    plan_s, exec_s, result, _ = timed_batch(writer)
+    out = {
+        "a_rps": rate(a["records"], a["seconds"]),
+        "b_rps": rate(result.records, plan_s + exec_s),
+        "b_s": plan_s + exec_s,
+        "phases": dict(result.phase_seconds, plan=round(plan_s, 3)),
+        "load": load,
+        "records": result.records,
+        "parser": parser or getattr(settings, "json_parser", "spark"),
+    }
+    out["ratio"] = rate(out["b_rps"], out["a_rps"])
+    say(
+        f"round {i} ({out['parser']} parser): load {load}; (a) {out['a_rps']:,.0f} records/s; (b) {result.records:,} records in "
+        f"{out['b_s']:.2f} s = {out['b_rps']:,.0f} records/s; (b)/(a) {out['ratio']:.3f}  [{fmt_phases(out['phases'])}]"
+    )
+    return out
+
+
+def spark_jobs_since(spark, after: int) -> list[tuple[int, str, float]]:
+    """(job id, call site, seconds) of the Spark jobs with an id above ``after``, from Spark's
+    monitoring REST API (the driver's UI port); [] when the UI is off or does not answer."""
+    import json
+    import urllib.request
+    from datetime import datetime
+
+    sc = spark.sparkContext
+    if not sc.uiWebUrl:
+        return []
+    try:
+        with urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/jobs", timeout=60) as resp:
+            jobs = json.loads(resp.read())
+    except OSError as exc:  # a busy driver may not answer: the figures do not depend on it
+        say(f"    (Spark jobs not listed: {exc})")
+        return []
+
+    def ts(text: str) -> float:
+        return datetime.strptime(text.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+
+    return sorted(
+        (j["jobId"], j["name"], ts(j["completionTime"]) - ts(j["submissionTime"]))
+        for j in jobs
+        if j["jobId"] > after and "completionTime" in j
+    )
+
+
+def _print_jobs(spark, last: list) -> None:
+    jobs = spark_jobs_since(spark, last[0])
+    if jobs:
+        last[0] = jobs[-1][0]
+        say("    Spark jobs: " + "; ".join(f"{name} {sec:.2f} s" for _, name, sec in jobs))
+
+
+def _small(spark, settings, config, kafka, catalog, df, count: int, parsers: list) -> list[dict]:
+    from devtools.bench.goals import _timed_run
+
+    spec = flights_spec("bench_warmup", "bench.warmup", WARMUP_TOPIC, WARMUP_RECORDS)
+    out, last = [], [max([j for j, _, _ in spark_jobs_since(spark, -1)], default=-1)]
+    for i in range(count * len(parsers)):
+        parser = parsers[i % len(parsers)]
+        mine = settings if parser is None else dataclasses.replace(settings, json_parser=parser)
+        demo_data.produce(config, spec.topic, flights_records(df, WARMUP_RECORDS + i * 1000, 1000))
+        wall, jobs, result = _timed_run(spark, mine, spec, kafka, catalog, "small")
+        out.append(
+            {
+                "wall": wall,
+                "jobs": jobs,
+                "phases": dict(result.phase_seconds),
+                "parser": parser or getattr(settings, "json_parser", "spark"),
+            }
+        )
+        say(
+            f"1,000 records #{i + 1} ({out[-1]['parser']} parser): {wall:.2f} s wall, {jobs} Spark jobs, "
+            f"records {result.records}  [{fmt_phases(result.phase_seconds)}]"
+        )
+        _print_jobs(spark, last)
+    return out
+
+
+def run(args, tmp: Path) -> None:
+    from kafka_iceberg.catalog.spark import get_spark
+    from kafka_iceberg.catalog.tables import load_catalog
+    from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+    from scripts.bench import warm_up
+
+    bootstrap = devbroker.start(tmp / "kafka", devbroker.free_port())
+    spark = None
+    try:
+        settings = bench_settings(tmp / "lake", bootstrap)
+        config = KafkaConfig.from_settings(settings)
+        kafka = KafkaMetadata(config)
+        df = demo_data.load_frame("flights")
+        demo_data.create_topic(config, TOPIC, PARTITIONS, TOPIC_CONFIG)
+        demo_data.produce(config, TOPIC, flights_records(df, 0, args.records))
+        spark = get_spark(settings)
+        catalog = load_catalog(settings.catalog)
+        warm_up(spark, settings, config, kafka, catalog, df)
+        section(f"{args.repeats} rounds of (a) raw consume and (b) one micro-batch of {args.records:,} records")
+        parsers = [p for p in args.parsers.split(",") if p] or [None]
+        rounds = [
+            _round(spark, settings, config, kafka, catalog, args.records, i * len(parsers) + k, p)
+            for i in range(args.repeats)
+            for k, p in enumerate(parsers)
+        ]
+        section(f"{args.small} micro-batches of 1,000 records on the warm session")
+        small = _small(spark, settings, config, kafka, catalog, df, args.small, parsers)
+        section("summary (medians)")
+        for parser in sorted({r["parser"] for r in rounds}):
+            mine = [r for r in rounds if r["parser"] == parser]
+            ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
+            say(
+                f"{parser} parser: (b)/(a) per round: {ratios}; median {statistics.median(r['ratio'] for r in mine):.3f}"
+            )
+            for key in sorted({k for r in mine for k in r["phases"]}):
+                say(f"  N-record {key:<16} {statistics.median(r['phases'].get(key, 0.0) for r in mine):7.2f} s")
+        for parser in sorted({s["parser"] for s in small}):
+            mine = [s for s in small if s["parser"] == parser]
+            say(
+                f"{parser} parser: 1,000-record micro-batch: median {statistics.median(s['wall'] for s in mine):.2f} s, "
+                f"{statistics.median(s['jobs'] for s in mine):.0f} Spark jobs (goal <= 1.5 s)"
+            )
+            for key in sorted({k for s in mine for k in s["phases"]}):
+                say(f"  small {key:<16} {statistics.median(s['phases'].get(key, 0.0) for s in mine):7.2f} s")
+        say(f"load average at the end: {_load()}")
+    finally:
+        if spark is not None:
+            spark.stop()
+        devbroker.stop(tmp / "kafka")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--small", type=int, default=5)
+    ap.add_argument(
+        "--parsers",
+        default="",
+        help="comma-separated LAKE_JSON_PARSER values to alternate in each round (e.g. spark,arrow)",
+    )
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-phases-", dir="/tmp"))
+    os.environ["SPARK_LOCAL_DIRS"] = str(tmp / "spark-local")
+    try:
+        run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,210 @@
+"""Write attempts and their recovery.
+
+Every micro-batch is an *attempt*. Before it writes anything, it creates an Iceberg
+branch named ``ingest_<start ms>_<commit id>`` at the ``main`` snapshot it planned on
+(its base). It writes its data files and one snapshot to that branch, publishes by
+fast-forwarding ``main`` to the branch, then drops the branch. So an attempt that dies
+leaves its branch behind, and the branch tells the next run who it was and when it began.
+
+Recovery, run at the start of every micro-batch, in an order that leaves a trail until
+its last step (a crash during recovery is recovered by the next recovery):
+
+1. Find *dead* attempts: attempt branches whose run is no longer alive (the Dagster run
+   is not queued or running; outside Dagster, the attempt is older than
+   ``LAKE_ATTEMPT_TIMEOUT_S``).
+2. If there is one, delete orphan files: files under the table location that no snapshot
+   references and that are older than the start of every live attempt (minus
+   ``LAKE_ORPHAN_CLOCK_SKEW_S``). These are files a dead attempt wrote before its branch
+   commit. Live attempts register their branch before writing, so their files are newer
+   than the cut-off and are never touched. Uses Iceberg's ``DeleteOrphanFiles`` Spark
+   action (the ``remove_orphan_files`` procedure refuses windows under 24 hours).
+3. Drop the dead branches.
+4. Expire the snapshots no ref reaches any more that the write path made (ingest snapshots,
+   dead-letter snapshots, or any that hold no data), with Iceberg's ``expire_snapshots``
+   procedure by snapshot id. It deletes exactly the files only those snapshots reference: a
+   dead attempt's data files and quarantined records. Files of ``main`` are referenced by
+   retained snapshots and are never deleted.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kafka_iceberg.catalog.tables import TableMetadataView
+from kafka_iceberg.state import KEY_DEAD_LETTER_OF, ancestors
+
+BRANCH_PREFIX = "ingest_"
+_BRANCH = re.compile(r"^ingest_(\d{13})_([A-Za-z0-9_]+)$")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A write attempt, as recorded in its branch name."""
+
+    branch: str
+    started_ms: int  # ms since epoch, the attempt's clock when it began
+    token: str  # the commit id with every non-alphanumeric character replaced by "_"
+
+
+def commit_token(commit_id: str) -> str:
+    """The branch-safe spelling of a commit id (``-`` and other punctuation become ``_``)."""
+    return re.sub(r"[^A-Za-z0-9]", "_", commit_id)
+
+
+def attempt_branch(commit_id: str, started_ms: int) -> str:
+    """Branch name for an attempt of ``commit_id`` started at ``started_ms``."""
+    return f"{BRANCH_PREFIX}{started_ms:013d}_{commit_token(commit_id)}"
+
+
+def parse_attempt(branch: str) -> Attempt | None:
+    """The :class:`Attempt` behind an attempt branch name, or None for any other ref."""
+    m = _BRANCH.match(branch)
+    return Attempt(branch, int(m.group(1)), m.group(2)) if m else None
+
+
+def age_liveness(timeout_s: float, now_ms: Callable[[], int] | None = None) -> Callable[[Attempt], bool]:
+    """Liveness outside Dagster: an attempt is alive while younger than ``timeout_s`` seconds."""
+    clock = now_ms or (lambda: int(time.time() * 1000))
+    return lambda attempt: clock() - attempt.started_ms < timeout_s * 1000
+
+
+@dataclass
+class RecoveryReport:
+    """What recovery found and removed on one table."""
+
+    dead_attempts: list[str] = field(default_factory=list)  # branch names
+    live_attempts: list[str] = field(default_factory=list)
+    expired_snapshots: list[int] = field(default_factory=list)
+    orphan_files_deleted: list[str] = field(default_factory=list)
+    rolled_forward: list[int] = field(default_factory=list)  # dead-letter snapshots published late
+
+    @property
+    def did_anything(self) -> bool:
+        """True when recovery changed the table or deleted files."""
+        return bool(self.dead_attempts or self.expired_snapshots or self.orphan_files_deleted or self.rolled_forward)
+
+
+def _reachable(view: TableMetadataView, skip: set[str]) -> set[int]:
+    out: set[int] = set()
+    for name, head in view.refs.items():
+        if name not in skip:
+            out.update(s.snapshot_id for s in ancestors(view.snapshots, head))
+    return out
+
+
+def expirable_snapshots(view: TableMetadataView, dropped: set[str]) -> list[int]:
+    """Snapshots no remaining ref reaches once ``dropped`` refs are gone, that the write path made
+    (they carry ``kafka.offsets``, or ``kafka.dead-letter-of`` on a dead-letter table) or that hold
+    no data files (empty branch-creation snapshots)."""
+    reachable = _reachable(view, dropped)
+    out = []
+    for sid, snap in view.snapshots.items():
+        if sid in reachable:
+            continue
+        if snap.is_ingest or KEY_DEAD_LETTER_OF in snap.summary or snap.summary.get("total-data-files", "0") == "0":
+            out.append(sid)
+    return sorted(out)
+
+
+def delete_orphan_files(spark, qualified_table: str, older_than_ms: int) -> list[str]:
+    """Delete files under the table location that no snapshot references and that were last
+    modified before ``older_than_ms`` (ms since epoch). Returns their locations.
+
+    Runs Iceberg's ``SparkActions.deleteOrphanFiles`` action through the JVM gateway. A table on
+    object storage (location not ``file:``) is listed through its FileIO's prefix listing
+    (``usePrefixListing``), since Hadoop has no ``s3://`` filesystem without hadoop-aws.
+    """
+    jvm = spark._jvm
+    jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, qualified_table)
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(jtable)
+    if not str(jtable.location()).startswith(("file:", "/")):
+        action = action.usePrefixListing(True)
+    result = action.olderThan(int(older_than_ms)).execute()
+    it = result.orphanFileLocations().iterator()
+    out = []
+    while it.hasNext():
+        out.append(str(it.next()))
+    return out
+
+
+def expire_snapshot_ids(spark, catalog_name: str, identifier: str, snapshot_ids: list[int]) -> None:
+    """Expire exactly ``snapshot_ids`` (no age-based expiry) with the ``expire_snapshots`` procedure,
+    deleting the files only they reference."""
+    if not snapshot_ids:
+        return
+    ids = ", ".join(f"{int(s)}L" for s in snapshot_ids)
+    spark.sql(
+        f"CALL {catalog_name}.system.expire_snapshots(table => '{identifier}', snapshot_ids => array({ids}), "
+        "older_than => TIMESTAMP '1970-01-01 00:00:01')"
+    )
+
+
+def recover(
+    spark,
+    *,
+    catalog_name: str,
+    identifier: str,
+    load_view: Callable[[], TableMetadataView],
+    view: TableMetadataView | None = None,
+    is_alive: Callable[[Attempt], bool],
+    clock_skew_s: float,
+    only: set[str] | None = None,
+) -> RecoveryReport:
+    """Clean up what dead attempts left on one table (see the module docstring).
+
+    Args:
+        load_view: returns the table's current metadata (called again after each change).
+        view: the table's current metadata if the caller has it (then not loaded first).
+        is_alive: decides whether an attempt's run may still be writing.
+        only: restrict to these branch names (an attempt cleaning up after its own failure).
+
+    Raises:
+        Whatever Spark raises for the DDL and procedures; recovery is idempotent, so the next
+        run simply repeats it.
+    """
+    report = RecoveryReport()
+    now_ms = int(time.time() * 1000)
+    view = view or load_view()
+    attempts = [a for a in (parse_attempt(n) for n in view.refs) if a is not None]
+    if only is not None:
+        attempts = [a for a in attempts if a.branch in only]
+        dead = attempts
+        live_all = [a for a in (parse_attempt(n) for n in view.refs) if a is not None and a.branch not in only]
+        live = [a for a in live_all if is_alive(a)]
+    else:
+        dead = [a for a in attempts if not is_alive(a)]
+        live = [a for a in attempts if a not in dead]
+    report.dead_attempts = [a.branch for a in dead]
+    report.live_attempts = [a.branch for a in live]
+    qualified_table = f"{catalog_name}.{identifier}"
+    dropped = {a.branch for a in dead}
+    pending = expirable_snapshots(view, dropped)
+    if not dead and not pending:
+        return report
+    if dead:
+        cutoff = min([now_ms] + [a.started_ms for a in live]) - int(clock_skew_s * 1000)
+        report.orphan_files_deleted = delete_orphan_files(spark, qualified_table, cutoff)
+        for a in dead:
+            spark.sql(f"ALTER TABLE {qualified_table} DROP BRANCH IF EXISTS `{a.branch}`")
+        view = load_view()
+        pending = expirable_snapshots(view, set())
+    expire_snapshot_ids(spark, catalog_name, identifier, pending)
+    report.expired_snapshots = pending
+    return report
+
+
+__all__ = [
+    "Attempt",
+    "RecoveryReport",
+    "age_liveness",
+    "attempt_branch",
+    "commit_token",
+    "delete_orphan_files",
+    "expirable_snapshots",
+    "expire_snapshot_ids",
+    "parse_attempt",
+    "recover",
+]

@@ -1,0 +1,312 @@
+"""The Iceberg catalog, seen from Spark (writes) and from pyiceberg (metadata reads).
+
+Spark talks to the catalog (Iceberg's ``JdbcCatalog``, REST, Glue, Hive or Nessie; one configuration,
+:mod:`kafka_iceberg.catalog.config`) through the Iceberg Spark runtime jar; pyiceberg opens the same
+catalog under the same catalog name. The write path uses
+Spark for everything that changes a table (DDL, data commits, branch and maintenance
+procedures) and pyiceberg for cheap metadata reads (snapshots, summaries, refs).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError, ServerError, ServiceUnavailableError
+from pyiceberg.table import Table
+
+from kafka_iceberg.catalog.config import CatalogConfig
+from kafka_iceberg.cdc.upsert import UPSERT_TABLE_PROPERTIES
+from kafka_iceberg.cdc.upsert import prepare_table as prepare_upsert_table
+from kafka_iceberg.config.settings import CatalogSettings, Settings
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.errors import CatalogUnavailableError, ConfigError
+from kafka_iceberg.formats.transform import DEAD_LETTER_COLUMNS
+from kafka_iceberg.state import IngestState, SnapshotInfo, state_at
+
+log = logging.getLogger(__name__)
+
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.parquet.compression-codec": "zstd",
+    # each micro-batch makes several metadata commits (branch, write, publish, drop branch)
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+    "lake.managed-by": "kafka-iceberg-lake",
+}
+"""Table properties set when the write path creates a table."""
+
+
+def catalog_config(cat: CatalogSettings) -> CatalogConfig:
+    """``cat.config``, or for settings built without one the sql catalog of ``cat``'s SQLAlchemy uri."""
+    return cat.config or CatalogConfig(cat.name, {"type": "sql", "uri": cat.sqlalchemy_uri, "warehouse": cat.warehouse})
+
+
+def load_catalog(cat: CatalogSettings, retry_s: float = 0.0) -> Catalog:
+    """pyiceberg's view of the same catalog (same catalog name): :meth:`CatalogConfig.load`, any
+    type, with its ``s3.*`` properties (a ``SqlCatalog`` for sql/jdbc).
+
+    ``retry_s``: seconds to keep retrying while the catalog is locked or unreachable
+    (see :func:`with_catalog_retry`); 0 tries once.
+
+    Raises:
+        CatalogUnavailableError: the catalog (database or REST/HTTP server) cannot be opened.
+    """
+    if retry_s > 0:
+        return with_catalog_retry(f"open catalog {cat.name}", lambda: load_catalog(cat), retry_s)
+    if cat.is_sqlite:
+        Path(cat.sqlalchemy_uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    if cat.warehouse.startswith("file://"):
+        Path(cat.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
+    cfg = catalog_config(cat)
+    try:
+        return cfg.load()
+    except Exception as exc:  # sqlalchemy.exc.OperationalError, requests' ConnectionError, HTTP 5xx and friends
+        raise CatalogUnavailableError(
+            f"cannot open Iceberg catalog {cat.name} at {_no_password(cfg.properties.get('uri', cfg.type))}: {exc}"
+        ) from exc
+
+
+def _no_password(uri: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", uri)
+
+
+def is_unavailable_error(exc: BaseException) -> bool:
+    """True when ``exc`` from pyiceberg says the catalog cannot be reached (SQLAlchemy errors,
+    HTTP connection errors, REST 5xx), rather than a bad request."""
+    if isinstance(exc, (ServerError, ServiceUnavailableError, ConnectionError, TimeoutError)):
+        return True
+    return type(exc).__module__.startswith(("sqlalchemy", "requests", "urllib3"))
+
+
+def load_table(catalog: Catalog, identifier: str) -> Table | None:
+    """The table, freshly loaded from the catalog, or ``None`` when it does not exist.
+
+    Raises:
+        CatalogUnavailableError: the catalog (database or REST/HTTP server) cannot be queried.
+    """
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+    except Exception as exc:
+        if is_unavailable_error(exc):
+            raise CatalogUnavailableError(f"cannot read table {identifier} from catalog {catalog.name}: {exc}") from exc
+        raise
+
+
+@dataclass(frozen=True)
+class TableMetadataView:
+    """Snapshots and refs of one table, as plain values (see :mod:`kafka_iceberg.state`)."""
+
+    snapshots: dict[int, SnapshotInfo]
+    refs: dict[str, int]  # branch or tag name -> snapshot id
+    metadata_location: str
+
+    @property
+    def main(self) -> int | None:
+        """Snapshot id ``main`` points at, or None for a table without one."""
+        return self.refs.get("main")
+
+
+def metadata_view(table: Table) -> TableMetadataView:
+    """Build a :class:`TableMetadataView` from a loaded pyiceberg table."""
+    snaps = {}
+    for s in table.metadata.snapshots:
+        summary = dict(s.summary.additional_properties) if s.summary else {}
+        if s.summary is not None:
+            summary["operation"] = s.summary.operation.value
+        snaps[s.snapshot_id] = SnapshotInfo(s.snapshot_id, s.parent_snapshot_id, s.timestamp_ms, summary)
+    refs = {name: ref.snapshot_id for name, ref in table.metadata.refs.items()}
+    return TableMetadataView(snaps, refs, table.metadata_location)
+
+
+def read_state(catalog: Catalog, identifier: str) -> IngestState:
+    """The table's current ingest state (committed offsets and more, from ``main``'s snapshot
+    summaries); :meth:`IngestState.empty` for a table that does not exist yet.
+
+    Raises:
+        CatalogUnavailableError: the catalog database cannot be queried.
+    """
+    table = load_table(catalog, identifier)
+    if table is None:
+        return IngestState.empty()
+    view = metadata_view(table)
+    return state_at(view.snapshots, view.main)
+
+
+def qualified(settings: Settings, spec: TableSpec) -> str:
+    """``<catalog>.<namespace>.<table>`` for Spark SQL."""
+    return f"{settings.catalog.name}.{spec.identifier}"
+
+
+def table_ddl(settings: Settings, spec: TableSpec, columns: list[tuple[str, str, bool]] | None = None) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` statement for a declared table (``columns``: (name, Spark SQL
+    type, required) of every column, default :meth:`TableSpec.table_columns`)."""
+    cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in columns or spec.table_columns())
+    parts = f"\nPARTITIONED BY ({', '.join(spec.partition_by)})" if spec.partition_by else ""
+    properties = {**TABLE_PROPERTIES, **(UPSERT_TABLE_PROPERTIES if spec.upsert else {})}
+    props = ", ".join(f"'{k}'='{v}'" for k, v in properties.items())
+    comment = spec.description.replace("'", "")
+    return (
+        f"CREATE TABLE IF NOT EXISTS {qualified(settings, spec)} (\n  {cols}\n) USING iceberg{parts}\n"
+        f"COMMENT '{comment or 'Ingested from Kafka topic ' + spec.topic}'\nTBLPROPERTIES ({props})"
+    )
+
+
+def create_table(spark, settings: Settings, identifier: str, ddl: str) -> None:
+    """Run a ``CREATE TABLE IF NOT EXISTS`` after creating the namespace; a concurrent creator winning
+    the race is fine."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{identifier.rsplit('.', 1)[0]}")
+    try:
+        spark.sql(ddl)
+    except Exception as exc:
+        if "already exists" not in str(exc).lower():
+            raise
+
+
+def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
+    """Create the namespace and table if missing; check an existing table against its declaration.
+
+    Raises:
+        ConfigError: the existing table lacks a declared column or has another type for it
+            (the Iceberg table schema is the contract; it is never changed silently).
+    """
+    existed = spark.catalog.tableExists(qualified(settings, spec))
+    create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
+    if spec.upsert and not existed:  # the key becomes the table's identifier fields
+        prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
+    fields = spark.table(qualified(settings, spec)).schema.fields
+    existing = {f.name: f.dataType.simpleString().upper() for f in fields}
+    nullable = {f.name: f.nullable for f in fields}
+    for name, stype, required in spec.table_columns():
+        declared = stype.replace(" ", "").upper()
+        actual = existing.get(name)
+        if actual is None:
+            raise ConfigError(
+                f"table {spec.identifier} has no column {name!r} that tables.yaml declares; evolve the table first"
+            )
+        if actual.replace(" ", "") != declared:
+            raise ConfigError(f"table {spec.identifier} column {name!r} is {actual} but tables.yaml declares {stype}")
+        if nullable[name] == required:
+            raise ConfigError(
+                f"table {spec.identifier} column {name!r} is {'optional' if nullable[name] else 'required'} "
+                f"but tables.yaml declares it {'required' if required else 'optional'}"
+            )
+
+
+def dead_letter_ddl(settings: Settings, spec: TableSpec) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` statement for ``spec``'s dead-letter table
+    (:data:`kafka_iceberg.formats.transform.DEAD_LETTER_COLUMNS`, partitioned by day of quarantine)."""
+
+    cols = ",\n  ".join(f"`{n}` {t}{' NOT NULL' if req else ''}" for n, t, req in DEAD_LETTER_COLUMNS)
+    props = ", ".join(f"'{k}'='{v}'" for k, v in {**TABLE_PROPERTIES, "lake.dead-letter-of": spec.identifier}.items())
+    return (
+        f"CREATE TABLE IF NOT EXISTS {settings.catalog.name}.{spec.bad_records.dead_letter_identifier} (\n  {cols}\n) "
+        f"USING iceberg\nPARTITIONED BY (days(quarantined_at))\n"
+        f"COMMENT 'Records of topic {spec.topic} quarantined by table {spec.identifier}'\nTBLPROPERTIES ({props})"
+    )
+
+
+def ensure_dead_letter_table(spark, settings: Settings, spec: TableSpec) -> None:
+    """Create ``spec``'s dead-letter table (and its namespace) if missing.
+
+    Raises:
+        ConfigError: a table of that name exists but is not this table's dead-letter table.
+    """
+    ident = spec.bad_records.dead_letter_identifier
+    create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
+    owner = spark.sql(f"SHOW TBLPROPERTIES {settings.catalog.name}.{ident} ('lake.dead-letter-of')").collect()
+    value = owner[0]["value"] if owner else None
+    if value != spec.identifier:
+        raise ConfigError(
+            f"table {ident} exists but is not the dead-letter table of {spec.identifier} (lake.dead-letter-of={value!r})"
+        )
+
+
+_TRANSIENT = re.compile(
+    r"SQLITE_BUSY|SQLITE_LOCKED|database is locked|database table is locked"
+    r"|Connection refused|connection to server|server closed the connection|terminating connection"
+    r"|the database system is (shutting down|starting up|in recovery mode)|Connection reset"
+    r"|This connection has been closed|An I/O error occurred while sending to the backend"
+    r"|Cannot get a connection|Failed to connect|could not connect",
+    re.IGNORECASE,
+)
+
+
+def is_transient_catalog_error(exc: BaseException) -> bool:
+    """True when ``exc`` (from Spark's JdbcCatalog through Py4J, or from pyiceberg/SQLAlchemy)
+    says the catalog database was locked or unreachable, so the operation may succeed later.
+
+    False for the error :func:`with_catalog_retry` raises when its budget ran out: a call
+    retried inside another retried call (a metadata load inside a publish check) has already
+    waited, so the outer retry gives up too instead of waiting a second budget."""
+    if getattr(exc, "retries_exhausted", False):
+        return False
+    return bool(_TRANSIENT.search(f"{type(exc).__name__}: {exc}"))
+
+
+def with_catalog_retry(what: str, fn, budget_s: float, *, before_retry=None):
+    """Call ``fn()``; while it fails with a transient catalog error, wait with exponential backoff
+    (0.5 s doubling to 8 s) and call ``before_retry()`` then ``fn()`` again, for at most
+    ``budget_s`` seconds in all.
+
+    ``before_retry`` re-reads the table and returns a value to return *instead of* retrying
+    when the failed call did take effect after all (for example, the branch already points at
+    the new snapshot), or ``None`` to retry. It may raise to stop retrying.
+
+    Raises:
+        CatalogUnavailableError: the budget ran out; names ``what``, the attempts and the last error.
+        Any non-transient exception of ``fn`` or ``before_retry``, unchanged.
+    """
+    deadline = time.monotonic() + budget_s
+    delay, attempt = 0.5, 1
+
+    def give_up(exc: BaseException):
+        text = str(exc).strip()
+        first = text.splitlines()[0][:300] if text else type(exc).__name__
+        err = CatalogUnavailableError(
+            f"{what}: the Iceberg catalog stayed unavailable for {budget_s:.0f} s over {attempt} attempt(s); "
+            f"last error: {first}"
+        )
+        err.retries_exhausted = True
+        return err
+
+    def wait(exc: BaseException) -> None:
+        nonlocal delay, attempt
+        if time.monotonic() + delay > deadline:
+            raise give_up(exc) from exc
+        text = str(exc).strip()
+        log.warning(
+            "%s: transient catalog error (attempt %d), retrying in %.1f s: %s",
+            what,
+            attempt,
+            delay,
+            text.splitlines()[0][:200] if text else type(exc).__name__,
+        )
+        time.sleep(delay)
+        delay, attempt = min(delay * 2, 8.0), attempt + 1
+
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient_catalog_error(exc):
+                raise
+            wait(exc)
+        # never repeat a call that may have taken effect before looking at the table again
+        while before_retry is not None:
+            try:
+                done = before_retry()
+            except Exception as exc:
+                if not is_transient_catalog_error(exc):
+                    raise
+                wait(exc)
+                continue
+            if done is not None:
+                return done
+            break

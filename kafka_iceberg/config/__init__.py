@@ -1,0 +1,1 @@
+"""Runtime settings from the process environment (the one place that reads it)."""

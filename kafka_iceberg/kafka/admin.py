@@ -1,0 +1,247 @@
+"""Kafka cluster metadata through confluent-kafka's AdminClient.
+
+Watermarks, timestamp lookups and consumer-group offsets all go through the admin API
+(``list_offsets``, ``describe_topics``, ``alter_consumer_group_offsets``). High watermarks
+are read with ``read_committed`` isolation, so "high" is the last stable offset: records
+of open transactions are never planned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+
+from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
+
+log = logging.getLogger(__name__)
+
+LEADER_MOVED = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,  # NOT_LEADER_OR_FOLLOWER
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError._NOENT,  # librdkafka: "Failed to query partition leaders: No leaders found" (none elected yet)
+)
+"""ListOffsets errors that mean "the partition's leader is moving, ask its new leader": sent again."""
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How to reach the cluster: bootstrap servers plus any librdkafka client properties
+    (security.protocol, sasl.*, ssl.*), and the admin request timeout in seconds."""
+
+    bootstrap_servers: str
+    client_config: Mapping[str, str]
+    timeout_s: float = 30.0
+
+    @classmethod
+    def from_settings(cls, settings) -> KafkaConfig:
+        """The cluster of :class:`kafka_iceberg.config.settings.Settings` (``KAFKA_BOOTSTRAP_SERVERS``,
+        ``KAFKA_CLIENT_CONFIG``, ``LAKE_KAFKA_TIMEOUT_S``)."""
+        return cls(settings.kafka_bootstrap_servers, settings.kafka_client_config, settings.kafka_timeout_s)
+
+    def client_conf(self, **extra: object) -> dict[str, object]:
+        """A librdkafka configuration dict for a client of this cluster."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config, **extra}
+
+
+class KafkaMetadata:
+    """Read-only cluster metadata plus consumer-group offset commits, for one cluster.
+
+    All methods raise :class:`BrokerUnavailableError` when the cluster does not answer within
+    ``config.timeout_s`` seconds, and :class:`TopicNotFoundError` for a missing topic.
+    """
+
+    def __init__(self, config: KafkaConfig):
+        self.config = config
+        self.admin = AdminClient(config.client_conf())
+
+    def _wait(self, futures: Mapping, what: str) -> dict:
+        out = {}
+        for key, fut in futures.items():
+            try:
+                out[key] = fut.result(timeout=self.config.timeout_s)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() in (
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    KafkaError._UNKNOWN_TOPIC,
+                    KafkaError._UNKNOWN_PARTITION,
+                ):
+                    raise TopicNotFoundError(
+                        f"{what}: topic does not exist on {self.config.bootstrap_servers}: {err}"
+                    ) from exc
+                raise BrokerUnavailableError(f"{what} failed against {self.config.bootstrap_servers}: {exc}") from exc
+            except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11
+                raise BrokerUnavailableError(
+                    f"{what}: no answer from {self.config.bootstrap_servers} within {self.config.timeout_s:.0f} s"
+                ) from exc
+        return out
+
+    def partitions(self, topic: str) -> list[int]:
+        """Partition ids of ``topic``, sorted.
+
+        Raises:
+            TopicNotFoundError: the topic does not exist (it is never auto-created here).
+        """
+        try:
+            futures = self.admin.describe_topics(TopicCollection([topic]), request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"describe topic {topic}: {exc}") from exc
+        desc = self._wait(futures, f"describe topic {topic}")[topic]
+        return sorted(p.id for p in desc.partitions)
+
+    def _list_offsets(self, topic: str, partitions: list[int], spec_of) -> dict[int, int]:
+        """ListOffsets of ``partitions``, sent again while a partition's leader is moving (a leader
+        election, a broker replaced or restarted: ``NOT_LEADER_OR_FOLLOWER`` and its kin), for at
+        most ``config.timeout_s`` seconds; then :class:`BrokerUnavailableError`."""
+        if not partitions:
+            return {}
+        request = {TopicPartition(topic, p): spec_of(p) for p in partitions}
+        deadline = time.monotonic() + self.config.timeout_s
+        while True:
+            futures = self.admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.config.timeout_s
+            )
+            try:
+                done = self._wait(futures, f"list offsets of {topic}")
+                return {tp.partition: info.offset for tp, info in done.items()}
+            except BrokerUnavailableError as exc:
+                err = (
+                    exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) and exc.__cause__.args else None
+                )
+                if not (isinstance(err, KafkaError) and err.code() in LEADER_MOVED) or time.monotonic() > deadline:
+                    raise
+                log.info("list offsets of %s: a partition leader moved (%s); asking again", topic, err.name())
+                time.sleep(0.2)
+                self._refresh_metadata(topic)
+
+    def _refresh_metadata(self, topic: str) -> None:
+        """Ask the cluster for ``topic``'s partition leaders now (librdkafka's admin client can
+        otherwise keep answering from a cache that names no leader, for seconds)."""
+        try:
+            self.admin.list_topics(topic, timeout=min(5.0, self.config.timeout_s))
+        except KafkaException as exc:  # the next request reports what is wrong
+            log.debug("metadata refresh of %s failed: %s", topic, exc)
+
+    def watermarks(self, topic: str, partitions: list[int] | None = None) -> dict[int, Watermarks]:
+        """Low watermark (log start offset) and high watermark (last stable offset) per partition."""
+        partitions = self.partitions(topic) if partitions is None else partitions
+        low = self._list_offsets(topic, partitions, lambda p: OffsetSpec.earliest())
+        high = self._list_offsets(topic, partitions, lambda p: OffsetSpec.latest())
+        return {p: Watermarks(low[p], high[p]) for p in partitions}
+
+    def offsets_for_timestamp(self, topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int]:
+        """Per partition, the earliest offset whose record timestamp is >= ``timestamp_ms``.
+
+        Partitions with no such record map to their high watermark.
+        """
+        found = self._list_offsets(topic, partitions, lambda p: OffsetSpec.for_timestamp(timestamp_ms))
+        missing = [p for p, o in found.items() if o < 0]
+        if missing:
+            high = self._list_offsets(topic, missing, lambda p: OffsetSpec.latest())
+            found.update(high)
+        return found
+
+    def commit_group_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Set consumer group ``group``'s committed offsets on ``topic`` to ``offsets``.
+
+        Mirrors the table's committed offsets so standard lag tools (kafka-consumer-groups,
+        Burrow, kafka-lag-exporter) see them. The table stays the source of truth.
+
+        Raises:
+            BrokerUnavailableError: the broker refused or did not answer (for example because
+                the group has active members, which the broker does not allow).
+        """
+        request = [
+            ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
+        ]
+        try:
+            futures = self.admin.alter_consumer_group_offsets(request, request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"commit offsets of group {group}: {exc}") from exc
+        self._wait(futures, f"commit offsets of group {group}")
+
+    def group_offsets(self, group: str, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
+        """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent).
+
+        Asks for ``topic``'s partitions by name (default: all of them, one metadata request), not
+        for "every partition of the group": brokers that do not implement the all-partitions form
+        (librdkafka's mock cluster) would otherwise answer with no offsets at all.
+        """
+        partitions = self.partitions(topic) if partitions is None else partitions
+        wanted = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
+        try:
+            futures = self.admin.list_consumer_group_offsets([wanted], request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"list offsets of group {group}: {exc}") from exc
+        result = self._wait(futures, f"list offsets of group {group}")[group]
+        return {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic and tp.offset >= 0}
+
+    def retention_ms(self, topic: str) -> int:
+        """The topic's ``retention.ms`` (ms; ``-1`` means records never expire by time).
+
+        Raises:
+            TopicNotFoundError, BrokerUnavailableError.
+        """
+        resource = ConfigResource("topic", topic)
+        try:
+            futures = self.admin.describe_configs([resource], request_timeout=self.config.timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"describe configs of {topic}: {exc}") from exc
+        configs = self._wait(futures, f"describe configs of {topic}")[resource]
+        entry = configs.get("retention.ms")
+        return int(entry.value) if entry is not None and entry.value is not None else -1
+
+    def record_timestamps(self, topic: str, offsets: Mapping[int, int], timeout_s: float = 10.0) -> dict[int, int]:
+        """Timestamp (ms since epoch) of the first record at or after each ``offsets[partition]``.
+
+        Partitions with no such record (or none within ``timeout_s`` seconds) are absent. Reads
+        one fetch per partition with a throwaway assign-only consumer; never commits.
+        """
+        if not offsets:
+            return {}
+        consumer = Consumer(
+            self.config.client_conf(
+                **{
+                    "group.id": "lake-inspector",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
+        found: dict[int, int] = {}
+        try:
+            consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+            pending = set(offsets)
+            deadline = time.monotonic() + timeout_s
+            while pending and time.monotonic() < deadline:
+                for m in consumer.consume(num_messages=len(pending), timeout=1.0):
+                    p = m.partition()
+                    if p not in pending:
+                        continue
+                    if m.error() is None:
+                        found[p] = m.timestamp()[1]
+                        pending.discard(p)
+                        consumer.pause([TopicPartition(topic, p)])
+                    elif m.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(p)
+        finally:
+            consumer.close()
+        return found

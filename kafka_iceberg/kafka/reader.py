@@ -1,0 +1,304 @@
+"""Reading explicit offset ranges from Kafka inside Spark tasks.
+
+The driver turns the plan's ranges (split so no task reads more than
+``max_records_per_task`` offsets) into a one-row-per-range DataFrame with one Spark
+partition per row; ``mapInArrow`` then runs :func:`read_range` in each task. A task assigns
+its topic partition, seeks to ``start`` and stops at ``end``: it never joins a consumer
+group and never commits.
+
+Gaps are tolerated: offsets taken by transaction markers, aborted transactional records
+(``read_committed``) or compaction are simply absent. Data loss is not: the consumer runs
+with ``auto.offset.reset=error``, so a range whose start was deleted by retention raises
+:class:`~kafka_iceberg.errors.DataLossError` instead of silently jumping ahead.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
+
+from kafka_iceberg.errors import DataLossError, ReadTimeoutError
+
+RAW_SCHEMA_DDL = (
+    "topic STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, "
+    "key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+)
+"""Spark schema of the raw records a task yields, one row per Kafka record."""
+
+_HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp_ms", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", _HEADER_TYPE),
+    ]
+)
+_CHUNK = 50_000  # records per Arrow batch handed back to Spark
+_ERROR = operator.methodcaller("error")  # a message's error, None for a record
+
+
+def _batch(topic, partition, offsets, timestamps, keys, values, headers: pa.Array) -> pa.RecordBatch:
+    n = len(offsets)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
+            pa.array(offsets, pa.int64()),
+            pa.array(timestamps, pa.int64()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            headers,
+        ],
+        schema=_ARROW_SCHEMA,
+    )
+
+
+def read_range(
+    conf: Mapping[str, object], table: str, topic: str, partition: int, start: int, end: int, timeout_s: float
+) -> Iterator[pa.RecordBatch]:
+    """Yield every record of ``topic``/``partition`` with ``start <= offset < end`` as Arrow batches.
+
+    ``conf`` is a librdkafka consumer configuration (bootstrap servers and security); a
+    ``group.id`` is set but never joined or committed. Records arrive in offset order.
+
+    Raises:
+        DataLossError: ``start`` (or a later offset of the range) no longer exists in the log.
+        ReadTimeoutError: no progress for ``timeout_s`` seconds before reaching ``end``.
+        KafkaException: any other consumer error (broker down beyond librdkafka's retries).
+    """
+    from confluent_kafka import TopicPartition
+
+    if end <= start:
+        return
+    consumer = _consumer(conf, table)
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        chunk = _Chunk()
+        position = start  # the next offset this task expects
+        deadline = time.monotonic() + timeout_s
+        done = False
+        while not done:
+            # never ask for more than the range still holds, or consume() waits out its timeout
+            msgs = consumer.consume(num_messages=max(1, min(10_000, end - position)), timeout=1.0)
+            before = position
+            position, done = _take(msgs, end, position, chunk, (table, topic, partition))
+            if position > before:
+                deadline = time.monotonic() + timeout_s
+            elif not done and time.monotonic() > deadline:  # only real records count as progress
+                raise ReadTimeoutError(
+                    f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
+                    f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
+                )
+            if len(chunk.offsets) >= _CHUNK:
+                yield chunk.batch(topic, partition)
+        if chunk.offsets:
+            yield chunk.batch(topic, partition)
+    finally:
+        consumer.close()
+
+
+def _consumer(conf: Mapping[str, object], table: str):
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        {
+            # tunable through KAFKA_CLIENT_CONFIG
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            # a broker that ignores the fetch limits (the dev broker does) can answer with more
+            # than librdkafka's 100 MB default response size
+            "receive.message.max.bytes": 512 * 1024 * 1024,
+            **conf,
+            # what exactly-once reading depends on: not tunable
+            "group.id": f"lake-reader.{table}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "isolation.level": "read_committed",
+        }
+    )
+
+
+class _Chunk:
+    """Columns of the records read so far, handed to Spark as one Arrow batch."""
+
+    def __init__(self):
+        self.offsets, self.timestamps, self.keys, self.values, self.headers = [], [], [], [], []
+        self.any_headers = False
+
+    def extend(self, msgs: list) -> None:
+        """Add error-free messages, in offset order (one list comprehension per column: this loop
+        runs for every record of a micro-batch)."""
+        self.offsets += [m.offset() for m in msgs]
+        self.timestamps += [m.timestamp()[1] for m in msgs]
+        self.keys += [m.key() for m in msgs]
+        self.values += [m.value() for m in msgs]
+        headers = [m.headers() for m in msgs]  # librdkafka says None for a record without headers
+        self.headers += headers
+        self.any_headers = self.any_headers or any(headers)
+
+    def batch(self, topic: str, partition: int) -> pa.RecordBatch:
+        out = _batch(
+            topic,
+            partition,
+            self.offsets,
+            self.timestamps,
+            self.keys,
+            self.values,
+            _header_array(self.headers) if self.any_headers else _no_headers(len(self.offsets)),
+        )
+        self.__init__()
+        return out
+
+
+def _header_array(headers: list) -> pa.Array:
+    """Kafka headers as ``list<struct<key, value>>``: a record always has a header array (Kafka's
+    record format), so one without headers gets an empty list, never null."""
+    return pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers], _HEADER_TYPE)
+
+
+def _no_headers(n: int) -> pa.Array:
+    """``n`` empty header lists (no Python object per record)."""
+    import numpy as np
+
+    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], _HEADER_TYPE.value_type))
+
+
+def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[int, bool]:
+    """Add the records of ``msgs`` below ``end`` to ``chunk``; returns (next offset to read, range done).
+    ``where`` is (table, topic, partition) for errors.
+
+    Raises:
+        DataLossError: the next offset is gone. KafkaException: a fatal or non-retriable error.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    if msgs and not any(map(_ERROR, msgs)):  # records only (a KafkaError is truthy): the common case
+        return _take_records(msgs, end, position, chunk)
+    transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+    good: list = []
+    try:
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                code = err.code()
+                if code == KafkaError._PARTITION_EOF:
+                    if m.offset() >= end:
+                        return position, True
+                    continue
+                if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    raise DataLossError(*where, position, -1)
+                if err.fatal() or not (err.retriable() or code in transient):
+                    raise KafkaException(err)
+                # a broker blip: librdkafka reconnects and refetches on its own; the
+                # no-progress deadline of read_range bounds how long we wait for it
+                continue
+            off = m.offset()
+            if off >= end:
+                return position, True
+            good.append(m)
+            position = off + 1
+            if off == end - 1:
+                return position, True
+        return position, False
+    finally:
+        chunk.extend(good)  # the records taken before a return or an error
+
+
+def _take_records(msgs: list, end: int, position: int, chunk: _Chunk) -> tuple[int, bool]:
+    """:func:`_take` for error-free ``msgs`` (offsets increasing, gaps allowed): everything below
+    ``end`` in one slice, found by bisection instead of a Python loop over every record."""
+    import bisect
+
+    last = msgs[-1].offset()
+    if last < end - 1:
+        chunk.extend(msgs)
+        return last + 1, False
+    cut = bisect.bisect_left(msgs, end, key=lambda m: m.offset())
+    chunk.extend(msgs[:cut])
+    return (msgs[cut - 1].offset() + 1 if cut else position), True
+
+
+def make_task_reader(
+    conf: Mapping[str, object], table: str, timeout_s: float, parser=None, stats=None, writer=None, written=None
+):
+    """Build the ``mapInArrow`` function: input batches of (topic, partition, start, end)
+    rows, output batches in :data:`RAW_SCHEMA_DDL`; with ``parser`` (a
+    :class:`kafka_iceberg.formats.arrow_json.Parser`) each batch also carries ``j`` and ``_arrow``
+    (:func:`kafka_iceberg.formats.arrow_json.j_ddl`), parsed in the task. With ``stats`` (a Spark
+    accumulator of :class:`PieceStatsParam`) each range piece adds its :class:`PieceStats`.
+    With ``writer`` (a :class:`kafka_iceberg.batch.files.FileWriter`; needs ``parser``) the
+    records pyarrow claimed are written as data files in the task instead of being output, and
+    the task adds ``{(partition, start) of its first piece: [DataFile, ...]}`` to ``written``
+    (an accumulator of :class:`PieceStatsParam`)."""
+    conf = dict(conf)
+
+    def read_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sink, first = (writer.sink() if writer is not None else None), None
+        for batch in batches:
+            for row in batch.to_pylist():
+                first = first or (row["partition"], row["start"])
+                tally = PieceStats(row["partition"])
+                for raw in read_range(conf, table, row["topic"], row["partition"], row["start"], row["end"], timeout_s):
+                    out = raw if parser is None else parser.parse_batch(raw)
+                    tally.add(out)
+                    out = out if sink is None else sink.take(out)
+                    if out.num_rows:
+                        yield out
+                if stats is not None:
+                    stats.add({(row["partition"], row["start"]): tally})
+        if sink is not None and first is not None:
+            written.add({first: sink.close()})
+
+    return read_partition
+
+
+class PieceStats:
+    """What one read task saw of one range piece: records, the largest offset and record timestamp
+    (ms since epoch; None without records), key + value bytes, and records pyarrow parsed as good
+    (``_arrow``; 0 without a parser)."""
+
+    def __init__(self, partition: int):
+        self.partition, self.records, self.max_offset, self.max_timestamp_ms = partition, 0, -1, None
+        self.bytes = self.arrow_good = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        import pyarrow.compute as pc
+
+        if batch.num_rows == 0:
+            return
+        self.records += batch.num_rows
+        self.max_offset = max(self.max_offset, pc.max(batch.column("offset")).as_py())
+        ts = pc.max(batch.column("timestamp_ms")).as_py()
+        if ts is not None:
+            self.max_timestamp_ms = ts if self.max_timestamp_ms is None else max(self.max_timestamp_ms, ts)
+        for name in ("key", "value"):
+            self.bytes += pc.sum(pc.binary_length(batch.column(name))).as_py() or 0
+        if "_arrow" in batch.schema.names:
+            self.arrow_good += pc.sum(pc.cast(batch.column("_arrow"), pa.int64())).as_py() or 0
+
+
+class PieceStatsParam(AccumulatorParam):
+    """Accumulates ``{(partition, start offset): PieceStats}``; a piece reported twice (a retried
+    task) replaces itself instead of counting twice."""
+
+    def zero(self, value):
+        return {}
+
+    def addInPlace(self, value1, value2):  # noqa: N802 - PySpark's name
+        value1.update(value2)
+        return value1
+
+
+def stats_accumulator(spark):
+    """A new accumulator for :func:`make_task_reader`'s ``stats``."""
+    return spark.sparkContext.accumulator({}, PieceStatsParam())

@@ -1,0 +1,1 @@
+"""Operations over committed tables: lag, retention headroom, checks, maintenance and alerts."""
