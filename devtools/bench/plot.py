@@ -117,9 +117,7 @@ def render(panels: list, width: int = 900) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--out", default=str(Path(__file__).resolve().parents[2] / "docs" / "benchmark-before-after.svg")
-    )
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "docs" / "benchmark-before-after.svg"))
     args = ap.parse_args(argv)
     Path(args.out).write_text(render(PANELS))
     print(f"wrote {args.out}")
