@@ -12,22 +12,45 @@ DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
 
-.PHONY: install system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse backfill replay validate
+.PHONY: install lock system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse backfill replay validate
 
 system-deps:
 	@bash scripts/install-system-deps.sh
 
+# The virtualenv holds exactly the locked tree: requirements.lock (exported from uv.lock by
+# `make lock`, every distribution pinned with its hashes, the dev extra included), then the project
+# itself, editable and without dependencies, so pip resolves nothing on its own. The stamp depends on
+# the lock: after a `make lock` (or a pull that changed it) the next target reinstalls.
 # pip shows its own progress (downloads, then "Installing collected packages") when stdout is a terminal,
 # where an install of several minutes should not look hung; elsewhere (CI, a pipe, a log file) it stays -q.
 # ($$q is set in the recipe's own shell: inside $$(...) stdout is never the terminal.)
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	q=-q; test -t 1 && q=; $(VENV)/bin/pip install $$q --upgrade pip
-	q=-q; test -t 1 && q= && echo "installing the project and its dependencies (a few minutes on a fresh machine)"; \
-	$(VENV)/bin/pip install $$q -e '.[dev]'
+	q=-q; test -t 1 && q= && echo "installing the locked dependencies of requirements.lock (a few minutes on a fresh machine)"; \
+	$(VENV)/bin/pip install $$q --require-hashes -r requirements.lock
+	q=-q; test -t 1 && q=; $(VENV)/bin/pip install $$q --no-deps -e .
 	touch $@
 
 install: system-deps $(VENV)/.installed
+
+# Refresh the lock after editing pyproject.toml's dependencies: uv resolves the whole tree (all
+# platforms, Python 3.11 and 3.12) into uv.lock, then exports requirements.lock (every extra: what
+# make install installs) and requirements-runtime.lock (no extras: what deploy/Dockerfile installs).
+# Versions already locked stay unless pyproject.toml excludes them; to move them, e.g.
+#   make lock LOCK_ARGS=--upgrade                     (everything)
+#   make lock LOCK_ARGS="--upgrade-package dagster"   (one distribution)
+# uv is a tool of this target only (its own virtualenv under $(LAKE_HOME)), not a project dependency.
+UV_VERSION := 0.13.8
+UV := $(LAKE_HOME)/tools/uv-$(UV_VERSION)/bin/uv
+$(UV):
+	$(PYTHON) -m venv $(LAKE_HOME)/tools/uv-$(UV_VERSION)
+	$(LAKE_HOME)/tools/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
+
+lock: $(UV)
+	$(UV) lock $(LOCK_ARGS)
+	$(UV) export --frozen --format requirements-txt --all-extras --no-emit-project --quiet -o requirements.lock
+	$(UV) export --frozen --format requirements-txt --no-emit-project --quiet -o requirements-runtime.lock
 
 dagster-home:
 	@mkdir -p $(DAGSTER_HOME)

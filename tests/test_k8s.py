@@ -1,188 +1,104 @@
-"""The Kubernetes deployment, checked with dagster-k8s's own code (no cluster here).
+"""The Kubernetes deployment, checked without a cluster.
 
-deploy/helm/values.yaml is translated into the ``run_launcher`` block the official chart writes
-into the instance's dagster.yaml (the K8sRunLauncher config); that block is validated against
-``K8sRunLauncher``'s config schema, and the run's Kubernetes Job is built from it with
-``dagster_k8s.job.construct_dagster_k8s_job``, exactly as ``K8sRunLauncher.launch_run`` does.
+* deploy/helm/values.yaml (values of the official ``dagster/dagster-user-deployments`` chart: one code
+  location added to an existing Dagster) validates against that chart's values.schema.json, vendored
+  under deploy/helm/vendor/. The schema's Kubernetes object types ``$ref`` kubernetesjsonschema.dev;
+  with no network here those resolve to an accept-all schema (the chart's own structure and types
+  are checked, not the inside of Kubernetes objects).
+* deploy/helm/instance-values.yaml (the snippet for the team's existing ``dagster/dagster`` release)
+  is translated into the dagster.yaml blocks the chart renders from it and validated by Dagster's own
+  instance config schema; its keys are checked against the chart's value models.
+* The run pod the instance's K8sRunLauncher builds for this location carries the location's env
+  sources, env (SPARK_LOCAL_IP from the pod IP) and volumes (dagster-k8s's own job builder).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import jsonschema
 import kubernetes
 import pytest
 import yaml
-from dagster._config import validate_config
 from dagster._core.instance.config import dagster_instance_config
-from dagster_k8s import K8sRunLauncher
-from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-RELEASE = "lake"
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+HELM = DEPLOY / "helm"
+VENDOR = HELM / "vendor"
+
+
+def load_yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
 @pytest.fixture(scope="module")
 def values() -> dict:
-    return yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    return load_yaml(HELM / "values.yaml")
 
 
-def chart_run_launcher_config(values: dict) -> dict:
-    """The K8sRunLauncher config the chart renders from ``runLauncher.config.k8sRunLauncher``
-    (camelCase chart keys to the launcher's snake_case fields)."""
-    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
-    run_k8s = launcher.get("runK8sConfig", {})
-    snake = {
-        "containerConfig": "container_config",
-        "podSpecConfig": "pod_spec_config",
-        "podTemplateSpecMetadata": "pod_template_spec_metadata",
-        "jobSpecConfig": "job_spec_config",
-        "jobMetadata": "job_metadata",
+@pytest.fixture(scope="module")
+def instance_values() -> dict:
+    return load_yaml(HELM / "instance-values.yaml")
+
+
+def user_deployments_validator() -> jsonschema.protocols.Validator:
+    schema = json.loads((VENDOR / "dagster-user-deployments" / "values.schema.json").read_text())
+    # Kubernetes object types $ref a remote document's #/definitions/<type>: with no network here,
+    # an offline stand-in document gives every name the schema points at an accept-all schema
+    names = {
+        d["$ref"].split("#/definitions/")[1].split("/")[0]
+        for d in schema["$defs"].values()
+        if d.get("$ref", "").startswith("https://")
     }
-    return {
-        "instance_config_map": f"{RELEASE}-dagster-instance",
-        "dagster_home": values["dagsterHome"],
-        "postgres_password_secret": values["global"]["postgresqlSecretName"],
-        "service_account_name": values["global"]["serviceAccountName"],
-        "image_pull_policy": launcher["imagePullPolicy"],
-        "load_incluster_config": launcher["loadInclusterConfig"],
-        "env_config_maps": [c["name"] for c in launcher["envConfigMaps"]],
-        "env_secrets": [s["name"] for s in launcher["envSecrets"]],
-        "labels": launcher["labels"],
-        "resources": launcher["resources"],
-        "security_context": launcher["securityContext"],
-        "run_k8s_config": {snake[k]: v for k, v in run_k8s.items()},
-        "fail_pod_on_run_failure": launcher["failPodOnRunFailure"],
+    stand_in = {
+        "definitions": {n: {"properties": {"annotations": {}, "nodeSelector": {}, "tolerations": {}}} for n in names}
     }
 
+    def retrieve(uri: str) -> Resource:
+        assert uri.startswith("https://kubernetesjsonschema.dev/"), f"unexpected remote $ref {uri}"
+        return Resource.from_contents(stand_in, default_specification=DRAFT202012)
 
-def chart_instance_config(values: dict) -> dict:
-    """The instance ``dagster.yaml`` the chart renders into its ``<release>-dagster-instance`` ConfigMap
-    (storage, run coordinator, run launcher, concurrency, run monitoring)."""
-    pg = values["postgresql"]
-    daemon = values["dagsterDaemon"]
-    concurrency = values["concurrency"]
-    return {
-        "storage": {
-            "postgres": {
-                "postgres_db": {
-                    "username": pg["postgresqlUsername"],
-                    "password": {"env": "DAGSTER_PG_PASSWORD"},
-                    "hostname": pg["postgresqlHost"],
-                    "db_name": pg["postgresqlDatabase"],
-                    "port": pg["service"]["port"],
-                    "params": pg["postgresqlParams"],
-                    "scheme": pg["postgresqlScheme"],
-                }
-            }
-        },
-        "run_coordinator": {
-            "module": "dagster.core.run_coordinator",
-            "class": daemon["runCoordinator"]["type"],
-            "config": daemon["runCoordinator"]["config"]["queuedRunCoordinator"],
-        },
-        "run_launcher": {
-            "module": "dagster_k8s",
-            "class": "K8sRunLauncher",
-            "config": chart_run_launcher_config(values),
-        },
-        "concurrency": {
-            "pools": {"default_limit": concurrency["pools"]["defaultLimit"]},
-            "runs": {"max_concurrent_runs": concurrency["runs"]["maxConcurrentRuns"]},
-        },
-        "run_monitoring": {
-            "enabled": daemon["runMonitoring"]["enabled"],
-            "free_slots_after_run_end_seconds": daemon["runMonitoring"]["freeSlotsAfterRunEndSeconds"],
-        },
-        "telemetry": {"enabled": False},
-    }
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema, registry=Registry(retrieve=retrieve))
 
 
-def test_chart_instance_config_is_a_valid_dagster_yaml(values, tmp_path):
-    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(chart_instance_config(values)))
-    config, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError when invalid
-    assert config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
-    assert config["concurrency"]["pools"]["default_limit"] == 1
+def test_values_validate_against_the_user_deployments_chart_schema(values):
+    errors = sorted(user_deployments_validator().iter_errors(values), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
 
 
-def render_run_job(values: dict, run_id: str = "0f1e2d3c") -> dict:
-    """The run worker's Kubernetes Job as K8sRunLauncher builds it, as a plain dict (API spelling)."""
-    config = chart_run_launcher_config(values)
-    deployment = values["dagster-user-deployments"]["deployments"][0]
-    image = f"{deployment['image']['repository']}:{deployment['image']['tag']}"
-    launcher_context = K8sContainerContext(
-        image_pull_policy=config["image_pull_policy"],
-        service_account_name=config["service_account_name"],
-        env_config_maps=config["env_config_maps"],
-        env_secrets=config["env_secrets"],
-        labels=config["labels"],
-        resources=config["resources"],
-        security_context=config["security_context"],
-        run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(config["run_k8s_config"]),
-    )
-    # includeConfigInLaunchedRuns: the code server passes its own env sources to its runs
-    code_location_context = K8sContainerContext(
-        env_config_maps=[c["name"] for c in deployment["envConfigMaps"]],
-        env_secrets=[s["name"] for s in deployment["envSecrets"]],
-    )
-    context = launcher_context.merge(code_location_context)
-    job_config = DagsterK8sJobConfig(
-        job_image=image,
-        dagster_home=config["dagster_home"],
-        instance_config_map=config["instance_config_map"],
-        postgres_password_secret=config["postgres_password_secret"],
-    )
-    job = construct_dagster_k8s_job(
-        job_config=job_config,
-        args=["dagster", "api", "execute_run", "{}"],
-        job_name=f"dagster-run-{run_id}",
-        pod_name=f"dagster-run-{run_id}",
-        component="run_worker",
-        user_defined_k8s_config=context.run_k8s_config,
-        labels={"dagster/job": "ingest_all", "dagster/run-id": run_id, "dagster/code-location": deployment["name"]},
-        env_vars=[{"name": "DAGSTER_RUN_JOB_NAME", "value": "ingest_all"}],
-    )
-    return kubernetes.client.ApiClient().sanitize_for_serialization(job)
+def test_the_schema_rejects_a_wrong_value(values):
+    """The validation is not vacuous: local $refs resolve and the chart's own types are enforced."""
+    broken = json.loads(json.dumps(values))
+    broken["deployments"][0]["port"] = "3030"
+    del broken["deployments"][0]["image"]["pullPolicy"]
+    broken["deployments"][0]["includeConfigInLaunchedRuns"] = {}
+    messages = [e.message for e in user_deployments_validator().iter_errors(broken)]
+    assert len(messages) >= 3, messages
 
 
-def test_chart_run_launcher_config_is_valid_for_k8s_run_launcher(values):
-    result = validate_config(K8sRunLauncher.config_type(), chart_run_launcher_config(values))
-    assert result.success, [e.message for e in result.errors]
+def test_code_location_module_env_and_spark_local_ip(values):
+    (deployment,) = values["deployments"]
+    assert deployment["name"] == "lake"
+    assert deployment["dagsterApiGrpcArgs"] == ["-m", "kafka_iceberg.lake_assets.definitions"]
+    assert deployment["includeConfigInLaunchedRuns"] == {"enabled": True}
+    assert {"name": "lake-env"} in deployment["envConfigMaps"]
+    assert {"name": "lake-secrets"} in deployment["envSecrets"]
+    spark_ip = next(e for e in deployment["env"] if e["name"] == "SPARK_LOCAL_IP")
+    assert spark_ip == {"name": "SPARK_LOCAL_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert set(deployment["resources"]) == {"requests", "limits"}
+    assert values["global"]["dagsterHome"] == values["dagsterHome"]
+    assert values["global"]["postgresqlSecretName"] == values["postgresqlSecretName"]
 
 
-def test_run_job_image_env_resources_and_labels(values):
-    job = render_run_job(values)
-    pod = job["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["image"] == "registry.example.com/data-platform/kafka-iceberg-lake:0.1.0"
-    assert container["imagePullPolicy"] == "IfNotPresent"
-    env_from = container["envFrom"]
-    assert {"configMapRef": {"name": "lake-env"}} in env_from
-    assert {"secretRef": {"name": "lake-secrets"}} in env_from
-    assert len(env_from) == 2, env_from  # the code location's sources merge with the launcher's, no duplicates
-    # the instance database password comes from its Secret, never a literal
-    pg = next(e for e in container["env"] if e["name"] == "DAGSTER_PG_PASSWORD")
-    assert pg["valueFrom"]["secretKeyRef"] == {"name": "dagster-postgresql-secret", "key": "postgresql-password"}
-    assert all("value" not in e or e["name"] in ("DAGSTER_HOME", "DAGSTER_RUN_JOB_NAME") for e in container["env"])
-    assert container["resources"] == {
-        "requests": {"cpu": "2", "memory": "4Gi"},
-        "limits": {"cpu": "4", "memory": "4Gi"},
-    }
-    assert container["securityContext"]["runAsNonRoot"] is True
-    assert {"name": "spark-scratch", "mountPath": "/opt/dagster/lake"} in container["volumeMounts"]
-    assert pod["serviceAccountName"] == "dagster"
-    assert pod["restartPolicy"] == "Never"
-    assert job["spec"]["backoffLimit"] == 0
-    for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
-        assert labels["app.kubernetes.io/part-of"] == "kafka-iceberg-lake"
-        assert labels["app.kubernetes.io/component"] == "run_worker"
-        assert labels["dagster/run-id"] == "0f1e2d3c"
-        assert labels["dagster/code-location"] == "lake"
-
-
-def test_values_hold_no_secret_literal(values):
-    """Credentials reach pods only through Secrets: no password, token or key value in the file."""
+def test_values_hold_no_secret_literal(values, instance_values):
+    """Credentials reach pods only through Secrets: no password, token or key value in the files."""
 
     def walk(node, path=""):
         if isinstance(node, dict):
@@ -194,25 +110,157 @@ def test_values_hold_no_secret_literal(values):
         else:
             yield path, node
 
-    suspicious = [
-        p
-        for p, v in walk(values)
-        if isinstance(v, str)
-        and any(w in p.lower() for w in ("password", "token", "secretkey", "accesskey"))
-        and not p.lower().endswith("secretname")
-    ]
-    assert suspicious == []
-    assert values["postgresql"]["enabled"] is False and values["generatePostgresqlPasswordSecret"] is False
-    deployment = values["dagster-user-deployments"]["deployments"][0]
-    assert deployment["dagsterApiGrpcArgs"] == ["--module-name", "kafka_iceberg.lake_assets.definitions"]
-    configmap = yaml.safe_load((DEPLOY / "k8s" / "lake-env.configmap.yaml").read_text())
+    for doc in (values, instance_values):
+        suspicious = [
+            p
+            for p, v in walk(doc)
+            if isinstance(v, str)
+            and any(w in p.lower() for w in ("password", "token", "secretkey", "accesskey"))
+            and not p.lower().endswith("secretname")
+        ]
+        assert suspicious == []
+    configmap = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")
     assert not any(w in k for k in configmap["data"] for w in ("PASSWORD", "TOKEN", "SECRET"))
+    assert "SPARK_LOCAL_IP" not in configmap["data"]  # the pod sets it from its own IP
 
 
-def test_dockerfile_is_non_root_java17_and_pinned():
+# keys of the main chart's value models (helm/dagster/schema/.../subschema/concurrency.py and
+# compute_log_manager.py, both extra="forbid"), until that chart's schema is vendored too
+CHART_CONCURRENCY = {"enabled", "pools", "runs"}
+CHART_POOLS = {"defaultLimit", "granularity", "opGranularityRunBuffer"}
+CHART_S3_LOGS = {
+    "bucket",
+    "localDir",
+    "prefix",
+    "useSsl",
+    "verify",
+    "verifyCertPath",
+    "endpointUrl",
+    "skipEmptyFiles",
+    "uploadInterval",
+    "uploadExtraArgs",
+    "showUrlOnly",
+    "region",
+}
+SNAKE = {
+    "startTimeoutSeconds": "start_timeout_seconds",
+    "pollIntervalSeconds": "poll_interval_seconds",
+    "maxResumeRunAttempts": "max_resume_run_attempts",
+    "freeSlotsAfterRunEndSeconds": "free_slots_after_run_end_seconds",
+    "enabled": "enabled",
+    "maxRetries": "max_retries",
+    "retryOnAssetOrOpFailure": "retry_on_asset_or_op_failure",
+    "dequeueIntervalSeconds": "dequeue_interval_seconds",
+    "defaultLimit": "default_limit",
+    "granularity": "granularity",
+    "bucket": "bucket",
+    "prefix": "prefix",
+    "region": "region",
+}
+
+
+def chart_instance_config(snippet: dict) -> dict:
+    """The dagster.yaml blocks the chart renders from the snippet (camelCase values -> snake_case)."""
+    daemon = snippet["dagsterDaemon"]
+    coordinator = daemon["runCoordinator"]
+    logs = snippet["computeLogManager"]
+    return {
+        "run_coordinator": {
+            "module": "dagster.core.run_coordinator",
+            "class": coordinator["type"],
+            "config": {SNAKE[k]: v for k, v in coordinator["config"]["queuedRunCoordinator"].items()},
+        },
+        "run_monitoring": {SNAKE[k]: v for k, v in daemon["runMonitoring"].items()},
+        "run_retries": {SNAKE[k]: v for k, v in daemon["runRetries"].items()},
+        "concurrency": {"pools": {SNAKE[k]: v for k, v in snippet["concurrency"]["pools"].items()}},
+        "compute_logs": {
+            "module": "dagster_aws.s3.compute_log_manager",
+            "class": logs["type"],
+            "config": {SNAKE[k]: v for k, v in logs["config"]["s3ComputeLogManager"].items()},
+        },
+        "telemetry": {"enabled": False},
+    }
+
+
+def test_instance_snippet_keys_are_the_charts(instance_values):
+    assert set(instance_values) == {"dagsterDaemon", "concurrency", "computeLogManager"}
+    assert set(instance_values["concurrency"]) <= CHART_CONCURRENCY
+    assert set(instance_values["concurrency"]["pools"]) <= CHART_POOLS
+    logs = instance_values["computeLogManager"]
+    assert logs["type"] == "S3ComputeLogManager"
+    assert set(logs["config"]) == {"s3ComputeLogManager"}
+    assert set(logs["config"]["s3ComputeLogManager"]) <= CHART_S3_LOGS
+
+
+def test_instance_snippet_renders_a_valid_dagster_yaml(instance_values, tmp_path):
+    # dagster_aws is not installed here: the compute log block's shape is checked above, the rest by Dagster
+    rendered = {k: v for k, v in chart_instance_config(instance_values).items() if k != "compute_logs"}
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(rendered))
+    checked, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError when invalid
+    assert checked["concurrency"]["pools"] == {"granularity": "run", "default_limit": 1}
+
+
+def test_instance_snippet_keeps_the_repository_liveness_rules(instance_values):
+    """Run monitoring and run retries as in dagster.yaml (the local instance); waiting runs queue."""
+    local = load_yaml(ROOT / "dagster.yaml")
+    rendered = chart_instance_config(instance_values)
+    assert rendered["run_monitoring"] == local["run_monitoring"]
+    assert rendered["run_retries"] == local["run_retries"]
+    assert (
+        rendered["run_coordinator"]["config"]["dequeue_interval_seconds"]
+        == local["run_queue"]["dequeue_interval_seconds"]
+    )
+    assert rendered["concurrency"]["pools"]["default_limit"] == local["concurrency"]["pools"]["default_limit"]
+    assert rendered["concurrency"]["pools"]["granularity"] == "run"
+
+
+def test_run_pod_carries_the_location_config(values):
+    """includeConfigInLaunchedRuns: the run Job K8sRunLauncher builds carries the location's config."""
+    (deployment,) = values["deployments"]
+    job_config = DagsterK8sJobConfig(
+        job_image=f"{deployment['image']['repository']}:{deployment['image']['tag']}",
+        dagster_home=values["dagsterHome"],
+        instance_config_map="dagster-instance",
+        postgres_password_secret=values["postgresqlSecretName"],
+        env_config_maps=[c["name"] for c in deployment["envConfigMaps"]],
+        env_secrets=[s["name"] for s in deployment["envSecrets"]],
+        volumes=deployment["volumes"],
+        volume_mounts=deployment["volumeMounts"],
+        labels=deployment["labels"],
+        service_account_name=values["global"]["serviceAccountName"],
+    )
+    job = construct_dagster_k8s_job(
+        job_config=job_config,
+        args=["dagster", "api", "execute_run", "{}"],
+        job_name="dagster-run-0f1e2d3c",
+        pod_name="dagster-run-0f1e2d3c",
+        component="run_worker",
+        # a location's env entries with valueFrom reach the run container as container config
+        user_defined_k8s_config=UserDefinedDagsterK8sConfig(container_config={"env": deployment["env"]}),
+        labels={"dagster/run-id": "0f1e2d3c", "dagster/code-location": deployment["name"]},
+    )
+    job = kubernetes.client.ApiClient().sanitize_for_serialization(job)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/data-platform/kafka-iceberg-lake:0.1.0"
+    assert {"configMapRef": {"name": "lake-env"}} in container["envFrom"]
+    assert {"secretRef": {"name": "lake-secrets"}} in container["envFrom"]
+    spark_ip = next(e for e in container["env"] if e["name"] == "SPARK_LOCAL_IP")
+    assert spark_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    pg = next(e for e in container["env"] if e["name"] == "DAGSTER_PG_PASSWORD")
+    assert pg["valueFrom"]["secretKeyRef"] == {"name": "dagster-postgresql-secret", "key": "postgresql-password"}
+    assert {"name": "spark-scratch", "mountPath": "/opt/dagster/lake"} in container["volumeMounts"]
+    assert pod["serviceAccountName"] == "dagster"
+    assert job["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kafka-iceberg-lake"
+
+
+def test_dockerfile_installs_the_lock_and_bakes_no_spark_local_ip():
     text = (DEPLOY / "Dockerfile").read_text()
-    assert "openjdk-17-jre-headless" in text
-    assert "libpostgresql-jdbc-java" in text
+    assert "--require-hashes -r requirements-runtime.lock" in text
+    assert "--no-deps" in text
+    assert "SPARK_LOCAL_IP=" not in text
+    assert "ARG WITH_S3" in text and "iceberg-aws-bundle-1.10.2.jar" in text
+    assert "openjdk-17-jre-headless" in text and "libpostgresql-jdbc-java" in text
+    assert "/usr/lib/jvm/java-17-openjdk-amd64" not in text  # JAVA_HOME portable across arm64/amd64
     assert "\nUSER 10001" in text
-    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
-    assert '"dagster-k8s==' in pyproject and '"dagster-postgres==' in pyproject
+    assert "kafka_iceberg.lake_assets.definitions" in text

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import ast
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "kafka_iceberg"
