@@ -21,6 +21,7 @@ from dagster import (
 )
 
 from kafka_iceberg import schedules, sensors
+from kafka_iceberg.batch.worker import assign_workers
 from kafka_iceberg.config.settings import Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
 from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset
@@ -28,6 +29,7 @@ from kafka_iceberg.lake_assets.liveness import liveness_executor
 from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.replay import replay_job
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
+from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.resources import default_resources
 
 
@@ -60,6 +62,9 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
     gets only its own assets."""
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs}
+    workers = settings.stream.workers
+    groups = assign_workers(specs, workers) if workers else {}
+    workers_jobs = [worker_job(k, group, sqlite) for k, group in groups.items() if group]
     return Definitions(
         assets=[
             *(topic_asset(s) for s in specs),
@@ -72,8 +77,8 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
             *([hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else []),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
-        jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite)],
-        sensors=sensors.all_sensors(specs),
+        jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite), *workers_jobs],
+        sensors=sensors.all_sensors(specs, groups, workers_jobs),
         schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite),
         resources=default_resources(settings),
         executor=executor(settings),

@@ -54,10 +54,18 @@ def stream_budget_s(tags: dict[str, str], budget_s: float) -> float:
     return budget_s
 
 
-def others_waiting(context: AssetExecutionContext) -> bool:
-    """Whether any other run is queued on this Dagster instance (it may need our pool slot)."""
+def others_waiting(context, pool: str | None = None) -> bool:
+    """Whether another run needs what this run holds: any other run queued on this Dagster instance,
+    or (``pool`` given) another run's step waiting inside its run for a slot of ``pool`` (with
+    op-granularity pools a run starts, then waits in its step)."""
     queued = context.instance.get_run_ids(filters=RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=2)
-    return any(run_id != context.run_id for run_id in queued)
+    if any(run_id != context.run_id for run_id in queued):
+        return True
+    storage = context.instance.event_log_storage
+    if pool is None or not storage.supports_global_concurrency_limits:
+        return False
+    info = storage.get_concurrency_info(pool)
+    return bool(info.pending_run_ids - {context.run_id})
 
 
 def committed_offsets(result: MaterializeResult) -> dict[int, int]:
@@ -83,10 +91,12 @@ def materialize_stream(
     topic: str,
     one_batch: Callable[[], MaterializeResult],
     stream: StreamSettings,
+    pool: str | None = None,
 ) -> MaterializeResult:
     """Run ``one_batch`` (one whole micro-batch, returning its ``MaterializeResult``) once, and
     again while records wait and the budget lasts (:func:`stream_budget_s` of ``stream.budget_s``;
-    ``stream.idle_s`` seconds of waiting for new records at most).
+    ``stream.idle_s`` seconds of waiting for new records at most), ending early when another run
+    waits for the run's ``pool`` (:func:`others_waiting`).
     Every commit but the last is logged as an ``AssetMaterialization`` of the run's slot; the
     last is returned. Errors of ``one_batch`` propagate (earlier commits stay committed)."""
     budget = stream_budget_s(dict(context.run.tags), stream.budget_s)
@@ -94,7 +104,7 @@ def materialize_stream(
     started = time.monotonic()
     deadline = started + budget
     result, commits = one_batch(), 1
-    while budget > 0 and time.monotonic() < deadline and not others_waiting(context):
+    while budget > 0 and time.monotonic() < deadline and not others_waiting(context, pool):
         lag = wait_for_lag(kafka, topic, committed_offsets(result), min(idle_s, deadline - time.monotonic()))
         if lag == 0 or time.monotonic() >= deadline:
             break

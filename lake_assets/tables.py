@@ -16,7 +16,7 @@ run (``BackfillPolicy.multi_run(1)``); see :mod:`kafka_iceberg.lake_assets.backf
 """
 
 import warnings
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from dagster import (
@@ -75,7 +75,8 @@ def topic_asset(spec: TableSpec) -> AssetSpec:
     )
 
 
-def _dagster_liveness(context):
+def dagster_liveness(context):
+    """Whether an attempt's run is still alive: its commit token belongs to a run in progress."""
     runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
     tokens = {commit_token(r.run_id) for r in runs}
     return lambda attempt: attempt.token in tokens
@@ -169,7 +170,7 @@ def _one_batch(
             commit_id=context.run_id,
             kafka=kafka.metadata(),
             catalog=catalog.load(),
-            is_alive=_dagster_liveness(context),
+            is_alive=dagster_liveness(context),
         )
     except NOT_RETRYABLE as exc:  # a retry cannot fix these; broker and catalog errors are retried
         raise Failure(description=str(exc), allow_retries=False) from exc
@@ -222,6 +223,7 @@ def table_asset(
             spec.topic,
             lambda: _one_batch(spec, context, pyspark, kafka, catalog, slack, settings),
             settings.stream,
+            table_pool(spec, sqlite_catalog),
         )
 
     _materialize.__name__ = f"ingest_{spec.name}"
@@ -337,7 +339,7 @@ def _freshness_check(spec: TableSpec):
         outcome = checks.freshness(spec, view, lag)
         if "valid_through_ms" in outcome.figures:
             outcome.figures["valid_through"] = datetime.fromtimestamp(
-                outcome.figures["valid_through_ms"] / 1000, tz=timezone.utc
+                outcome.figures["valid_through_ms"] / 1000, tz=UTC
             ).isoformat()
         outcome.figures["lag_by_partition"] = {str(p): v for p, v in lag.items()}
         alert_on_check(

@@ -54,6 +54,15 @@ def commit_pool(sqlite_catalog: bool) -> str | None:
     return SQLITE_POOL if sqlite_catalog else None
 
 
+WORKER_TAG = "lake/worker"
+"""Run tag naming the worker (``0`` .. ``LAKE_WORKERS - 1``) of a worker run."""
+
+
+def worker_job_name(index: int) -> str:
+    """Name of worker ``index``'s job (and of its pool off SQLite): ``lake_worker_<index>``."""
+    return f"lake_worker_{index}"
+
+
 TABLE_TAG = "lake/table"
 """Run and backfill tag naming the table (its identifier, e.g. ``nyc.flights``)."""
 
@@ -70,9 +79,11 @@ __all__ = [
     "MICRO_BATCHES",
     "SQLITE_POOL",
     "TABLE_TAG",
+    "WORKER_TAG",
     "commit_pool",
     "key_part",
     "table_key",
     "table_pool",
     "topic_key",
+    "worker_job_name",
 ]

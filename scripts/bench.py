@@ -422,6 +422,9 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--freshness", action="store_true", help="goal 3 only: steady load under the Dagster daemon")
     ap.add_argument("--minutes", type=float, default=8.0, help="--freshness: minutes of load (default 8)")
     ap.add_argument("--rate", type=int, default=200, help="--freshness: records/s produced (default 200)")
+    ap.add_argument("--many", type=int, default=0, help="goal 7 only: N tables under --rate records/s in total")
+    ap.add_argument("--workers", type=int, default=1, help="--many: LAKE_WORKERS, worker runs serving the tables")
+    ap.add_argument("--backlog", type=int, default=10_000, help="--many: backlog records per table (default 10,000)")
     ap.add_argument("--keep", action="store_true", help="keep the /tmp/bench-* directory (broker data, lake)")
     args = ap.parse_args(argv)
     args.levels = sorted({int(x) for x in args.snapshot_levels.split(",") if x.strip()})
@@ -446,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
             from devtools.bench.freshness import run_freshness
 
             summary["freshness"] = run_freshness(args, tmp, summary["settings"])
+        elif args.many:
+            from devtools.bench.many import run_many
+
+            summary["many"] = run_many(args, tmp, summary["settings"])
         elif args.scale:
             run_scale_section(tmp, summary)
         else:

@@ -97,6 +97,60 @@ def alert_retention(
     )
 
 
+def evaluate_table(spec: TableSpec, meta, pycatalog, watermarks: Mapping[int, Watermarks], now_ms: int):
+    """``(status, per-partition figures, retention.ms)`` of one table (see :func:`evaluate`)."""
+    committed = read_state(pycatalog, spec.identifier).offsets
+    lag = offset_lag(watermarks, committed)
+    lagging = {p: max(committed.get(p, w.low), w.low) for p, w in watermarks.items() if lag[p] > 0}
+    oldest = meta.record_timestamps(spec.topic, lagging)
+    retention_ms = meta.retention_ms(spec.topic)
+    status, parts = evaluate(watermarks, committed, retention_ms, oldest, now_ms, spec.retention)
+    return status, parts, retention_ms
+
+
+def all_tables_retention_sensor(specs: list[TableSpec]):
+    """One retention-headroom sensor for every table (``lake_retention``, with ``LAKE_WORKERS`` >= 1):
+    the watermarks of all topics in one batched call; per table the same figures, observations and
+    alerts as :func:`retention_sensor`; a table whose evaluation fails is logged and skipped."""
+
+    @sensor(
+        name="lake_retention",
+        minimum_interval_seconds=60,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Retention headroom of all {len(specs)} tables in one tick.",
+    )
+    def _retention(
+        context: SensorEvaluationContext,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ):
+        now_ms, meta, pycatalog = int(time.time() * 1000), kafka.metadata(), catalog.load()
+        marks = meta.watermarks_many(sorted({s.topic for s in specs}))
+        statuses = json.loads(context.cursor) if context.cursor else {}
+        events = []
+        for spec in specs:
+            if marks.get(spec.topic) is None:
+                context.log.warning(f"{spec.identifier}: topic {spec.topic} does not exist")
+                continue
+            try:
+                status, parts, retention_ms = evaluate_table(spec, meta, pycatalog, marks[spec.topic], now_ms)
+            except Exception as exc:  # noqa: BLE001 - one table's failure must not hide the others
+                context.log.error(f"{spec.identifier}: retention not evaluated: {exc}")
+                continue
+            previous = statuses.get(spec.identifier, "OK")
+            if status != previous and status != "OK":
+                alert_retention(spec, status, previous, parts, slack.sink())
+            statuses[spec.identifier] = status
+            events.append(
+                AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms))
+            )
+            events.append(topic_observation(topic_key(spec), spec, marks[spec.topic], retention_ms))
+        return SensorResult(asset_events=events, cursor=json.dumps(statuses))
+
+    return _retention
+
+
 def retention_sensor(spec: TableSpec):
     """The retention-headroom sensor of one table (named ``<table name>_retention``)."""
 
@@ -114,13 +168,8 @@ def retention_sensor(spec: TableSpec):
     ):
         now_ms = int(time.time() * 1000)
         meta = kafka.metadata()
-        committed = read_state(catalog.load(), spec.identifier).offsets
         watermarks = meta.watermarks(spec.topic)
-        lag = offset_lag(watermarks, committed)
-        lagging = {p: max(committed.get(p, w.low), w.low) for p, w in watermarks.items() if lag[p] > 0}
-        oldest = meta.record_timestamps(spec.topic, lagging)
-        retention_ms = meta.retention_ms(spec.topic)
-        status, parts = evaluate(watermarks, committed, retention_ms, oldest, now_ms, spec.retention)
+        status, parts, retention_ms = evaluate_table(spec, meta, catalog.load(), watermarks, now_ms)
         previous = json.loads(context.cursor)["status"] if context.cursor else "OK"
         if status != previous and status != "OK":
             alert_retention(spec, status, previous, parts, slack.sink())

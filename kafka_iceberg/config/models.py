@@ -25,6 +25,14 @@ class StreamSettings(BaseModel):
         description="LAKE_STREAM_IDLE_S: seconds a streaming run with no lag left polls "
         "the high watermarks for new records before it ends.",
     )
+    workers: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="LAKE_WORKERS: 0 (default) gives every table its own sensor-launched runs; N >= 1 serves "
+        "all tables from N long-running worker runs (one process and Spark session each), launched by one "
+        "sensor that watches every table.",
+    )
 
 
 DEFAULT_SLACK_CHANNEL = "#data-platform-alerts"

@@ -70,7 +70,7 @@ def _process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in (os.environ if env is None else env).items() if v.strip()}
 
 
-_STREAM_VARS = {"budget_s": "LAKE_STREAM_BUDGET_S", "idle_s": "LAKE_STREAM_IDLE_S"}
+_STREAM_VARS = {"budget_s": "LAKE_STREAM_BUDGET_S", "idle_s": "LAKE_STREAM_IDLE_S", "workers": "LAKE_WORKERS"}
 _SLACK_VARS = {
     "token": "SLACK_BOT_TOKEN",
     "channel": "SLACK_CHANNEL",

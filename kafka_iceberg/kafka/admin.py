@@ -145,6 +145,38 @@ class KafkaMetadata:
         high = self._list_offsets(topic, partitions, lambda p: OffsetSpec.latest())
         return {p: Watermarks(low[p], high[p]) for p in partitions}
 
+    def watermarks_many(self, topics: list[str]) -> dict[str, dict[int, Watermarks] | None]:
+        """Watermarks of every partition of every topic in ``topics``, in one metadata request and two
+        ListOffsets requests for all of them (records by offset). A topic that does not exist maps to
+        ``None``, so one missing topic does not hide the others.
+
+        Raises:
+            BrokerUnavailableError: the cluster did not answer within ``config.timeout_s`` seconds.
+        """
+        try:
+            listed = self.admin.list_topics(timeout=self.config.timeout_s).topics
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"list topics on {self.config.bootstrap_servers}: {exc}") from exc
+        found = {t: sorted(listed[t].partitions) for t in topics if t in listed and listed[t].error is None}
+        tps = [TopicPartition(t, p) for t, parts in found.items() for p in parts]
+        offsets = {}
+        for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):
+            if not tps:
+                break
+            futures = self.admin.list_offsets(
+                dict.fromkeys(tps, spec),
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=self.config.timeout_s,
+            )
+            done = self._wait(futures, f"list offsets of {len(found)} topics")
+            offsets[name] = {(tp.topic, tp.partition): info.offset for tp, info in done.items()}
+        return {
+            t: {p: Watermarks(offsets["low"][(t, p)], offsets["high"][(t, p)]) for p in found[t]}
+            if t in found
+            else None
+            for t in topics
+        }
+
     def offsets_for_timestamp(self, topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int]:
         """Per partition, the earliest offset whose record timestamp is >= ``timestamp_ms``.
 

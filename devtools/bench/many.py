@@ -1,0 +1,320 @@
+"""Many tables on one deployment: N tables under a steady total load, then a backlog of N x R records.
+
+``scripts/bench.py --many N [--workers W] [--minutes M] [--rate R] [--backlog B]`` declares N tables
+(the flights declaration on N fresh topics of 2 partitions), runs ``dagster-daemon run`` on this
+checkout's code location with ``LAKE_WORKERS=W`` on the default SQLite catalog, and measures:
+
+- steady load: ``--rate`` records/s in total, spread round-robin over the N topics (record
+  timestamp = produce time) for ``--minutes``; per table, freshness = commit time of the first
+  ``main`` snapshot holding a record's offset minus its timestamp (p50, p90, max), and exactly once
+  (DuckDB: count = distinct (partition, offset) = records produced);
+- the runs the daemon launched, peak resident memory (the sum over the daemon's process group:
+  daemon, code server, run workers, their JVMs) and CPU seconds per wall second;
+- backlog: ``--backlog`` records more per table produced while nothing ingests, then the seconds
+  until every table caught up, against the raw consume rate of the same topics in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Producer
+
+from devtools import duck
+from devtools.bench.common import CHECKOUT, flights_records, raw_consume, say, section
+from devtools.bench.freshness import pct, start_daemon, stop_daemon
+from devtools.demo import data as demo_data
+from kafka_iceberg.catalog.tables import load_catalog, metadata_view
+from kafka_iceberg.config.settings import Settings
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.state import ancestors, batch_ranges, state_at
+
+PARTITIONS = 2
+LAG = {"max_offset_lag": 1, "max_interval": "1s", "interval": "1s", "window": 10}
+
+
+def names(n: int) -> list[str]:
+    return [f"t{i:03d}" for i in range(n)]
+
+
+def write_tables_file(path: Path, n: int) -> None:
+    """N tables: the flights declaration on topics ``many.t000`` ... as ``many.t000`` ..."""
+    doc = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    flights = next(t for t in doc["tables"] if t["name"] == "flights")
+    tables = []
+    for name in names(n):
+        t = dict(flights)
+        t.update(
+            name=f"many_{name}",
+            identifier=f"many.{name}",
+            topic=f"many.{name}",
+            lag=LAG,
+            description="many-tables benchmark",
+            max_records_per_partition=5000,
+        )
+        tables.append(t)
+    path.write_text(yaml.safe_dump({"defaults": doc.get("defaults") or {}, "tables": tables}))
+
+
+class Spread(threading.Thread):
+    """Produces ``rate`` records/s in total round-robin over ``topics`` (timestamp = now, ms);
+    ``delivered[topic]`` maps (partition, offset) -> timestamp ms."""
+
+    def __init__(self, config: KafkaConfig, df, topics: list[str], rate: int):
+        super().__init__(daemon=True)
+        self.config, self.df, self.topics, self.rate = config, df, topics, rate
+        self.delivered: dict[str, dict[tuple[int, int], int]] = {t: {} for t in topics}
+        self.errors: list[str] = []
+        self.stop_event = threading.Event()
+
+    def _report(self, err, msg) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            self.delivered[msg.topic()][(msg.partition(), msg.offset())] = msg.timestamp()[1]
+
+    def run(self) -> None:
+        producer = Producer(self.config.client_conf(**{"enable.idempotence": True, "linger.ms": 5}))
+        t0, sent = time.monotonic(), 0
+        while not self.stop_event.is_set():
+            due = int((time.monotonic() - t0) * self.rate) - sent
+            for key, value, _ in flights_records(self.df, sent % 300_000, max(0, due)):
+                topic = self.topics[sent % len(self.topics)]
+                producer.produce(
+                    topic,
+                    key=key,
+                    value=value,
+                    timestamp=int(time.time() * 1000),
+                    partition=(sent // len(self.topics)) % PARTITIONS,
+                    on_delivery=self._report,
+                )
+                sent += 1
+            producer.poll(0.02)
+        producer.flush(60)
+
+
+class GroupSampler(threading.Thread):
+    """Samples the resident memory (bytes) and CPU time (seconds) of every process in session ``sid``."""
+
+    def __init__(self, sid: int):
+        super().__init__(daemon=True)
+        self.sid, self.peak_rss, self.cpu_s = sid, 0, {}
+        self.stop_event = threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self.stop_event.wait(1.0):
+            rss = 0
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(")") + 2 :].split()
+                if int(fields[3]) != self.sid:  # field 6 of stat: the session id
+                    continue
+                rss += int(fields[21]) * page
+                self.cpu_s[pid] = (int(fields[11]) + int(fields[12])) / self.tick
+            self.peak_rss = max(self.peak_rss, rss)
+
+
+def caught_up(settings: Settings, kafka: KafkaMetadata, n: int) -> bool:
+    catalog = load_catalog(settings.catalog)
+    marks = kafka.watermarks_many([f"many.{x}" for x in names(n)])
+    for name in names(n):
+        try:
+            view = metadata_view(catalog.load_table(f"many.{name}"))
+        except Exception:  # noqa: BLE001 - not created yet
+            return False
+        offsets = state_at(view.snapshots, view.main).offsets
+        if any(offsets.get(p, w.low) < w.high for p, w in (marks[f"many.{name}"] or {}).items()):
+            return False
+    return True
+
+
+def wait_caught_up(settings: Settings, kafka: KafkaMetadata, n: int, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if caught_up(settings, kafka, n):
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise TimeoutError(f"the {n} tables did not catch up within {timeout_s:.0f} s")
+
+
+def table_report(settings: Settings, name: str, delivered: dict[tuple[int, int], int], expected: int) -> dict:
+    """Freshness (s) of the records ``delivered`` and the exactly-once figures of table ``name``."""
+    table = load_catalog(settings.catalog).load_table(f"many.{name}")
+    view = metadata_view(table)
+    first: dict[tuple[int, int], int] = {}
+    for snap in reversed(ancestors(view.snapshots, view.main)):
+        for p, (start, end) in batch_ranges(snap).items():
+            for off in range(start, end):
+                first.setdefault((p, off), snap.timestamp_ms)
+    fresh = [(first[k] - ts) / 1000 for k, ts in delivered.items() if k in first]
+    total, distinct = (
+        duck.connect()
+        .execute(
+            "SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) "
+            f"FROM {duck.scan_sql(table.metadata_location)}"
+        )
+        .fetchone()
+    )
+    return {
+        "p50": pct(fresh, 0.5),
+        "p90": pct(fresh, 0.9),
+        "max": max(fresh, default=float("nan")),
+        "rows": total,
+        "distinct": distinct,
+        "expected": expected,
+        "missing": len(delivered) - len(fresh),
+    }
+
+
+def _env(settings: Settings, home: Path, tables: Path, tmp: Path, workers: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKE_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_HOME=str(home),
+        LAKE_HOME=str(settings.lake_home),
+        LAKE_TABLES_FILE=str(tables),
+        KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
+        PYTHONPATH=str(CHECKOUT),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOCAL_DIRS=str(tmp / "spark-local"),
+        LAKE_WORKERS=str(workers),
+        LAKE_STREAM_BUDGET_S=os.environ.get("LAKE_STREAM_BUDGET_S", "1800"),
+        LAKE_STREAM_IDLE_S=os.environ.get("LAKE_STREAM_IDLE_S", "60"),
+    )
+    return env
+
+
+def _produce_backlog(config: KafkaConfig, df, topics: list[str], per_topic: int, offset: int) -> None:
+    for t in topics:
+        demo_data.produce(config, t, flights_records(df, offset, per_topic))
+
+
+def _runs(home: Path) -> int:
+    from dagster import DagsterInstance
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    with DagsterInstance.get() as instance:
+        return instance.get_runs_count()
+
+
+def run_many(args, tmp: Path, settings: Settings) -> dict:
+    """The many-tables benchmark (module docstring). Returns the figures it printed."""
+    n, workers = args.many, args.workers
+    section(
+        f"(7) many tables: {n} tables, {workers} worker(s), {args.rate} records/s in total for "
+        f"{args.minutes:g} min, then a backlog of {n} x {args.backlog:,} records"
+    )
+    config = KafkaConfig.from_settings(settings)
+    kafka = KafkaMetadata(config)
+    topics = [f"many.{x}" for x in names(n)]
+    for t in topics:
+        demo_data.create_topic(config, t, PARTITIONS, {"retention.ms": "-1"})
+    home = tmp / "dagster_home"
+    home.mkdir(parents=True)
+    shutil.copy(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
+    write_tables_file(tmp / "tables.yaml", n)
+    env = _env(settings, home, tmp / "tables.yaml", tmp, workers)
+    df = demo_data.load_frame("flights")
+    _produce_backlog(config, df, topics, 10, 0)  # priming: creates the tables, starts the workers
+    daemon = start_daemon(home, env, tmp / "daemon.log")
+    sampler = GroupSampler(os.getsid(daemon.pid))
+    sampler.start()
+    t_start = time.monotonic()
+    try:
+        say(f"priming: 10 records per table committed {wait_caught_up(settings, kafka, n, 900):.1f} s after start")
+        spread = Spread(config, df, topics, args.rate)
+        spread.start()
+        time.sleep(args.minutes * 60)
+        spread.stop_event.set()
+        spread.join(120)
+        say(
+            f"steady load: {sum(map(len, spread.delivered.values())):,} records, table caught up "
+            f"{wait_caught_up(settings, kafka, n, 900):.1f} s after the producer stopped"
+        )
+    finally:
+        stop_daemon(daemon)
+    wall = time.monotonic() - t_start
+    sampler.stop_event.set()
+    steady = {
+        name: table_report(settings, name, spread.delivered[f"many.{name}"], 10 + len(spread.delivered[f"many.{name}"]))
+        for name in names(n)
+    }
+    backlog = _backlog(args, tmp, settings, config, kafka, df, topics, env, spread)
+    return _print_many(n, workers, steady, backlog, sampler, wall, _runs(home))
+
+
+def _backlog(args, tmp, settings, config, kafka, df, topics, env, spread) -> dict:
+    """Backlog of ``args.backlog`` records per table: raw consume of the same topics, then the drain."""
+    _produce_backlog(config, df, topics, args.backlog, 1000)
+    produced = {t: 10 + len(spread.delivered[t]) + args.backlog for t in topics}
+    raw = [raw_consume(config, t, list(range(PARTITIONS))) for t in topics]
+    raw_rate = sum(r["records"] for r in raw) / max(1e-9, sum(r["seconds"] for r in raw))
+    daemon = start_daemon(Path(env["DAGSTER_HOME"]), env, tmp / "daemon-backlog.log")
+    try:
+        drain_s = wait_caught_up(settings, kafka, len(topics), 3600)
+    finally:
+        stop_daemon(daemon)
+    catalog = load_catalog(settings.catalog)
+    exact = 0
+    for t in topics:
+        table = catalog.load_table(t)
+        total, distinct = (
+            duck.connect()
+            .execute(
+                "SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) "
+                f"FROM {duck.scan_sql(table.metadata_location)}"
+            )
+            .fetchone()
+        )
+        exact += total == distinct == produced[t]
+    records = len(topics) * args.backlog
+    return {
+        "records": records,
+        "drain_s": drain_s,
+        "rate": records / drain_s,
+        "raw_rate": raw_rate,
+        "ratio": records / drain_s / raw_rate,
+        "exact_tables": exact,
+    }
+
+
+def _print_many(n, workers, steady, backlog, sampler, wall, runs) -> dict:
+    exact = sum(r["rows"] == r["distinct"] == r["expected"] and r["missing"] == 0 for r in steady.values())
+    p50s = sorted(r["p50"] for r in steady.values())
+    worst = {k: max(r[k] for r in steady.values()) for k in ("p50", "p90", "max")}
+    say(
+        f"  per table freshness p50 {p50s[0]:.1f} .. {p50s[-1]:.1f} s (median {p50s[len(p50s) // 2]:.1f} s); "
+        f"worst p90 {worst['p90']:.1f} s; worst record {worst['max']:.1f} s"
+    )
+    if n <= 10:
+        for name, r in steady.items():
+            say(f"    {name}  p50 {r['p50']:6.1f} s  p90 {r['p90']:6.1f} s  max {r['max']:6.1f} s  rows {r['rows']:,}")
+    say(f"  exactly once: {exact} of {n} tables (count = distinct (partition, offset) = produced)")
+    say(
+        f"  runs launched {runs}; peak resident memory {sampler.peak_rss / 2**30:.2f} GiB "
+        f"(daemon, code server, runs, JVMs); CPU {sum(sampler.cpu_s.values()) / wall:.2f} cores on average"
+    )
+    say(
+        f"  backlog {backlog['records']:,} records drained in {backlog['drain_s']:.1f} s = {backlog['rate']:,.0f} "
+        f"records/s against raw consume {backlog['raw_rate']:,.0f} records/s: ratio {backlog['ratio']:.3f}; "
+        f"exactly once {backlog['exact_tables']} of {n} tables"
+    )
+    return {
+        "tables": n,
+        "workers": workers,
+        "worst": worst,
+        "median_p50": p50s[len(p50s) // 2],
+        "exact": exact,
+        "runs": runs,
+        "peak_rss": sampler.peak_rss,
+        "backlog": backlog,
+    }

@@ -1,0 +1,132 @@
+"""One worker, many tables: a loop that serves several tables from one process and one Spark session.
+
+Each turn runs one whole micro-batch of one table (:func:`kafka_iceberg.batch.pipeline.run_micro_batch`:
+recover, plan, conditional commit, the offsets in the snapshot), so every table keeps its own
+exactly-once commits. Tables are served by need and fairly: the table that has waited longest with
+records unread goes next, and after its (bounded) micro-batch it goes to the back of the line, so a
+busy table never holds the others up. A table whose micro-batch fails (a missing topic, a blocked
+schema change, bad records over its policy, a refused catalog commit) is set aside for the rest of
+the run and reported; the others keep committing. Plain Python: the Dagster layer
+(:mod:`kafka_iceberg.lake_assets.worker`) supplies the callbacks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.declaration.spec import TableSpec
+
+POLL_S = 0.25
+"""Seconds between watermark polls while no table has records waiting."""
+
+
+def assign_workers(specs: Sequence[TableSpec], workers: int) -> dict[int, list[TableSpec]]:
+    """Tables per worker (0 .. ``workers`` - 1): round robin over the identifiers in sorted order, so the
+    workers' shares differ by one table at most. A table added or removed moves others at the next
+    reload; two runs serving one table for a while is safe (conditional commits), only slower."""
+    groups: dict[int, list[TableSpec]] = {k: [] for k in range(max(1, workers))}
+    for i, spec in enumerate(sorted(specs, key=lambda s: s.identifier)):
+        groups[i % max(1, workers)].append(spec)
+    return groups
+
+
+def offset_lags(
+    specs: Sequence[TableSpec],
+    watermarks: dict[str, dict[int, Watermarks] | None],
+    committed: dict[str, dict[int, int]],
+) -> dict[str, int]:
+    """Offset lag (records, summed over partitions) per table identifier, from the topics' watermarks
+    (``None`` for a missing topic: lag 0, its micro-batch reports the error) and each table's committed
+    offsets (a partition the table never committed counts from its log start offset)."""
+    lags = {}
+    for spec in specs:
+        marks = watermarks.get(spec.topic) or {}
+        done = committed.get(spec.identifier, {})
+        lags[spec.identifier] = sum(max(0, w.high - done.get(p, w.low)) for p, w in marks.items())
+    return lags
+
+
+@dataclass
+class TableServed:
+    """What one run of the worker did for one table: its commits and, if it failed, the error."""
+
+    spec: TableSpec
+    results: list = field(default_factory=list)  # BatchResult per micro-batch, in commit order
+    error: BaseException | None = None
+
+
+@dataclass
+class Worker:
+    """Serves ``specs`` until no records wait for ``idle_s`` seconds, ``budget_s`` seconds pass (no
+    micro-batch starts after it), or ``should_stop()`` is true. With ``budget_s`` 0 every table with
+    records waiting gets one micro-batch.
+
+    ``run_batch(spec)`` runs one micro-batch and returns its ``BatchResult`` (``offsets``: the
+    committed offsets after it); ``watermarks(topics)`` returns the watermarks of every partition
+    of the topics (one batched call; ``None`` for a missing topic); ``committed`` holds each table's
+    committed offsets when the run starts; ``on_commit(spec, result)`` and ``on_failure(spec, error)``
+    report each micro-batch (they must not raise)."""
+
+    specs: Sequence[TableSpec]
+    run_batch: Callable[[TableSpec], object]
+    watermarks: Callable[[list[str]], dict[str, dict[int, Watermarks] | None]]
+    committed: dict[str, dict[int, int]]
+    on_commit: Callable[[TableSpec, object], None]
+    on_failure: Callable[[TableSpec, BaseException], None]
+    budget_s: float = 0.0
+    idle_s: float = 2.0
+    should_stop: Callable[[], bool] = lambda: False
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def run(self) -> dict[str, TableServed]:
+        """Serve the tables (see the class docstring). Returns what was done, per table identifier."""
+        served = {s.identifier: TableServed(s) for s in self.specs}
+        deadline = self.deadline = self.clock() + self.budget_s
+        waiting_since: dict[str, float] = {}
+        idle_until = None
+        while True:
+            live = [s for s in self.specs if served[s.identifier].error is None]
+            lags = offset_lags(live, self.watermarks(sorted({s.topic for s in live})), self.committed)
+            now = self.clock()
+            for s in live:
+                if lags[s.identifier] > 0:
+                    waiting_since.setdefault(s.identifier, now)
+                else:
+                    waiting_since.pop(s.identifier, None)
+            due = sorted((s for s in live if s.identifier in waiting_since), key=lambda s: waiting_since[s.identifier])
+            if not due:
+                if self.budget_s <= 0 or now >= deadline or self.should_stop():
+                    return served
+                idle_until = idle_until or now + self.idle_s
+                if now >= idle_until:
+                    return served
+                self.sleep(POLL_S)
+                continue
+            idle_until = None
+            self._serve_round(due, served, waiting_since)
+            if self.budget_s <= 0 or self.clock() >= deadline or self.should_stop():
+                return served
+
+    def _serve_round(self, due: list[TableSpec], served: dict[str, TableServed], waiting_since: dict[str, float]):
+        """One micro-batch of each due table, longest waiting first; each goes to the back after it."""
+        for spec in due:
+            if self.budget_s > 0 and (self.clock() >= self.deadline or self.should_stop()):
+                return
+            try:
+                result = self.run_batch(spec)
+            except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
+                served[spec.identifier].error = exc
+                self.on_failure(spec, exc)
+                continue
+            finally:
+                waiting_since.pop(spec.identifier, None)
+            served[spec.identifier].results.append(result)
+            self.committed[spec.identifier] = dict(result.offsets)
+            self.on_commit(spec, result)
+
+
+__all__ = ["POLL_S", "TableServed", "Worker", "assign_workers", "offset_lags"]

@@ -1,0 +1,112 @@
+"""One worker, many tables (kafka_iceberg/batch/worker.py, lake_assets/worker.py, sensors/workers.py):
+one process and Spark session serve several tables fairly, each commit the table's own, and a
+poisoned table fails alone. Real Spark, real catalog, the dev broker, an ephemeral Dagster instance."""
+
+from __future__ import annotations
+
+from dagster import DagsterInstance, build_sensor_context
+
+from devtools import duck
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
+from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.workers import is_due, workers_sensor
+from tests.helpers import event_records, make_spec
+
+
+def _rows(settings, spec) -> tuple[int, int]:
+    table = load_catalog(settings.catalog).load_table(spec.identifier)
+    sql = f"SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) FROM {duck.scan_sql(table.metadata_location)}"
+    return duck.connect().execute(sql).fetchone()
+
+
+def _three_tables(kafka_config, unique, topic_factory, counts=(300, 120, 40)):
+    """Three tables on topics of their own, the last one poisoned (a malformed record under
+    ``bad_records.policy: fail``); returns their specs."""
+    specs = []
+    for i, n in enumerate(counts):
+        topic = topic_factory(f"{unique}_{i}", partitions=2)
+        produce(kafka_config, topic, event_records(range(n)))
+        extra = {"bad_records": {"policy": "fail"}} if i == 2 else {}
+        specs.append(make_spec(f"{unique}_{i}", topic, max_records_per_partition=40, **extra))
+    produce(kafka_config, specs[2].topic, [(b"x", b"{not json", 1_700_000_000_000)])
+    return specs
+
+
+def test_the_order_is_by_waiting_time_and_fair():
+    specs = [make_spec(f"t{i}", f"topic{i}") for i in range(3)]
+    marks = {s.topic: {0: Watermarks(0, 10)} for s in specs}
+    committed = {s.identifier: {} for s in specs}
+    order = []
+
+    def run_batch(spec):
+        order.append(spec.name)
+        done = committed[spec.identifier].get(0, 0) + (10 if spec.name == "t0" else 5)
+        return type("R", (), {"offsets": {0: min(done, 10)}, "snapshot_id": 1})()
+
+    Worker(
+        specs, run_batch, lambda topics: marks, committed, lambda s, r: None, lambda s, e: None, budget_s=60, idle_s=0
+    ).run()
+    # every table once per round, longest waiting first; t0 (one batch) drops out, t1 and t2 take a second turn
+    assert order == ["t0", "t1", "t2", "t1", "t2"]
+    assert offset_lags(specs, {**marks, "topic1": None}, committed) == {"test.t0": 0, "test.t1": 0, "test.t2": 0}
+    groups = assign_workers([make_spec(f"g{i}", "x") for i in range(10)], 3)
+    assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
+
+
+def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
+    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
+):
+    specs = _three_tables(kafka_config, unique, topic_factory)
+    commits, failures = [], []
+    worker = Worker(
+        specs,
+        lambda spec: run_micro_batch(spark, settings, spec, commit_id=f"worker-{unique}", kafka=kafka, catalog=catalog),
+        kafka.watermarks_many,
+        {s.identifier: {} for s in specs},
+        lambda spec, result: commits.append((spec.name, result.records)),
+        lambda spec, error: failures.append((spec.name, type(error).__name__)),
+        budget_s=1800,  # ends when no table has records waiting (idle_s 0); the budget only bounds a hang
+        idle_s=0,
+    )
+    served = worker.run()
+    assert [name for name, _ in failures] == [specs[2].name]
+    assert served[specs[2].identifier].error is not None
+    assert _rows(settings, specs[0]) == (300, 300) and _rows(settings, specs[1]) == (120, 120)
+    # fair: the small table finished while the big one still had micro-batches to go
+    names = [name for name, _ in commits]
+    assert names.index(specs[1].name) < len(names) - 1 and names.count(specs[0].name) >= 4
+
+
+def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
+    settings, kafka_config, unique, topic_factory, monkeypatch
+):
+    monkeypatch.setenv("LAKE_STREAM_BUDGET_S", "1800")
+    monkeypatch.setenv("LAKE_STREAM_IDLE_S", "0")
+    specs = _three_tables(kafka_config, unique, topic_factory, counts=(90, 30, 10))
+    instance = DagsterInstance.ephemeral()
+    resources = default_resources(settings)
+    job = worker_job(0, specs, sqlite_catalog=True)
+
+    sensor = workers_sensor({0: specs}, [job])
+    with build_sensor_context(instance=instance, resources=resources) as context:
+        result = sensor(context)
+    assert [r.job_name for r in result.run_requests] == ["lake_worker_0"]
+    assert {e.asset_key for e in result.asset_events} == {table_key(s) for s in specs}
+    assert {e.asset_key: e.metadata["offset_lag"].value for e in result.asset_events}[table_key(specs[0])] == 90
+
+    run = job.execute_in_process(
+        instance=instance, resources=resources, raise_on_error=False, tags={"dagster/sensor_name": "lake_workers"}
+    )
+    assert not run.success, "the poisoned table fails the run, after the others committed"
+    commits = {s.name: len(instance.fetch_materializations(table_key(s), limit=100).records) for s in specs}
+    assert commits[specs[0].name] >= 2 and commits[specs[1].name] >= 1 and commits[specs[2].name] == 0, commits
+    latest = instance.get_latest_materialization_event(table_key(specs[0])).asset_materialization
+    assert latest.metadata["lag_after_commit"].value == 0 and latest.metadata["snapshot_id"].value != "none"
+    assert _rows(settings, specs[0]) == (90, 90) and _rows(settings, specs[1]) == (30, 30)
+    assert is_due(specs[0], 1, None, 0) and not is_due(specs[0], 0, None, 0)
