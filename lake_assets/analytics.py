@@ -1,36 +1,73 @@
 """A downstream Spark asset over the ingested tables: hourly departure delay by origin, with weather.
 
-It shows lineage from the Kafka topics through the Iceberg tables to a derived table,
-and it is rebuilt in full from the tables' current snapshots on every materialization.
+It shows lineage from the Kafka topics through the Iceberg tables to a derived table. It reads its
+tables through the ``lake_reader`` resource (:class:`kafka_iceberg.resources.LakeTableReader`) at
+the snapshots their latest materializations recorded, is rebuilt in full from them, records them
+(``lake/source_snapshots``), and refreshes itself (:data:`REFRESH`) when a table commits.
 """
 
-from dagster import AssetExecutionContext, AssetKey, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.lake_assets.vocabulary import commit_pool
-from kafka_iceberg.resources import IcebergCatalogResource
+from kafka_iceberg.resources import LakeTableReader, source_snapshots
 
 FLIGHTS = AssetKey(["lake", "nyc", "flights"])
 WEATHER = AssetKey(["lake", "nyc", "weather"])
+KEY = AssetKey(["lake", "analytics", "hourly_departure_delay"])
 TARGET = "analytics.hourly_departure_delay"
 SOURCE_TABLES = frozenset({"nyc.flights", "nyc.weather"})
 """Identifiers of the declared tables this asset reads; without both, the code location omits it."""
 
 
-def hourly_delay_sql(catalog: str) -> str:
-    """Spark SQL for the derived table: one row per (origin, hour) with flights, mean and p90
-    departure delay (minutes), cancellations, and the weather observed at that origin and hour."""
+REFRESH = (
+    (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()).since_last_handled()
+    & AutomationCondition.all_deps_match(~AutomationCondition.missing())
+    & ~AutomationCondition.any_deps_in_progress()
+    & ~AutomationCondition.in_progress()
+).with_label("eager over micro-batch slots")
+"""When the asset refreshes: once any table commits a micro-batch (any slot), when no table run is
+in progress. ``AutomationCondition.eager()`` would wait forever: it holds back while *any*
+partition of a dependency is missing, and a table's micro-batch slots are never all materialized."""
+
+
+def refresh_sensor(keys: list[AssetKey]) -> AutomationConditionSensorDefinition:
+    """The sensor that evaluates :data:`REFRESH` of ``keys``, RUNNING by default (Dagster's own
+    default automation sensor starts stopped); ``dagster dev``'s daemon evaluates it every 30 s."""
+    return AutomationConditionSensorDefinition(
+        "lake_downstream_automation",
+        target=AssetSelection.assets(*keys),
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
+        description="Refreshes the downstream assets when their tables commit (their AutomationCondition).",
+    )
+
+
+def hourly_delay_sql(flights: str, weather: str) -> str:
+    """Spark SQL for the derived table over the views ``flights`` and ``weather``: one row per
+    (origin, hour) with flights, mean and p90 departure delay (minutes), cancellations, and the
+    weather observed at that origin and hour."""
     return f"""
     WITH f AS (
       SELECT origin, time_hour, count(*) AS flights,
              sum(CASE WHEN dep_time IS NULL THEN 1 ELSE 0 END) AS cancelled,
              avg(dep_delay) AS mean_dep_delay_min,
              percentile_approx(dep_delay, 0.9) AS p90_dep_delay_min
-      FROM {catalog}.nyc.flights GROUP BY origin, time_hour
+      FROM {flights} GROUP BY origin, time_hour
     ), w AS (
       SELECT origin, time_hour, max(temp) AS temp_f, max(wind_speed) AS wind_speed_mph,
              max(precip) AS precip_in, min(visib) AS visibility_mi
-      FROM {catalog}.nyc.weather GROUP BY origin, time_hour
+      FROM {weather} GROUP BY origin, time_hour
     )
     SELECT f.origin, f.time_hour, f.flights, f.cancelled, f.mean_dep_delay_min, f.p90_dep_delay_min,
            w.temp_f, w.wind_speed_mph, w.precip_in, w.visibility_mi
@@ -39,13 +76,18 @@ def hourly_delay_sql(catalog: str) -> str:
 
 
 def hourly_departure_delay(
-    context: AssetExecutionContext, pyspark: PySparkResource, catalog: IcebergCatalogResource
+    context: AssetExecutionContext, pyspark: PySparkResource, lake_reader: LakeTableReader
 ) -> MaterializeResult:
-    """Rebuild ``analytics.hourly_departure_delay`` with ``CREATE OR REPLACE`` (an atomic Iceberg commit)."""
+    """Rebuild ``analytics.hourly_departure_delay`` with ``CREATE OR REPLACE`` (an atomic Iceberg commit)
+    from the snapshots of ``nyc.flights`` and ``nyc.weather`` their materializations recorded."""
     spark = pyspark.spark_session
-    name = catalog.name
+    name = lake_reader.catalog.name
+    flights, weather = lake_reader.snapshot(context, FLIGHTS), lake_reader.snapshot(context, WEATHER)
+    flights.to_spark(spark).createOrReplaceTempView("hdd_flights")
+    weather.to_spark(spark).createOrReplaceTempView("hdd_weather")
+    context.log.info(f"reading nyc.flights at {flights.snapshot_id}, nyc.weather at {weather.snapshot_id}")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {name}.analytics")
-    df = spark.sql(hourly_delay_sql(name))
+    df = spark.sql(hourly_delay_sql("hdd_flights", "hdd_weather"))
     df.writeTo(f"{name}.{TARGET}").using("iceberg").tableProperty("format-version", "2").createOrReplace()
     stats = spark.sql(
         f"SELECT count(*) AS n, round(corr(precip_in, mean_dep_delay_min), 3) AS r_precip, "
@@ -60,6 +102,7 @@ def hourly_departure_delay(
             "corr_precip_vs_delay": MetadataValue.float(float(stats["r_precip"] or 0.0)),
             "corr_visibility_vs_delay": MetadataValue.float(float(stats["r_visib"] or 0.0)),
             "iceberg_table": MetadataValue.text(TARGET),
+            **source_snapshots(flights, weather),
         }
     )
 
@@ -68,11 +111,12 @@ def hourly_departure_delay_asset(sqlite_catalog: bool = True):
     """The downstream asset ``lake/analytics/hourly_departure_delay``; ``sqlite_catalog`` puts it in
     the tables' shared pool (it commits too, and SQLite admits one committing process at a time)."""
     return asset(
-        key=AssetKey(["lake", "analytics", "hourly_departure_delay"]),
+        key=KEY,
         deps=[FLIGHTS, WEATHER],
         group_name="analytics",
         kinds={"iceberg", "spark"},
         pool=commit_pool(sqlite_catalog),
+        automation_condition=REFRESH,
         description="Hourly departure delay by origin airport joined with that hour's weather (Spark SQL over the "
-        "Iceberg tables).",
+        "Iceberg tables at the snapshots their materializations recorded).",
     )(hourly_departure_delay)

@@ -24,7 +24,8 @@ from kafka_iceberg import schedules, sensors
 from kafka_iceberg.batch.worker import assign_workers
 from kafka_iceberg.config.settings import Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
-from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset
+from kafka_iceberg.lake_assets.analytics import KEY as DOWNSTREAM_KEY
+from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset, refresh_sensor
 from kafka_iceberg.lake_assets.liveness import liveness_executor
 from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.replay import replay_job
@@ -57,8 +58,8 @@ ingest_all = define_asset_job(
 def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
     """The code location's definitions for the declared tables ``specs``. Opens no connection.
 
-    The demo's downstream asset and ``ingest_all`` are included only when ``specs`` declare the
-    demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`), so a user's own tables file
+    The demo's downstream asset, the sensor that refreshes it on a table commit, and ``ingest_all`` are
+    included only when ``specs`` declare the demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`), so a user's own tables file
     gets only its own assets."""
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs}
@@ -78,7 +79,10 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
         jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite), *workers_jobs],
-        sensors=sensors.all_sensors(specs, groups, workers_jobs),
+        sensors=[
+            *sensors.all_sensors(specs, groups, workers_jobs),
+            *([refresh_sensor([DOWNSTREAM_KEY])] if demo else []),
+        ],
         schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite),
         resources=default_resources(settings),
         executor=executor(settings),

@@ -1,16 +1,17 @@
 """The ``quarantine`` asset check of each table: bad records, blocked schema changes, and the
-dead-letter accounting (see :func:`kafka_iceberg.ops.checks.quarantine`). Failures alert Slack."""
+dead-letter accounting (see :func:`kafka_iceberg.ops.checks.quarantine`). A change of its status
+alerts Slack through the ``slack`` resource, like the table's other checks."""
 
-from dagster import AssetCheckResult, AssetCheckSeverity, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
 from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.tables import check_result
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.ops import checks
-from kafka_iceberg.ops.alerts import alert_on_check, pick_measure
-from kafka_iceberg.resources import IcebergCatalogResource
+from kafka_iceberg.resources import IcebergCatalogResource, LakeSlackResource
 
 
 def quarantine_check(spec: TableSpec):
@@ -26,7 +27,12 @@ def quarantine_check(spec: TableSpec):
             f"with {spec.bad_records.dead_letter_identifier}."
         ),
     )
-    def _quarantine(pyspark: PySparkResource, catalog: IcebergCatalogResource) -> AssetCheckResult:
+    def _quarantine(
+        context: AssetCheckExecutionContext,
+        pyspark: PySparkResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ) -> AssetCheckResult:
         cat = catalog.load()
         table = load_table(cat, spec.identifier)
         if table is None:
@@ -35,15 +41,7 @@ def quarantine_check(spec: TableSpec):
         outcome = checks.quarantine(
             pyspark.spark_session, cat.name, spec, metadata_view(table), metadata_view(dlq) if dlq is not None else None
         )
-        alert_on_check(
-            outcome.passed,
-            spec.identifier,
-            table_key(spec).path,
-            "quarantine",
-            *pick_measure("quarantine", outcome.figures),
-            outcome.summary,
-            severity="WARN",
-        )
+        alert_check(context, slack, spec, "quarantine", outcome, "WARN")
         return check_result(outcome, AssetCheckSeverity.WARN)
 
     _quarantine.__name__ = f"{spec.name}_quarantine"

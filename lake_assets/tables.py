@@ -49,17 +49,19 @@ from kafka_iceberg.lake_assets.asset_metadata import (
     definition_metadata,
     freshness_policy,
 )
+from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.streaming import materialize_stream
 from kafka_iceberg.lake_assets.vocabulary import (
     IN_PROGRESS,
     MICRO_BATCHES,
+    SNAPSHOT_ID_METADATA,
     SQLITE_POOL,
     table_key,
     table_pool,
     topic_key,
 )
 from kafka_iceberg.ops import checks
-from kafka_iceberg.ops.alerts import Alert, AlertSink, alert_on_check, pick_measure
+from kafka_iceberg.ops.alerts import Alert, AlertSink
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 from kafka_iceberg.state import state_at
 
@@ -86,6 +88,10 @@ def _ts(ms: int | None):
     return MetadataValue.timestamp(ms / 1000) if ms is not None else MetadataValue.text("none")
 
 
+NOTHING_NEW = "none (nothing new)"
+"""The ``snapshot_id`` metadata of a micro-batch that committed nothing."""
+
+
 def materialization_metadata(result: BatchResult) -> dict[str, object]:
     """Metadata the UI plots for one micro-batch (see :class:`BatchResult` for units)."""
     md: dict[str, object] = {
@@ -98,7 +104,7 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
         "lag_after_commit_by_partition": MetadataValue.json({str(p): v for p, v in result.lag_after.items()}),
         "offset_ranges": MetadataValue.json({str(p): {"start": s, "end": e} for p, (s, e) in result.ranges.items()}),
         "committed_offsets": MetadataValue.json({str(p): o for p, o in result.offsets.items()}),
-        "snapshot_id": MetadataValue.text(str(result.snapshot_id) if result.snapshot_id else "none (nothing new)"),
+        SNAPSHOT_ID_METADATA: MetadataValue.text(str(result.snapshot_id) if result.snapshot_id else NOTHING_NEW),
         "commit_id": MetadataValue.text(result.commit_id),
         "valid_through": _ts(result.valid_through_ms),
         "recovered_dead_attempts": MetadataValue.int(len(result.recovery.dead_attempts)),
@@ -281,7 +287,8 @@ def check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> 
 
 
 def table_checks(spec: TableSpec) -> list:
-    """The ``duplicate_free`` and ``freshness`` asset checks of one table."""
+    """The ``duplicate_free`` and ``freshness`` asset checks of one table. Each posts to Slack when its
+    status changes (:func:`kafka_iceberg.lake_assets.check_alerts.alert_check`)."""
     return [_duplicate_free_check(spec), _freshness_check(spec)]
 
 
@@ -307,16 +314,7 @@ def _duplicate_free_check(spec: TableSpec):
         outcome = checks.duplicate_free(
             pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run.run_id
         )
-        alert_on_check(
-            outcome.passed,
-            spec.identifier,
-            table_key(spec).path,
-            "duplicate_free",
-            *pick_measure("duplicate_free", outcome.figures),
-            outcome.summary,
-            sink=slack.sink(),
-            severity="ERROR",
-        )
+        alert_check(context, slack, spec, "duplicate_free", outcome, "ERROR")
         return check_result(outcome, AssetCheckSeverity.ERROR)
 
     _duplicate_free.__name__ = f"{spec.name}_duplicate_free"
@@ -330,7 +328,12 @@ def _freshness_check(spec: TableSpec):
         blocking=False,
         description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.",
     )
-    def _freshness(kafka: KafkaResource, catalog: IcebergCatalogResource, slack: LakeSlackResource) -> AssetCheckResult:
+    def _freshness(
+        context: AssetCheckExecutionContext,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ) -> AssetCheckResult:
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
@@ -342,16 +345,7 @@ def _freshness_check(spec: TableSpec):
                 outcome.figures["valid_through_ms"] / 1000, tz=UTC
             ).isoformat()
         outcome.figures["lag_by_partition"] = {str(p): v for p, v in lag.items()}
-        alert_on_check(
-            outcome.passed,
-            spec.identifier,
-            table_key(spec).path,
-            "freshness",
-            *pick_measure("freshness", outcome.figures),
-            outcome.summary,
-            sink=slack.sink(),
-            severity="WARN",
-        )
+        alert_check(context, slack, spec, "freshness", outcome, "WARN")
         return check_result(outcome, AssetCheckSeverity.WARN)
 
     _freshness.__name__ = f"{spec.name}_freshness"

@@ -28,7 +28,28 @@ def topic_key(spec: TableSpec) -> AssetKey:
 
 def table_key(spec: TableSpec) -> AssetKey:
     """Asset key of the table: ``lake/<namespace>/<table>``."""
-    return AssetKey(["lake", *spec.identifier.split(".")])
+    return identifier_key(spec.identifier)
+
+
+def identifier_key(identifier: str) -> AssetKey:
+    """Asset key of the declared table ``identifier``: ``nyc.flights`` -> ``lake/nyc/flights``."""
+    return AssetKey(["lake", *identifier.split(".")])
+
+
+def key_identifier(key: AssetKey) -> str:
+    """Iceberg identifier of a table asset's key: ``lake/nyc/flights`` -> ``nyc.flights``.
+
+    Raises:
+        ValueError: ``key`` is not ``lake/<namespace>/<table>``.
+    """
+    if len(key.path) < 3 or key.path[0] != "lake":
+        raise ValueError(f"asset {key.to_user_string()} is not a table asset (lake/<namespace>/<table>)")
+    return ".".join(key.path[1:])
+
+
+SNAPSHOT_ID_METADATA = "snapshot_id"
+"""Materialization metadata key of a table asset: the Iceberg snapshot id its micro-batch committed
+(text; ``none (nothing new)`` when it committed nothing)."""
 
 
 MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
@@ -78,9 +99,12 @@ __all__ = [
     "IN_PROGRESS",
     "MICRO_BATCHES",
     "SQLITE_POOL",
+    "SNAPSHOT_ID_METADATA",
     "TABLE_TAG",
     "WORKER_TAG",
     "commit_pool",
+    "identifier_key",
+    "key_identifier",
     "key_part",
     "table_key",
     "table_pool",

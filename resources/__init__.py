@@ -1,4 +1,5 @@
-"""Dagster resources: Kafka, Spark (dagster-pyspark) and the Iceberg catalog.
+"""Dagster resources: Kafka, Spark (dagster-pyspark), the Iceberg catalog, Slack, and the read path
+of downstream assets (:class:`LakeTableReader`, :mod:`kafka_iceberg.resources.reader`).
 
 Built once, by the composition root (:mod:`kafka_iceberg.lake_assets.definitions`), from one
 :class:`~kafka_iceberg.config.settings.Settings` (:func:`kafka_iceberg.config.settings.load_settings`: every
@@ -26,13 +27,13 @@ from kafka_iceberg.catalog.config import SECRET_KEYS
 from kafka_iceberg.catalog.spark import catalog_conf, spark_conf
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import (
-    CatalogSettings,
     Settings,
     export_spark_environment,
     load_settings,
-    run_catalog,
 )
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.resources.catalog import IcebergCatalogResource
+from kafka_iceberg.resources.reader import LakeTableReader, TableSnapshot, source_snapshots
 from kafka_iceberg.resources.slack import LakeSlackResource
 
 
@@ -56,37 +57,6 @@ class KafkaResource(ConfigurableResource):
     def metadata(self) -> KafkaMetadata:
         """An admin-API client for watermarks and consumer-group offsets."""
         return KafkaMetadata(self.config())
-
-
-class IcebergCatalogResource(ConfigurableResource):
-    """The Iceberg catalog: the JDBC catalog of ``uri`` (SQLite by default, PostgreSQL), or any
-    catalog of ``LAKE_CATALOG_PROPERTIES`` (:mod:`kafka_iceberg.catalog.config`).
-
-    ``name``: ``LAKE_CATALOG_NAME`` (default ``lake``; Spark SQL names tables
-    ``lake.<namespace>.<table>``). ``uri``: ``LAKE_CATALOG_URI`` (default
-    ``sqlite:///$LAKE_HOME/catalog.db``; ``postgresql://user:pw@host:5432/db`` for
-    PostgreSQL). ``warehouse``: ``LAKE_WAREHOUSE`` (default ``file://$LAKE_HOME/warehouse``).
-    ``properties_json``: ``LAKE_CATALOG_PROPERTIES``. The catalog is resolved when a run uses it,
-    as :func:`kafka_iceberg.config.settings.load_settings` does, so its credentials
-    (``PYICEBERG_CATALOG__<NAME>__*``, ``LAKE_CATALOG_SECRETS_DIR``) come from the run's environment.
-    """
-
-    name: str
-    uri: str
-    warehouse: str
-    properties_json: str = ""
-
-    def catalog_settings(self) -> CatalogSettings:
-        """The catalog config and, for a JDBC catalog, both spellings (JDBC for Spark, SQLAlchemy for pyiceberg).
-
-        Raises:
-            ConfigError: a malformed catalog configuration.
-        """
-        return run_catalog(self.name, self.uri, self.warehouse, self.properties_json)
-
-    def load(self):
-        """pyiceberg's catalog (``pyiceberg.catalog.Catalog``) on this catalog."""
-        return load_catalog(self.catalog_settings())
 
 
 def settings_for(kafka: KafkaResource, catalog: IcebergCatalogResource) -> Settings:
@@ -149,7 +119,8 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
     Keys: ``kafka`` (:class:`KafkaResource`), ``catalog`` (:class:`IcebergCatalogResource`),
     ``pyspark`` (:class:`LakeSparkResource` with the Iceberg runtime jar, the JDBC catalog and
     ``SPARK_MASTER``, default ``local[*]``), ``slack`` (:class:`LakeSlackResource`, token
-    ``EnvVar("SLACK_BOT_TOKEN")``). Opens no connection.
+    ``EnvVar("SLACK_BOT_TOKEN")``), ``lake_reader`` (:class:`LakeTableReader`, the read path of
+    downstream assets). Opens no connection.
 
     Raises:
         ConfigError: a JDBC driver jar is missing (see :func:`kafka_iceberg.catalog.spark.spark_conf`).
@@ -181,6 +152,7 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
         ),
         # the token is an EnvVar of the process, so the other Slack settings come from its environment too
         "slack": LakeSlackResource.from_env(),
+        "lake_reader": LakeTableReader(catalog=catalog_resource),
     }
 
 
@@ -189,7 +161,10 @@ __all__ = [
     "KafkaResource",
     "LakeSlackResource",
     "LakeSparkResource",
+    "LakeTableReader",
     "PySparkResource",
+    "TableSnapshot",
     "default_resources",
     "settings_for",
+    "source_snapshots",
 ]

@@ -408,3 +408,84 @@ def test_slack_resource_without_token_only_logs(slack, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert resolved.sink().send(_alert()) is False
     assert slack.requests == [] and "SLACK_BOT_TOKEN is not set" in caplog.text
+
+
+# --- alerts on a change of a check's status -----------------------------------------------
+
+
+def test_check_change_alerts_on_transitions_only():
+    from kafka_iceberg.ops.alerts import check_change
+
+    assert check_change(False, None) == "failed"  # a first evaluation that fails
+    assert check_change(False, True) == "failed"
+    assert check_change(False, False) is None  # still failing: already alerted
+    assert check_change(True, False) == "recovered"
+    assert check_change(True, True) is None
+    assert check_change(True, None) is None
+
+
+def test_alert_on_check_posts_a_failure_once_and_a_recovery_once(slack):
+    sink = _sink(slack)
+    args = ("nyc.flights", ["lake", "nyc", "flights"], "duplicate_free", "duplicate_offsets", 3, "3 duplicates")
+    assert alert_on_check(False, *args, sink=sink, previous_passed=True, run_id="run-1") is True
+    assert alert_on_check(False, *args, sink=sink, previous_passed=False, run_id="run-2") is False
+    assert alert_on_check(True, *args, sink=sink, previous_passed=False, run_id="run-3") is True
+    assert alert_on_check(True, *args, sink=sink, previous_passed=True, run_id="run-4") is False
+    failed, recovered = (m["text"] for m in slack.messages)
+    assert ":rotating_light: ERROR nyc.flights (check duplicate_free)" in failed
+    assert "http://dagster.example:3000/runs/run-1" in failed
+    assert ":white_check_mark: OK nyc.flights (check duplicate_free)" in recovered
+    assert "check duplicate_free passes again" in recovered
+    assert "http://dagster.example:3000/runs/run-3" in recovered
+
+
+def test_a_dagster_check_alerts_on_status_changes_read_from_the_instance(slack_env):
+    """A real asset check in a real (ephemeral) Dagster instance: the previous verdict comes from the
+    instance's check history (lake_assets.dagster_internals.completed_check_executions)."""
+    from dagster import AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult, asset_check, materialize
+
+    from kafka_iceberg.lake_assets.check_alerts import alert_check, previous_check_passed
+    from kafka_iceberg.lake_assets.dagster_internals import completed_check_executions
+    from kafka_iceberg.lake_assets.vocabulary import table_key
+    from kafka_iceberg.ops.checks import CheckOutcome
+    from kafka_iceberg.resources.slack import LakeSlackResource
+    from tests.helpers import make_spec
+
+    spec = make_spec("alerted", "alerted_topic")
+    verdicts: list[bool] = []
+
+    @asset(key=table_key(spec))
+    def table():
+        return 1
+
+    @asset_check(asset=table_key(spec), name="duplicate_free")
+    def duplicate_free(context: AssetCheckExecutionContext, slack: LakeSlackResource) -> AssetCheckResult:
+        passed = verdicts[-1]
+        outcome = CheckOutcome(
+            passed, "clean" if passed else "3 duplicate offsets", {"duplicate_offsets": 0 if passed else 3}
+        )
+        alert_check(context, slack, spec, "duplicate_free", outcome, "ERROR")
+        return AssetCheckResult(passed=passed)
+
+    check_key = AssetCheckKey(table_key(spec), "duplicate_free")
+    runs = []
+    with DagsterInstance.ephemeral() as instance:
+        for passed in (True, False, False, True, True, False):
+            verdicts.append(passed)
+            result = materialize(
+                [table, duplicate_free], instance=instance, resources={"slack": LakeSlackResource.from_env()}
+            )
+            assert result.success
+            runs.append(result.run_id)
+        history = completed_check_executions(instance, check_key, limit=10)
+        assert history == [(r, p) for r, p in zip(reversed(runs), reversed(verdicts))]
+        assert previous_check_passed(instance, check_key, runs[-1]) is True
+        assert previous_check_passed(instance, AssetCheckKey(table_key(spec), "freshness"), runs[-1]) is None
+
+    texts = [m["text"] for m in slack_env.messages]
+    # passed (nothing), failed (alert), failed again (nothing), passed (recovery), passed (nothing), failed (alert)
+    assert len(texts) == 3, texts
+    assert "ERROR" in texts[0] and f"http://ui.test:3000/runs/{runs[1]}" in texts[0]
+    assert "duplicate_offsets = 3" in texts[0]
+    assert "OK" in texts[1] and f"http://ui.test:3000/runs/{runs[3]}" in texts[1]
+    assert "ERROR" in texts[2] and f"http://ui.test:3000/runs/{runs[5]}" in texts[2]

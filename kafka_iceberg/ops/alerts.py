@@ -4,19 +4,12 @@ An :class:`Alert` names the table, the measure that tripped and its value, and l
 table's asset page in the Dagster UI (and to the run page when a run is involved).
 :class:`AlertSink` formats it and posts it to Slack with ``chat.postMessage``.
 
-Configuration (environment, read by :func:`kafka_iceberg.config.settings.slack_settings`; :meth:`AlertSink.from_env`):
+A check alert posts on a change of the check's status only (:func:`check_change`): once when it
+starts failing, once when it passes again, with a link to the run.
 
-=====================  ============================  =========================================
-variable               default                       meaning
-=====================  ============================  =========================================
-``SLACK_BOT_TOKEN``    unset                         bot token (``xoxb-…``); unset or empty:
-                                                     alerts are only logged (WARNING)
-``SLACK_CHANNEL``      ``#data-platform-alerts``     channel name or id to post to
-``SLACK_API_BASE_URL`` ``https://slack.com/api/``    Slack Web API base; tests point it at a
-                                                     local recording HTTP server
-``DAGSTER_UI_URL``     ``http://127.0.0.1:3000``     base of the links to asset and run pages
-``SLACK_TIMEOUT_S``    ``10``                        seconds one HTTP request may take
-=====================  ============================  =========================================
+Configuration: ``SLACK_BOT_TOKEN`` (unset or empty: alerts are only logged, WARNING),
+``SLACK_CHANNEL``, ``SLACK_API_BASE_URL``, ``DAGSTER_UI_URL`` and ``SLACK_TIMEOUT_S`` (seconds),
+read by :func:`kafka_iceberg.config.settings.slack_settings` (defaults: docs/configuration.md).
 
 In Dagster, the ``slack`` resource (:class:`kafka_iceberg.resources.slack.LakeSlackResource`, a
 ``dagster_slack.SlackResource`` with a base URL and a timeout, token as an ``EnvVar``) builds
@@ -327,6 +320,17 @@ def pick_measure(check_name: str, figures: Mapping[str, Any]) -> tuple[str, str]
     return name, str(figures[name])
 
 
+def check_change(passed: bool, previous_passed: bool | None) -> Literal["failed", "recovered"] | None:
+    """Whether an asset check's status changed, i.e. whether to alert: ``"failed"`` (passed -> failed,
+    or a first evaluation, ``previous_passed`` ``None``, that failed), ``"recovered"`` (failed ->
+    passed), else ``None`` (passed -> passed, failed -> failed, a first evaluation that passed)."""
+    if not passed and previous_passed is not False:
+        return "failed"
+    if passed and previous_passed is False:
+        return "recovered"
+    return None
+
+
 def alert_on_check(
     outcome_passed: bool,
     table_identifier: str,
@@ -337,11 +341,15 @@ def alert_on_check(
     summary: str,
     sink: AlertSink | None = None,
     severity: Severity = "ERROR",
+    previous_passed: bool | None = None,
+    run_id: str | None = None,
 ) -> bool:
-    """Post an alert when an asset check failed; do nothing when it passed.
+    """Post an alert when an asset check's status changed (see :func:`check_change`): once when
+    it starts failing (at ``severity``), once when it passes again (``OK``); nothing while it
+    stays passing or stays failing.
 
     Args:
-        outcome_passed: the check's verdict; ``True`` sends nothing.
+        outcome_passed: the check's verdict.
         table_identifier: e.g. ``nyc.flights``.
         asset_key_path: the checked asset's key parts, e.g. ``["lake", "nyc", "flights"]``.
         check_name: e.g. ``duplicate_free``; shown as ``check <name>``.
@@ -350,12 +358,16 @@ def alert_on_check(
         summary: the check's one-line summary.
         sink: where to post (default :meth:`AlertSink.from_env`).
         severity: ``"ERROR"`` (default) or ``"WARN"``, matching the check's severity.
+        previous_passed: the previous completed evaluation's verdict (``None``: none or unknown,
+            so a failure alerts).
+        run_id: the Dagster run of this evaluation; the message links to its page.
 
     Returns:
-        Whether a message was posted to Slack (``False`` when passed, when no token is set,
-        or when delivery failed). Never raises for delivery problems.
+        Whether a message was posted to Slack (``False`` without a change, when no token is
+        set, or when delivery failed). Never raises for delivery problems.
     """
-    if outcome_passed:
+    change = check_change(outcome_passed, previous_passed)
+    if change is None:
         return False
     sink = sink or AlertSink.from_env()
     return sink.send(
@@ -364,11 +376,20 @@ def alert_on_check(
             asset_key_path=list(asset_key_path),
             measure=measure,
             value=str(value),
-            severity=severity,
-            summary=summary,
+            severity=severity if change == "failed" else "OK",
+            summary=summary if change == "failed" else f"check {check_name} passes again: {summary}",
             source=f"check {check_name}",
+            run_id=run_id,
         )
     )
 
 
-__all__ = ["Alert", "AlertSink", "alert_on_check", "asset_url", "pick_measure", "run_url"]
+__all__ = [
+    "Alert",
+    "AlertSink",
+    "alert_on_check",
+    "asset_url",
+    "check_change",
+    "pick_measure",
+    "run_url",
+]
