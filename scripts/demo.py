@@ -31,8 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagster import DagsterInstance  # noqa: E402
 
-from devtools import cdc_demo, demo_data, devbroker, duck, formats_demo  # noqa: E402
-from devtools import registry as dev_registry  # noqa: E402
+from devtools import duck  # noqa: E402
+from devtools.demo import cdc as cdc_demo  # noqa: E402
+from devtools.demo import data as demo_data  # noqa: E402
+from devtools.demo import formats as formats_demo  # noqa: E402
+from devtools.services import devbroker  # noqa: E402
+from devtools.services import registry as dev_registry  # noqa: E402
 from kafka_iceberg.batch.planning import offset_lag  # noqa: E402
 from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state
 from kafka_iceberg.config.settings import DEV_BROKER_PORT, load_settings  # noqa: E402

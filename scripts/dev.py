@@ -18,8 +18,8 @@ from pathlib import Path
 CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(CHECKOUT))
 
-from devtools import devbroker  # noqa: E402
-from devtools import registry as dev_registry  # noqa: E402
+from devtools.services import devbroker  # noqa: E402
+from devtools.services import registry as dev_registry  # noqa: E402
 from kafka_iceberg.config.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
 
 

