@@ -4,7 +4,8 @@ Each worker is a job (``lake_worker_<k>``) of one op that keeps one process and 
 and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
-that table's asset, with the same metadata as a table asset's run. A table whose micro-batch fails is
+that table's asset, with the same metadata as a table asset's run; at the end of the run each table
+it committed to gets its ``duplicate_free`` evaluation over the rows the run added. A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
@@ -12,16 +13,27 @@ run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand
 
 from __future__ import annotations
 
-from dagster import AssetMaterialization, Failure, JobDefinition, OpExecutionContext, job, op
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetMaterialization,
+    Failure,
+    JobDefinition,
+    OpExecutionContext,
+    job,
+    op,
+)
 from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.worker import Worker
-from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified, read_state
 from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.streaming import others_waiting, stream_budget_s
-from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
+from kafka_iceberg.lake_assets.tables import check_result, dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
+from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -77,6 +89,32 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], pool: str, pyspa
     return worker.run()
 
 
+def _check_commits(context, specs: list[TableSpec], served: dict, pyspark, kafka, catalog, slack) -> None:
+    """The ``duplicate_free`` check of every table this run committed to, over the rows its commits
+    added (the run id is their commit id), logged as that table's check evaluation and alerted on a
+    change of status."""
+    settings, pycatalog = settings_for(kafka, catalog), catalog.load()
+    for spec in specs:
+        if not any(r.snapshot_id is not None for r in served[spec.identifier].results):
+            continue
+        table = load_table(pycatalog, spec.identifier)
+        outcome = checks.duplicate_free(
+            pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run_id
+        )
+        alert_check(context, slack, spec, "duplicate_free", outcome, "ERROR")
+        result = check_result(outcome, AssetCheckSeverity.ERROR)
+        context.log_event(
+            AssetCheckEvaluation(
+                asset_key=table_key(spec),
+                check_name="duplicate_free",
+                passed=result.passed,
+                metadata=result.metadata,
+                severity=result.severity,
+                description=result.description,
+            )
+        )
+
+
 def worker_job(index: int, specs: list[TableSpec], sqlite_catalog: bool) -> JobDefinition:
     """The job ``lake_worker_<index>``: one op serving ``specs``. On a SQLite catalog its op holds the
     one commit pool; otherwise a pool of its own (``lake_worker_<index>``, limit 1 by default)."""
@@ -96,6 +134,7 @@ def worker_job(index: int, specs: list[TableSpec], sqlite_catalog: bool) -> JobD
         slack: LakeSlackResource,
     ) -> None:
         served = _serve(context, specs, pool, pyspark, kafka, catalog, slack)
+        _check_commits(context, specs, served, pyspark, kafka, catalog, slack)
         commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
         context.log.info(f"{name}: commits per table {commits}")
         failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
