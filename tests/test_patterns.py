@@ -302,3 +302,51 @@ def test_a_broker_down_at_load_leaves_the_location_loading_without_pattern_table
     assert "tables from topic patterns are not loaded" in caplog.text
     assert "Reload the code location once the broker answers" in caplog.text
     assert build_definitions(settings, specs).get_repository_def().has_sensor_def("p1_lag")
+
+
+def _change(op: str, i: int, name: str | None, lsn: int) -> tuple[bytes, bytes]:
+    row = {"id": i, "name": name}
+    before, after = (row, None) if op == "d" else (None, row)
+    value = {"before": before, "after": after, "op": op, "source": {"lsn": lsn}}
+    return json.dumps({"id": i}).encode(), json.dumps(value).encode()
+
+
+def test_tables_of_a_debezium_pattern_each_apply_their_own_changes(
+    tmp_path, unique, kafka_config, writer_factory, spark, settings
+):
+    from confluent_kafka import Producer
+
+    from devtools.demo.data import create_topic
+    from tests.helpers import table_rows
+
+    server = f"dbz_{unique}"
+    topics = [f"{server}.public.customers", f"{server}.public.orders"]
+    for topic in topics:
+        create_topic(kafka_config, topic, 1, {"retention.ms": "-1"})
+    producer = Producer(kafka_config.client_conf())
+    changes = {
+        topics[0]: [_change("c", 1, "ann", 1), _change("c", 2, "bob", 2), _change("u", 1, "anna", 3)],
+        topics[1]: [_change("c", 7, "o7", 1), _change("c", 8, "o8", 2), _change("d", 7, None, 3)],
+    }
+    for topic, records in changes.items():
+        for key, value in records:
+            producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    decl = {
+        "topic_pattern": rf"{server}\.(?P<schema>[^.]+)\.(?P<table>[^.]+)",
+        "name": f"{unique}_{{table}}",
+        "identifier": "cdc_" + unique + ".{table}",
+        "mode": "upsert",
+        "cdc": "debezium",
+        "key": ["id"],
+        "schema": DEBEZIUM_SCHEMA,
+    }
+    specs = load_table_specs(_write(tmp_path, [decl]), lambda: topics)
+    for spec in specs:
+        writer = writer_factory(spec)
+        assert writer.execute(writer.plan(), f"run-{spec.name}").committed
+    rows = {s.identifier: sorted((r["id"], r["name"]) for r in table_rows(spark, settings, s)) for s in specs}
+    assert rows == {
+        f"cdc_{unique}.customers": [(1, "anna"), (2, "bob")],
+        f"cdc_{unique}.orders": [(8, "o8")],
+    }
