@@ -7,9 +7,14 @@ from :mod:`kafka_iceberg.lake_assets.vocabulary`, never from an asset module. Se
 (:func:`kafka_iceberg.config.settings.load_settings`: the environment, no connection) and the resources
 built once from them; loading the code location opens no catalog and no broker connection, so a
 catalog or broker outage leaves the UI and the sensors up (the sensors' ticks report the outage).
+Only a tables file with a ``topic_pattern:`` entry lists the broker's topics at load
+(:func:`topic_lister`); a reload of the code location lists them again.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
 
 from dagster import (
     AssetSelection,
@@ -24,6 +29,8 @@ from kafka_iceberg import schedules, sensors
 from kafka_iceberg.batch.worker import assign_workers
 from kafka_iceberg.config.settings import Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
+from kafka_iceberg.errors import BrokerUnavailableError
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 from kafka_iceberg.lake_assets.analytics import KEY as DOWNSTREAM_KEY
 from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset, refresh_sensor
 from kafka_iceberg.lake_assets.liveness import liveness_executor
@@ -32,6 +39,33 @@ from kafka_iceberg.lake_assets.replay import replay_job
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
 from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.resources import default_resources
+
+log = logging.getLogger(__name__)
+
+TOPIC_LISTING_TIMEOUT_S = 10.0
+"""At most this long (seconds; less when ``LAKE_KAFKA_TIMEOUT_S`` is less) the load waits for the topic list."""
+
+
+def topic_lister(settings: Settings) -> Callable[[], list[str] | None]:
+    """The topic listing for the declaration's ``topic_pattern:`` entries, called once when the code
+    location loads and only when a pattern is declared. A broker that does not answer gives None:
+    the location loads without the tables of topic patterns and logs a warning saying so; the next
+    reload of the code location ("Reload definitions") lists the topics again."""
+
+    def list_topics() -> list[str] | None:
+        try:
+            meta = KafkaMetadata(KafkaConfig.from_settings(settings))
+            return meta.list_topics(timeout_s=min(TOPIC_LISTING_TIMEOUT_S, settings.kafka_timeout_s))
+        except BrokerUnavailableError as exc:
+            log.warning(
+                "tables from topic patterns are not loaded (no tables from any topic_pattern entry of %s): %s. "
+                "Reload the code location once the broker answers.",
+                settings.tables_file,
+                exc,
+            )
+            return None
+
+    return list_topics
 
 
 def executor(settings: Settings) -> ExecutorDefinition:
@@ -90,5 +124,5 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
 
 
 settings = load_settings()
-specs = load_table_specs(settings.tables_file)
+specs = load_table_specs(settings.tables_file, topic_lister(settings))
 defs = build_definitions(settings, specs)

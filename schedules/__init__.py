@@ -8,16 +8,26 @@ at the same time as the table's micro-batch (or, on SQLite, as any other commit)
 an ``AssetObservation`` on the table with live data files and bytes before and after.
 
 A fourth schedule per table runs the full-scan ``duplicate_free`` check (:mod:`kafka_iceberg.schedules.checks`).
+The crons are spread over time across all the tables (:mod:`kafka_iceberg.ops.spread`), and a run-queue
+limit on the ``lake/maintenance`` run tag (dagster.yaml) bounds how many of these runs run at once.
 """
 
 from __future__ import annotations
 
+from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.schedules.checks import full_check_schedule
 from kafka_iceberg.schedules.maintenance import maintenance_schedules
 
 
 def all_schedules(specs, sqlite_catalog: bool = True) -> list:
-    """Three maintenance schedules and the full-scan ``duplicate_free`` schedule per declared table."""
+    """Three maintenance schedules and the full-scan ``duplicate_free`` schedule per declared table,
+    their crons spread over time among all of ``specs``."""
+    crons = maintenance_crons(specs)
     return [
-        sched for spec in specs for sched in [*maintenance_schedules(spec, sqlite_catalog), full_check_schedule(spec)]
+        sched
+        for spec in specs
+        for sched in [
+            *maintenance_schedules(spec, sqlite_catalog, crons[spec.identifier]),
+            full_check_schedule(spec, crons[spec.identifier]["full_check"]),
+        ]
     ]

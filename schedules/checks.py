@@ -14,6 +14,7 @@ from dagster import AssetCheckKey, AssetSelection, DefaultScheduleStatus, Schedu
 
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.ops.spread import maintenance_crons
 
 CHECK_NAME = "duplicate_free"
 
@@ -23,19 +24,20 @@ def full_check_job_name(spec: TableSpec) -> str:
     return f"{CHECK_NAME}_full_{spec.name}"
 
 
-def full_check_schedule(spec: TableSpec) -> ScheduleDefinition:
-    """The schedule (running by default, UTC cron ``spec.maintenance.full_check_cron``) of a job
-    that selects only the table's ``duplicate_free`` asset check."""
+def full_check_schedule(spec: TableSpec, cron: str | None = None) -> ScheduleDefinition:
+    """The schedule (running by default, UTC ``cron``; default ``spec.maintenance.full_check_cron``
+    spread by :mod:`kafka_iceberg.ops.spread`) of a job that selects only the table's
+    ``duplicate_free`` asset check. Its runs count against the maintenance run limit (``lake/maintenance``)."""
     job = define_asset_job(
         full_check_job_name(spec),
         selection=AssetSelection.checks(AssetCheckKey(table_key(spec), CHECK_NAME)),
         description=f"Full-scan duplicate_free check of {spec.identifier} (every row, every snapshot summary).",
-        tags={"lake/table": spec.identifier, "lake/check": "duplicate_free_full"},
+        tags={"lake/table": spec.identifier, "lake/check": "duplicate_free_full", "lake/maintenance": "full_check"},
     )
     return ScheduleDefinition(
         name=f"{full_check_job_name(spec)}_schedule",
         job=job,
-        cron_schedule=spec.maintenance.full_check_cron,
+        cron_schedule=cron or maintenance_crons([spec])[spec.identifier]["full_check"],
         execution_timezone="UTC",
         default_status=DefaultScheduleStatus.RUNNING,
     )

@@ -1,4 +1,11 @@
-"""Dagster jobs and schedules around :mod:`kafka_iceberg.ops.maintenance` (thin)."""
+"""Dagster jobs and schedules around :mod:`kafka_iceberg.ops.maintenance` (thin).
+
+The crons come from :func:`kafka_iceberg.ops.spread.maintenance_crons` (spread over time). Every
+maintenance run is tagged ``lake/maintenance: <kind>``; dagster.yaml's run-queue limit on that tag
+(:data:`MAINTENANCE_TAG`, 2) bounds how many run at once, and the op runs in the table's pool
+(:func:`kafka_iceberg.lake_assets.vocabulary.table_pool`), so it never commits alongside the
+table's micro-batch (on SQLite, alongside any commit).
+"""
 
 from dagster import (
     AssetObservation,
@@ -15,7 +22,12 @@ from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import table_key, table_pool
 from kafka_iceberg.ops import maintenance
+from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource
+
+MAINTENANCE_TAG = "lake/maintenance"
+"""Run tag of every scheduled maintenance run (value: the job kind); dagster.yaml's
+``concurrency.runs.tag_concurrency_limits`` bounds the runs carrying it (all kinds together)."""
 
 
 def result_metadata(result: maintenance.MaintenanceResult) -> dict:
@@ -60,7 +72,7 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
     @job(
         name=f"{kind}_{spec.name}",
         description=f"{kind.replace('_', ' ')} on {spec.identifier}",
-        tags={"lake/table": spec.identifier, "lake/maintenance": kind},
+        tags={"lake/table": spec.identifier, MAINTENANCE_TAG: kind},
     )
     def _job():
         _op()
@@ -68,20 +80,20 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
     return _job
 
 
-def maintenance_schedules(spec: TableSpec, sqlite_catalog: bool) -> list[ScheduleDefinition]:
-    """The table's three maintenance schedules (running by default; UTC cron from the declaration)."""
-    crons = {
-        "compact": spec.maintenance.compact_cron,
-        "expire_snapshots": spec.maintenance.expire_cron,
-        "remove_orphan_files": spec.maintenance.remove_orphans_cron,
-    }
+def maintenance_schedules(
+    spec: TableSpec, sqlite_catalog: bool, crons: dict[str, str] | None = None
+) -> list[ScheduleDefinition]:
+    """The table's three maintenance schedules (running by default, UTC). ``crons``: job kind -> cron,
+    from :func:`kafka_iceberg.ops.spread.maintenance_crons` over all the location's tables (default:
+    spread among this table alone)."""
+    crons = crons or maintenance_crons([spec])[spec.identifier]
     return [
         ScheduleDefinition(
             name=f"{kind}_{spec.name}_schedule",
             job=_maintenance_job(spec, kind, sqlite_catalog),
-            cron_schedule=cron,
+            cron_schedule=crons[kind],
             execution_timezone="UTC",
             default_status=DefaultScheduleStatus.RUNNING,
         )
-        for kind, cron in crons.items()
+        for kind in ("compact", "expire_snapshots", "remove_orphan_files")
     ]

@@ -9,6 +9,7 @@ from dagster import DagsterInstance, DefaultScheduleStatus, Definitions
 from devtools.demo.data import produce
 from kafka_iceberg.catalog.tables import qualified
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
+from kafka_iceberg.ops.spread import spread_cron, spread_slots
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.schedules import all_schedules
 from tests.helpers import event_records, make_spec
@@ -36,7 +37,8 @@ def _run_full_check(defs: Definitions, spec):
 def test_the_full_check_schedule_is_declared_and_configurable(unique):
     spec = make_spec(unique, "t")
     (default,) = [s for s in all_schedules([spec]) if s.name == f"duplicate_free_full_{spec.name}_schedule"]
-    assert default.cron_schedule == "0 5 * * *" and default.execution_timezone == "UTC"
+    spread = spread_cron("0 5 * * *", spread_slots([spec.identifier])[spec.identifier])  # the default, spread
+    assert default.cron_schedule == spread and default.execution_timezone == "UTC"
     assert default.default_status == DefaultScheduleStatus.RUNNING
     assert default.job_name == f"duplicate_free_full_{spec.name}"
     hourly = make_spec(unique, "t", maintenance={"full_check": "15 * * * *"})

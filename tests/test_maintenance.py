@@ -231,3 +231,138 @@ def test_tables_with_list_or_map_columns_are_recognised():
     assert maintenance.has_collection_columns(StructType([*flat.fields, StructField("_kafka_headers", headers)]))
     deep = StructType([StructField("s", StructType([StructField("m", MapType(StringType(), LongType()))]))])
     assert maintenance.has_collection_columns(deep)
+
+
+# --- schedules spread over time, runs bounded -------------------------------------------------------
+
+
+def _specs(n: int, **overrides) -> list:
+    from kafka_iceberg.declaration.spec import parse_table_spec
+    from tests.helpers import spec_dict
+
+    return [parse_table_spec(spec_dict(f"tbl_{i:03d}", f"events.tbl_{i:03d}", **overrides)) for i in range(n)]
+
+
+def _crons(schedules, kind: str) -> list[str]:
+    return [s.cron_schedule for s in schedules if s.name.startswith(f"{kind}_")]
+
+
+SPREAD_IN_A_NEW_PROCESS = """
+import json
+from tests.helpers import spec_dict
+from kafka_iceberg.declaration.spec import parse_table_spec
+from kafka_iceberg.ops.spread import maintenance_crons
+specs = [parse_table_spec(spec_dict(f"tbl_{i:03d}", f"events.tbl_{i:03d}")) for i in range(100)]
+print(json.dumps(maintenance_crons(specs)))
+"""
+
+
+def test_a_hundred_tables_compact_spread_over_the_hour_stably_across_loads():
+    import collections
+    import json
+    import subprocess
+    import sys
+
+    from croniter import croniter
+
+    from kafka_iceberg.config.settings import CHECKOUT
+    from kafka_iceberg.ops.spread import maintenance_crons
+
+    specs = _specs(100)
+    schedules = all_schedules(specs, sqlite_catalog=True)
+    compact = _crons(schedules, "compact")
+    assert len(compact) == 100
+    minutes = collections.Counter(int(c.split()[0]) for c in compact)
+    assert max(minutes.values()) <= 3, minutes  # ceil(100 / 60) + 1
+    assert len(minutes) >= 50
+    times = collections.Counter(tuple(c.split()[:2]) for c in compact)
+    assert max(times.values()) == 1, "tables sharing a minute get distinct hours"
+    for kind, declared in [
+        ("compact", "0 2 * * *"),
+        ("remove_orphan_files", "0 4 * * 0"),
+        ("duplicate_free_full", "0 5 * * *"),
+    ]:
+        for cron in _crons(schedules, kind):  # the declared period is kept: daily stays daily, weekly weekly
+            assert cron.split()[2:] == declared.split()[2:] and croniter.is_valid(cron)
+            assert len(cron.split()[0].split(",")) == 1 and len(cron.split()[1].split(",")) == 1
+
+    # one table keeps its declared order and gaps: compact, then expire an hour later
+    by_table = maintenance_crons(specs)
+    for crons in by_table.values():
+        c_min, c_hour = map(int, crons["compact"].split()[:2])
+        e_min, e_hour = map(int, crons["expire_snapshots"].split()[:2])
+        assert (c_min, (c_hour + 1) % 24) == (e_min, e_hour)
+
+    # the same crons in another process (another PYTHONHASHSEED), and with the tables in another order
+    out = subprocess.run(
+        [sys.executable, "-c", SPREAD_IN_A_NEW_PROCESS],
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == by_table
+    assert maintenance_crons(list(reversed(specs))) == by_table
+
+
+def test_adding_a_table_moves_few_others_and_hourly_crons_spread_within_the_hour():
+    from kafka_iceberg.ops.spread import maintenance_crons, spread_cron
+
+    specs = _specs(100)
+    before = maintenance_crons(specs[:99])
+    after = maintenance_crons(specs)
+    moved = [i for i in before if before[i] != after[i]]
+    assert len(moved) <= 5, moved
+    assert spread_cron("*/15 * * * *", (11, 7)) == "11,26,41,56 * * * *"
+    assert spread_cron("0 */6 * * 1-5", (41, 3)) == "41 3,9,15,21 * * 1-5"
+    assert spread_cron("0 23 * * 0", (30, 2)) == "30 1 * * 0"  # past midnight: stays on the declared day
+    assert spread_cron("* * * * *", (30, 2)) == "* * * * *"
+
+
+def test_a_cron_the_table_declares_itself_is_pinned_and_defaults_are_spread(tmp_path):
+    import yaml
+
+    from kafka_iceberg.declaration.spec import load_table_specs
+    from tests.helpers import spec_dict
+
+    pinned = spec_dict("pinned_t", "events.pinned_t", maintenance={"compact": "0 2 * * *"})
+    other = spec_dict("other_t", "events.other_t")
+    path = tmp_path / "tables.yaml"
+    path.write_text(yaml.safe_dump({"defaults": {"maintenance": {"expire": "30 1 * * *"}}, "tables": [pinned, other]}))
+    specs = load_table_specs(path)
+    crons = {s.name: s.cron_schedule for s in all_schedules(specs)}
+    assert crons["compact_pinned_t_schedule"] == "0 2 * * *"
+    assert crons["expire_snapshots_pinned_t_schedule"] != "0 3 * * *"  # the table did not declare it: spread
+    assert crons["expire_snapshots_other_t_schedule"] != "30 1 * * *"  # a cron of defaults: is the period, spread
+    assert crons["expire_snapshots_other_t_schedule"].split()[2:] == ["*", "*", "*"]
+
+
+def test_maintenance_runs_use_the_tables_pool_and_the_bounded_run_tag(tmp_path):
+    import shutil
+
+    from dagster import DagsterInstance
+
+    from kafka_iceberg.config.settings import CHECKOUT
+
+    specs = _specs(2)
+    for sqlite, pool in [(True, lambda s: "lake_sqlite_catalog"), (False, lambda s: f"lake_table_test_{s.name}")]:
+        schedules = all_schedules(specs, sqlite_catalog=sqlite)
+        assert len(schedules) == 8
+        for schedule in schedules:
+            spec = next(s for s in specs if s.name in schedule.name)
+            job = schedule.job
+            assert job.tags["lake/maintenance"] in {"compact", "expire_snapshots", "remove_orphan_files", "full_check"}
+            if schedule.name.startswith("duplicate_free_full"):
+                continue  # an asset-check job (reads only; its check has no pool)
+            (node,) = job.graph.node_defs
+            assert node.pool == pool(spec), (schedule.name, node.pool)
+
+    # the shipped dagster.yaml bounds the runs tagged lake/maintenance (all kinds together) to 2
+    home = tmp_path / "dagster"
+    home.mkdir()
+    shutil.copy(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
+    with DagsterInstance.from_config(str(home)) as instance:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert {"key": "lake/maintenance", "limit": 2} in limits

@@ -79,3 +79,28 @@ def parse_columns(declared, where: str) -> tuple[ColumnSpec, ...]:
     if clashes:
         raise ConfigError(f"{where}: schema columns {clashes} collide with Kafka metadata column names")
     return tuple(columns)
+
+
+_TRANSFORM = re.compile(
+    r"^(identity|years|months|days|hours)\((\w+)\)$|^bucket\((\d+),\s*(\w+)\)$|^truncate\((\d+),\s*(\w+)\)$|^(\w+)$"
+)
+
+
+def parse_partition_by(declared: list[str] | None, known: set[str] | None, where: str) -> tuple[str, ...]:
+    """The ``partition_by`` transforms; ``known``: the table's columns (None: not known yet, the columns
+    come from the registry).
+
+    Raises:
+        ConfigError: an entry is not a transform, or names an unknown column.
+    """
+    partition_by = tuple(str(p).strip() for p in declared or ())
+    for p in partition_by:
+        m = _TRANSFORM.match(p)
+        if not m:
+            raise ConfigError(
+                f"{where}: partition_by entry {p!r} is not a transform like days(col), bucket(16, col) or col"
+            )
+        source = next(g for g in (m.group(2), m.group(4), m.group(6), m.group(7)) if g)
+        if known is not None and source not in known:
+            raise ConfigError(f"{where}: partition_by {p!r} refers to unknown column {source!r}")
+    return partition_by

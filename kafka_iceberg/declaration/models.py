@@ -223,6 +223,29 @@ class TableDecl(_Common):
     )
 
 
+class TablePatternDecl(_Common):
+    """One ``tables:`` entry with ``topic_pattern:``: every matching topic becomes a table of its own
+    (docs/tables.md, "Tables from topic patterns"; expanded by :mod:`kafka_iceberg.declaration.patterns`)."""
+
+    topic_pattern: str = Field(
+        min_length=1, description="Python regular expression matched against the whole topic name."
+    )
+    name: str = Field(description="Template of each table's short name, e.g. {table} or {topic_table}.")
+    identifier: str = Field(description="Template of each table's namespace.table, e.g. cdc.{schema}_{table}.")
+    exclude: list[str] | None = Field(
+        None,
+        description="More regular expressions (whole topic name) of topics to skip, on top of the "
+        "internal topics always skipped (names starting with _, Debezium schema history, heartbeat "
+        "and transaction topics, Kafka Connect's own topics).",
+    )
+    columns: Annotated[list[ColumnDecl], Field(min_length=1)] | Literal["from_registry"] = Field(
+        alias="schema", description="The value columns of every matching topic's table, or from_registry."
+    )
+    mode: Literal["append", "upsert"] = "append"
+    key: list[str] | None = Field(None, description="mode upsert: the key columns of every matching table.")
+    cdc: Literal["debezium", "none"] | None = None
+
+
 class TablesFile(_Section):
     """The whole ``tables.yaml`` (each table is validated on its own, merged over the defaults)."""
 
@@ -234,7 +257,7 @@ class _TablesFileSchema(_Section):
     """``tables.yaml`` for the published JSON Schema."""
 
     defaults: Defaults | None = None
-    tables: list[TableDecl] = Field(default_factory=list)
+    tables: list[TableDecl | TablePatternDecl] = Field(default_factory=list)
 
 
 def json_schema() -> dict[str, Any]:

@@ -11,6 +11,7 @@ dataclasses here are what the rest of the code reads.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timezone
 from pathlib import Path
@@ -27,6 +28,7 @@ from kafka_iceberg.declaration.columns import (  # noqa: F401 (re-exported)
     REQUIRED_KAFKA_COLUMNS,
     ColumnSpec,
     parse_columns,
+    parse_partition_by,
 )
 from kafka_iceberg.declaration.format_spec import (  # noqa: F401 (re-exported)
     REGISTRY_FORMATS,
@@ -47,13 +49,11 @@ from kafka_iceberg.declaration.models import (
     describe,
     parse_duration_s,
 )
+from kafka_iceberg.declaration.patterns import expand_entries
 from kafka_iceberg.declaration.upsert import UpsertSpec, upsert_spec
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.ops.retention import RetentionPolicy
 
-_TRANSFORM = re.compile(
-    r"^(identity|years|months|days|hours)\((\w+)\)$|^bucket\((\d+),\s*(\w+)\)$|^truncate\((\d+),\s*(\w+)\)$|^(\w+)$"
-)
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 """A lower_snake_case name: a table name, a column, or one part of ``namespace.table``."""
 
@@ -117,6 +117,7 @@ class MaintenancePolicy:
     orphan_older_than_s: float = 3 * 86400.0
     target_file_size_bytes: int = 128 * 1024 * 1024
     full_check_cron: str = "0 5 * * *"
+    pinned: tuple[str, ...] = ()  # crons the table declares itself (run as written; others spread, ops/spread.py)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def _parse_starting_position(value: Any) -> StartingPosition:
     return StartingPosition("timestamp", int(ts.timestamp() * 1000))
 
 
-def _maintenance(m: MaintenanceDecl, where: str) -> MaintenancePolicy:
+def _maintenance(m: MaintenanceDecl, where: str, own: dict) -> MaintenancePolicy:
     orphan_s = parse_duration_s(m.orphan_older_than, f"{where} maintenance.orphan_older_than")
     if orphan_s < 86400:
         raise ConfigError(f"{where}: maintenance.orphan_older_than must be at least 24h (longer than any micro-batch)")
@@ -201,6 +202,7 @@ def _maintenance(m: MaintenanceDecl, where: str) -> MaintenancePolicy:
         orphan_s,
         m.target_file_size_bytes,
         m.full_check,
+        tuple(k for k in ("compact", "expire", "remove_orphans", "full_check") if k in own),
     )
 
 
@@ -241,21 +243,6 @@ def _kafka_columns(declared: list[str] | None, where: str) -> tuple[str, ...]:
             raise ConfigError(f"{where}: kafka_columns entry {k!r} is not one of {sorted(KAFKA_COLUMNS)}")
     kept = set(declared or ()) | set(REQUIRED_KAFKA_COLUMNS)
     return tuple(k for k in KAFKA_COLUMNS if k in kept)  # canonical order
-
-
-def _partition_by(declared: list[str] | None, known: set[str] | None, where: str) -> tuple[str, ...]:
-    """``known``: the table's columns (None: not known yet, the columns come from the registry)."""
-    partition_by = tuple(str(p).strip() for p in declared or ())
-    for p in partition_by:
-        m = _TRANSFORM.match(p)
-        if not m:
-            raise ConfigError(
-                f"{where}: partition_by entry {p!r} is not a transform like days(col), bucket(16, col) or col"
-            )
-        source = next(g for g in (m.group(2), m.group(4), m.group(6), m.group(7)) if g)
-        if known is not None and source not in known:
-            raise ConfigError(f"{where}: partition_by {p!r} refers to unknown column {source!r}")
-    return partition_by
 
 
 def _validate(raw: Any, defaults: dict[str, Any]) -> tuple[TableDecl, str]:
@@ -303,7 +290,7 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         consumer_group=decl.consumer_group or f"lake.{identifier}",
         value_format=fmt.type,
         columns=columns,
-        partition_by=_partition_by(
+        partition_by=parse_partition_by(
             decl.partition_by,
             None if from_registry else {c.name for c in columns} | {KAFKA_COLUMNS[k][0] for k in kafka_columns},
             where,
@@ -321,7 +308,7 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         bad_records=_bad_records(decl.bad_records or BadRecordsDecl(), where, identifier),
         description=(decl.description or "").strip(),
         lag=_lag(decl.lag or LagDecl(), where),
-        maintenance=_maintenance(decl.maintenance or MaintenanceDecl(), where),
+        maintenance=_maintenance(decl.maintenance or MaintenanceDecl(), where, raw.get("maintenance") or {}),
         retention=_retention(decl.retention or RetentionDecl(), where),
         owners=tuple(decl.owners or ()),
         tags=tuple(sorted((decl.tags or {}).items())),
@@ -332,11 +319,13 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
     )
 
 
-def load_table_specs(path: Path | str) -> list[TableSpec]:
+def load_table_specs(path: Path | str, list_topics: Callable[[], list[str] | None] | None = None) -> list[TableSpec]:
     """Load and validate every table declared in the YAML file at ``path``.
 
     The file has an optional ``defaults`` mapping (merged under every table) and a
-    ``tables`` list. Returns the specs in file order.
+    ``tables`` list. Returns the specs in file order. A ``topic_pattern:`` entry gives one table per
+    matching topic of ``list_topics()`` (called once, only when a pattern is declared; none when it
+    is None or returns None; :mod:`kafka_iceberg.declaration.patterns`).
 
     Raises:
         ConfigError: the file is missing, not YAML, or any declaration is invalid;
@@ -362,7 +351,7 @@ def load_table_specs(path: Path | str) -> list[TableSpec]:
             describe(exc, top.defaults, f"{path}: defaults").replace("defaults: unknown", "defaults has unknown")
         ) from None
     defaults = top.defaults or {}
-    specs = [_parse_table(t, defaults) for t in top.tables]
+    specs = [_parse_table(t, base) for t, base in expand_entries(top.tables, defaults, list_topics)]
     for attr in ("name", "identifier", "topic"):
         values = [getattr(s, attr) for s in specs]
         dupes = {v for v in values if values.count(v) > 1}

@@ -105,6 +105,22 @@ class KafkaMetadata:
         desc = self._wait(futures, f"describe topic {topic}")[topic]
         return sorted(p.id for p in desc.partitions)
 
+    def list_topics(self, timeout_s: float | None = None) -> list[str]:
+        """Names of every topic on the cluster (internal ones included), sorted; one metadata request
+        answered within ``timeout_s`` seconds (default ``config.timeout_s``).
+
+        Raises:
+            BrokerUnavailableError: no answer in time, or the request failed.
+        """
+        timeout = self.config.timeout_s if timeout_s is None else timeout_s
+        try:
+            metadata = self.admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnavailableError(
+                f"list topics: no answer from {self.config.bootstrap_servers} within {timeout:.0f} s: {exc}"
+            ) from exc
+        return sorted(metadata.topics)
+
     def _list_offsets(self, topic: str, partitions: list[int], spec_of) -> dict[int, int]:
         """ListOffsets of ``partitions``, sent again while a partition's leader is moving (a leader
         election, a broker replaced or restarted: ``NOT_LEADER_OR_FOLLOWER`` and its kin), for at
