@@ -71,7 +71,11 @@ def parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("tables", help="the declared tables: name, identifier, topic, owners, tags")
     val = sub.add_parser("validate", help="check tables.yaml without starting anything")
-    val.add_argument("--file", type=Path, help="declarations file (default: LAKE_TABLES_FILE or the shipped one)")
+    val.add_argument(
+        "--file",
+        type=Path,
+        help="tables file (default: LAKE_TABLES_FILE, else the Component instances of kafka_iceberg/defs)",
+    )
     val.add_argument(
         "--json-schema",
         nargs="?",
@@ -139,7 +143,12 @@ def quiet_kafka(settings):
 def _settings_and_specs(path: Path | None = None):
 
     settings = load_settings()
-    return settings, load_table_specs(path or settings.tables_file)
+    if path:
+        return settings, load_table_specs(path)
+    # the Component type builds the table assets, whose modules import pyspark
+    from kafka_iceberg.lake_assets.component import declared_specs
+
+    return settings, declared_specs(settings)
 
 
 def _validate(args) -> int:
@@ -152,7 +161,8 @@ def _validate(args) -> int:
             Path(args.json_schema).write_text(text)
         return OK
     settings, specs = _settings_and_specs(args.file)
-    print(f"{args.file or settings.tables_file}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
+    where = args.file or settings.tables_file or "the defs folder kafka_iceberg.defs"
+    print(f"{where}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
     return OK
 
 
