@@ -34,9 +34,7 @@ def _env(tmp_path: Path, **more: str) -> dict[str, str]:
 
 
 def _dg(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [DG, *args, "--use-active-venv"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    return subprocess.run([DG, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path):
@@ -46,7 +44,8 @@ def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path
     out = _dg(["list", "defs", "--json"], CHECKOUT, env)
     assert out.returncode == 0, out.stdout + out.stderr
     listed = json.loads(out.stdout)
-    assets = {a["key"] for a in listed["assets"]}
+    assets = {a["asset_key"] for a in listed["assets"]}
+    sources = {a["asset_key"]: a.get("source") or "" for a in listed["assets"]}
     checks = {c["key"] for c in listed["asset_checks"]}
     sensors = {s["name"] for s in listed["sensors"]}
     schedules = {s["name"] for s in listed["schedules"]}
@@ -56,6 +55,7 @@ def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path
     for spec in specs:
         namespace, table = spec.identifier.split(".")
         assert f"lake/{namespace}/{table}" in assets
+        assert sources[f"lake/{namespace}/{table}"].startswith("kafka_iceberg/defs/nyc/defs.yaml")  # the Component
         assert {f"lake/{namespace}/{table}:{c}" for c in ("duplicate_free", "freshness", "quarantine")} <= checks
         assert {f"{spec.name}_lag", f"{spec.name}_retention"} <= sensors
         assert {
@@ -63,12 +63,13 @@ def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path
         } <= schedules
     # the per-location definitions, once: the demo's downstream asset and the shared sensors
     assert "lake/analytics/hourly_departure_delay" in assets
-    assert {"run_liveness", "run_failure_alert"} <= sensors
+    assert {"run_liveness", "run_failure_alert_sensor"} <= sensors
 
 
 def _project(root: Path, instances: dict[str, str]) -> Path:
     """A dg project in ``root`` whose defs folder holds one ``defs.yaml`` per entry of ``instances``
     (folder name -> file text); its package ``compproj`` is importable from ``root``."""
+    root.mkdir(parents=True)
     (root / "pyproject.toml").write_text(
         textwrap.dedent(
             """\
@@ -102,23 +103,30 @@ def _table(name: str, topic: str, **more) -> dict:
 
 
 def test_dg_check_yaml_reports_a_bad_declaration_with_its_line(tmp_path):
+    """The demo's defs.yaml copied into a project of its own, then broken: a typo'd key in the first
+    table, and a count that is not a number in the second."""
     text = DEMO_DEFS.read_text()
-    assert text.count("      freshness:\n") == 4
-    broken = text.replace("      freshness:\n", "      freshnes:\n", 1)  # the first table's (flights)
-    line = broken.splitlines().index("      freshnes:") + 1
-    project = _project(tmp_path / "proj", {"good": _instance([_table("good", "good.topic")]), "nyc": broken})
+    assert text.count("      freshness:\n") == 4 and text.count("      max_records_per_partition: 50000\n") == 2
+    broken = text.replace("      freshness:\n", "      freshnes:\n", 1)  # flights
+    broken = broken.replace("      max_records_per_partition: 50000\n", "      max_records_per_partition: lots\n")
+    lines = broken.splitlines()
+    typo = lines.index("      freshnes:") + 1
+    not_a_number = [i + 1 for i, line in enumerate(lines) if line == "      max_records_per_partition: lots"]
+    project = _project(tmp_path / "proj", {"nyc": broken})
     env = _env(tmp_path, PYTHONPATH=str(project))
 
     out = _dg(["check", "yaml"], project, env)
-    assert out.returncode != 0
     report = out.stdout + out.stderr
-    assert f"nyc/defs.yaml:{line}" in report, report
-    assert "freshnes" in report
-    assert "good/defs.yaml" not in report  # the valid instance is not flagged
+    assert out.returncode != 0, report
+    assert f"nyc/defs.yaml:{typo} - {COMPONENT} attributes.tables.0.freshnes" in report, report
+    assert "'freshnes' was unexpected" in report
+    for line, entry in zip(not_a_number, (0, 1)):
+        assert f"nyc/defs.yaml:{line} - {COMPONENT} attributes.tables.{entry}.max_records_per_partition" in report
 
     (project / "compproj" / "defs" / "nyc" / "defs.yaml").write_text(text)
     fixed = _dg(["check", "yaml"], project, env)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "All component YAML validated successfully" in fixed.stdout
 
 
 def _load(project: Path, monkeypatch):
@@ -127,7 +135,7 @@ def _load(project: Path, monkeypatch):
 
     from dagster import Definitions
 
-    from kafka_iceberg.lake_assets.component import component_specs, defs_tree
+    from kafka_iceberg.lake_assets.component import component_specs, defs_tree, quiet_components
     from kafka_iceberg.lake_assets.definitions import location_definitions
 
     monkeypatch.syspath_prepend(str(project))
@@ -135,7 +143,9 @@ def _load(project: Path, monkeypatch):
         del sys.modules[name]
     tree = defs_tree(importlib.import_module("compproj.defs"))
     specs = component_specs(tree)
-    return Definitions.merge(tree.build_defs(), location_definitions(load_settings(), specs)), specs
+    with quiet_components():
+        tables = tree.build_defs()
+    return Definitions.merge(tables, location_definitions(load_settings(), specs)), specs
 
 
 def test_two_instances_in_one_project_give_the_union_of_their_tables(tmp_path, monkeypatch):
@@ -157,8 +167,8 @@ def test_two_instances_in_one_project_give_the_union_of_their_tables(tmp_path, m
     keys = defs.resolve_asset_graph().get_all_asset_keys()
     assert {AssetKey(["lake", "comp", n]) for n in ("orders", "refunds", "clicks")} <= keys
     assert AssetKey(["kafka", "orders_v2"]) in keys
-    sensors = {s.name for s in defs.resolve_all_sensor_defs()}
-    assert {"orders_lag", "refunds_lag", "clicks_lag", "run_liveness", "run_failure_alert"} <= sensors
+    sensors = {s.name for s in defs.get_repository_def().sensor_defs}
+    assert {"orders_lag", "refunds_lag", "clicks_lag", "run_liveness", "run_failure_alert_sensor"} <= sensors
     assert "ingest_all" not in {j.name for j in defs.resolve_all_job_defs()}  # not the demo's tables
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"replay", "compact_orders", "compact_clicks"}
 
