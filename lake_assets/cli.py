@@ -161,7 +161,7 @@ def _validate(args) -> int:
             Path(args.json_schema).write_text(text)
         return OK
     settings, specs = _settings_and_specs(args.file)
-    where = args.file or settings.tables_file or "the defs folder kafka_iceberg.defs"
+    where = args.file or settings.tables_file or "the KafkaIcebergTables instances of kafka_iceberg.defs"
     print(f"{where}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
     return OK
 

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import dagster as dg
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 import kafka_iceberg.defs as shipped_defs
 from kafka_iceberg import schedules, sensors
 from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, Settings, load_settings
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
 from kafka_iceberg.declaration.spec import TableSpec, check_unique, load_table_specs, parse_declarations
+from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
 
@@ -151,4 +152,23 @@ def declared_specs(settings: Settings) -> list[TableSpec]:
     Component instances. Raises ConfigError on an invalid declaration."""
     if settings.tables_file is not None:
         return load_table_specs(settings.tables_file)
-    return component_specs(defs_tree())
+    try:
+        return component_specs(defs_tree())
+    except ConfigError:
+        raise
+    except Exception as exc:  # Dagster wraps a bad declaration; keep its own words (and file, line)
+        raise ConfigError(declaration_error(exc)) from exc
+
+
+def declaration_error(exc: BaseException) -> str:
+    """The innermost message of Dagster's chain of errors around a bad declaration: the
+    :class:`ConfigError`, or pydantic's ``attributes.tables.0.freshnes at .../defs.yaml:50``."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 20:
+        chain.append(chain[-1].__cause__)
+    found = next((e for e in chain if isinstance(e, ConfigError)), chain[-1])
+    text, marker = str(found), "ConfigError: "
+    if not isinstance(found, ConfigError) and marker in text:  # raised in the resolver, formatted by Dagster
+        return f"{text.split(' - ', 1)[0].strip()}: {text.rsplit(marker, 1)[1].splitlines()[0]}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines[1:3] if isinstance(found, ValidationError) else lines[:3])

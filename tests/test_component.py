@@ -191,3 +191,31 @@ def test_the_code_location_loads_the_defs_folder_or_a_tables_file(tmp_path):
     defs, specs = load_definitions(load_settings({"LAKE_HOME": str(tmp_path), "LAKE_TABLES_FILE": str(tables)}))
     assert [s.identifier for s in specs] == ["comp.solo"]
     assert AssetKey(["lake", "nyc", "flights"]) not in defs.resolve_asset_graph().get_all_asset_keys()
+
+
+def test_a_table_invalid_beyond_its_field_types_is_named_with_its_file(tmp_path, monkeypatch):
+    """``partition_by`` on a column the table does not have: the models accept the field, parsing the
+    table refuses it; the error names the file, the table and the column."""
+    from kafka_iceberg.lake_assets.component import declaration_error
+
+    monkeypatch.setenv("LAKE_HOME", str(tmp_path / "lake"))
+    bad = _instance([_table("orders", "orders.v1", partition_by=["days(nope)"])])
+    project = _project(tmp_path / "bad", {"payments": bad})
+    with pytest.raises(Exception) as raised:
+        _load(project, monkeypatch)
+    message = declaration_error(raised.value)
+    assert message.startswith(str(project / "compproj" / "defs" / "payments" / "defs.yaml"))
+    assert message.endswith("table orders: partition_by 'days(nope)' refers to unknown column 'nope'")
+
+
+def test_lake_validate_checks_the_component_instances(tmp_path):
+    env = {k: v for k, v in _env(tmp_path).items() if k != "LAKE_DEBUG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kafka_iceberg.lake_assets.cli", "validate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "kafka_iceberg.defs: 4 tables valid: flights, weather, plane_days, planes" in done.stdout
