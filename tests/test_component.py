@@ -219,3 +219,35 @@ def test_lake_validate_checks_the_component_instances(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "kafka_iceberg.defs: 4 tables valid: flights, weather, plane_days, planes" in done.stdout
+
+
+def _names(defs) -> dict[str, set[str]]:
+    repo = defs.get_repository_def()
+    graph = defs.resolve_asset_graph()
+    return {
+        "assets": {k.to_user_string() for k in graph.get_all_asset_keys()},
+        "checks": {f"{k.asset_key.to_user_string()}:{k.name}" for k in graph.asset_check_keys},
+        "sensors": {s.name for s in repo.sensor_defs},
+        "schedules": {s.name for s in repo.schedule_defs},
+        "jobs": {j.name for j in repo.get_all_jobs()},
+        "resources": set(defs.resources or {}),
+    }
+
+
+def test_the_component_builds_what_the_same_declarations_build_as_a_tables_file(tmp_path):
+    """The demo's attributes saved as a tables file: the same specs, and the same assets, checks,
+    sensors, schedules, jobs and resources, as the Component instance (Dagster's templating changes
+    nothing in them)."""
+    from kafka_iceberg.declaration.spec import load_table_specs
+    from kafka_iceberg.lake_assets.definitions import load_definitions
+
+    tables = tmp_path / "tables.yaml"
+    tables.write_text(yaml.safe_dump(yaml.safe_load(DEMO_DEFS.read_text())["attributes"]))
+    from_component, specs = load_definitions(load_settings({"LAKE_HOME": str(tmp_path)}))
+    from_file, file_specs = load_definitions(
+        load_settings({"LAKE_HOME": str(tmp_path), "LAKE_TABLES_FILE": str(tables)})
+    )
+    assert specs == file_specs == load_table_specs(tables)
+    component, file = _names(from_component), _names(from_file)
+    assert component == file
+    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 16
