@@ -3,8 +3,8 @@
 Subcommands (``lake <command> --help`` for each)::
 
     lake status                          committed offsets, lag and lag verdict of every table
-    lake tables                          the declared tables (no I/O beyond tables.yaml)
-    lake validate [--file F] [--json-schema [OUT]]   check tables.yaml; print/write its JSON Schema
+    lake tables                          the declared tables (no I/O beyond the declarations)
+    lake validate [--file F] [--json-schema [OUT]]   check the declarations; print/write their JSON Schema
     lake backfill --table T [--batches N] [--force] [--wait S]   a Dagster backfill of micro-batches
     lake replay --table T --from ... [--into ... | --branch ...] [--validate]
     lake accept-gap --table T --reason TEXT            accept records lost to retention
