@@ -3,8 +3,8 @@
 Subcommands (``lake <command> --help`` for each)::
 
     lake status                          committed offsets, lag and lag verdict of every table
-    lake tables                          the declared tables (no I/O beyond tables.yaml)
-    lake validate [--file F] [--json-schema [OUT]]   check tables.yaml; print/write its JSON Schema
+    lake tables                          the declared tables (no I/O beyond the declarations)
+    lake validate [--file F] [--json-schema [OUT]]   check the declarations; print/write their JSON Schema
     lake backfill --table T [--batches N] [--force] [--wait S]   a Dagster backfill of micro-batches
     lake replay --table T --from ... [--into ... | --branch ...] [--validate]
     lake accept-gap --table T --reason TEXT            accept records lost to retention
@@ -71,7 +71,11 @@ def parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("tables", help="the declared tables: name, identifier, topic, owners, tags")
     val = sub.add_parser("validate", help="check tables.yaml without starting anything")
-    val.add_argument("--file", type=Path, help="declarations file (default: LAKE_TABLES_FILE or the shipped one)")
+    val.add_argument(
+        "--file",
+        type=Path,
+        help="tables file (default: LAKE_TABLES_FILE, else the Component instances of kafka_iceberg/defs)",
+    )
     val.add_argument(
         "--json-schema",
         nargs="?",
@@ -139,7 +143,12 @@ def quiet_kafka(settings):
 def _settings_and_specs(path: Path | None = None):
 
     settings = load_settings()
-    return settings, load_table_specs(path or settings.tables_file)
+    if path:
+        return settings, load_table_specs(path)
+    # the Component type builds the table assets, whose modules import pyspark
+    from kafka_iceberg.lake_assets.component import declared_specs
+
+    return settings, declared_specs(settings)
 
 
 def _validate(args) -> int:
@@ -152,7 +161,8 @@ def _validate(args) -> int:
             Path(args.json_schema).write_text(text)
         return OK
     settings, specs = _settings_and_specs(args.file)
-    print(f"{args.file or settings.tables_file}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
+    where = args.file or settings.tables_file or "the KafkaIcebergTables instances of kafka_iceberg.defs"
+    print(f"{where}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
     return OK
 
 

@@ -1,9 +1,11 @@
-"""The composition root of the Dagster code location: one asset and two checks per declared table,
-the quarantine check, the demo's downstream asset and ``ingest_all`` (when the demo's tables are
-declared), the replay job, the sensors and the schedules.
+"""The composition root of the Dagster code location: the tables of the ``KafkaIcebergTables``
+Component instances in the defs folder ``kafka_iceberg.defs`` (or of the file
+``LAKE_TABLES_FILE``), with what a location has once: the demo's downstream asset and ``ingest_all``
+(when the demo's tables are declared), the replay job, the shared sensors, resources and executor.
 
-The only module that imports :mod:`sensors` and :mod:`schedules`; they take their shared names
-from :mod:`kafka_iceberg.lake_assets.vocabulary`, never from an asset module. Settings are read once
+With :mod:`kafka_iceberg.lake_assets.component` (the per-table definitions), the only module that
+imports :mod:`sensors` and :mod:`schedules`; they take their shared names from
+:mod:`kafka_iceberg.lake_assets.vocabulary`, never from an asset module. Settings are read once
 (:func:`kafka_iceberg.config.settings.load_settings`: the environment, no connection) and the resources
 built once from them; loading the code location opens no catalog and no broker connection, so a
 catalog or broker outage leaves the UI and the sensors up (the sensors' ticks report the outage).
@@ -25,7 +27,7 @@ from dagster import (
     multiprocess_executor,
 )
 
-from kafka_iceberg import schedules, sensors
+from kafka_iceberg import sensors
 from kafka_iceberg.batch.worker import assign_workers
 from kafka_iceberg.config.settings import Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
@@ -33,10 +35,9 @@ from kafka_iceberg.errors import BrokerUnavailableError
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 from kafka_iceberg.lake_assets.analytics import KEY as DOWNSTREAM_KEY
 from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset, refresh_sensor
+from kafka_iceberg.lake_assets.component import component_specs, defs_tree, quiet_components, table_definitions
 from kafka_iceberg.lake_assets.liveness import liveness_executor
-from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.replay import replay_job
-from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
 from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.resources import default_resources
 
@@ -89,40 +90,55 @@ ingest_all = define_asset_job(
 )
 
 
-def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
-    """The code location's definitions for the declared tables ``specs``. Opens no connection.
-
-    The demo's downstream asset, the sensor that refreshes it on a table commit, and ``ingest_all`` are
-    included only when ``specs`` declare the demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`), so a user's own tables file
-    gets only its own assets."""
+def location_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
+    """The definitions a code location has once, whatever Component instances declare its tables
+    ``specs``: the resources, the executor, the replay job, the run-failure and run-liveness sensors,
+    with ``LAKE_WORKERS`` >= 1 the worker jobs and the sensors that watch every table, and the demo's
+    downstream asset (with the sensor that refreshes it) and ``ingest_all`` when ``specs`` declare the
+    demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`). Opens no connection."""
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs}
     workers = settings.stream.workers
     groups = assign_workers(specs, workers) if workers else {}
     workers_jobs = [worker_job(k, group, sqlite) for k, group in groups.items() if group]
     return Definitions(
-        assets=[
-            *(topic_asset(s) for s in specs),
-            *(
-                table_asset(
-                    s, sqlite_catalog=sqlite, tables_file=settings.tables_file, catalog_name=settings.catalog.name
-                )
-                for s in specs
-            ),
-            *([hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else []),
-        ],
-        asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
+        assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],
         jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite), *workers_jobs],
         sensors=[
-            *sensors.all_sensors(specs, groups, workers_jobs),
+            *sensors.location_sensors(groups, workers_jobs),
             *([refresh_sensor([DOWNSTREAM_KEY])] if demo else []),
         ],
-        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite),
         resources=default_resources(settings),
         executor=executor(settings),
     )
 
 
+def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
+    """The code location's definitions for the declared tables ``specs`` (the per-table definitions of
+    :func:`kafka_iceberg.lake_assets.component.table_definitions` and the per-location ones, with code
+    references to ``LAKE_TABLES_FILE``). Opens no connection."""
+    return Definitions.merge(
+        table_definitions(settings, specs, settings.tables_file), location_definitions(settings, specs)
+    )
+
+
+def load_definitions(settings: Settings) -> tuple[Definitions, list[TableSpec]]:
+    """The code location and its declared tables: the tables of ``LAKE_TABLES_FILE`` when it is set,
+    else the ``KafkaIcebergTables`` instances of the defs folder ``kafka_iceberg.defs``
+    (each builds its tables' definitions), merged with the per-location definitions.
+
+    Raises:
+        ConfigError: a declaration is invalid, or two instances declare the same table.
+    """
+    if settings.tables_file is not None:
+        specs = load_table_specs(settings.tables_file, topic_lister(settings))
+        return build_definitions(settings, specs), specs
+    tree = defs_tree()
+    specs = component_specs(tree)
+    with quiet_components():
+        tables = tree.build_defs()
+    return Definitions.merge(tables, location_definitions(settings, specs)), specs
+
+
 settings = load_settings()
-specs = load_table_specs(settings.tables_file, topic_lister(settings))
-defs = build_definitions(settings, specs)
+defs, specs = load_definitions(settings)

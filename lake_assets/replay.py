@@ -21,8 +21,9 @@ from pydantic import Field
 
 from kafka_iceberg.batch.recovery import commit_token
 from kafka_iceberg.catalog.tables import load_table
-from kafka_iceberg.declaration.spec import find_table, load_table_specs
+from kafka_iceberg.declaration.spec import find_table
 from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.lake_assets.component import declared_specs
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, commit_pool
 from kafka_iceberg.replay import ReplayRequest, ReplayResult, run_replay
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, settings_for
@@ -155,7 +156,7 @@ def replay_job(sqlite_catalog: bool = True):
     ):
         # a generator, so the target's event is recorded even when the run then fails on a mismatch
         settings = settings_for(kafka, catalog)
-        specs = load_table_specs(settings.tables_file)
+        specs = declared_specs(settings)
         try:
             spec = find_table(specs, config.table)
         except ConfigError as exc:

@@ -50,8 +50,8 @@ DEMO_TAGS = {"lake/launched-by": "make-demo"}
 
 def start_registry(settings) -> str:
     """The registry URL: ``LAKE_SCHEMA_REGISTRY_URL``, else the stand-in registry started under
-    ``$LAKE_HOME/registry`` (its URL is then put in the environment, where tables.yaml's
-    ``${LAKE_SCHEMA_REGISTRY_URL}`` reads it)."""
+    ``$LAKE_HOME/registry`` (its URL is then put in the environment, where the Component's
+    ``${LAKE_SCHEMA_REGISTRY_URL}`` in kafka_iceberg/defs/nyc/defs.yaml reads it)."""
     url = os.environ.get("LAKE_SCHEMA_REGISTRY_URL")
     if url:
         print(f"schema registry: {url} (LAKE_SCHEMA_REGISTRY_URL)")

@@ -1,7 +1,7 @@
 """``make dev``: ``dagster dev`` on this checkout's workspace, with what ``make demo`` left behind.
 
 The demo's tables read Avro through a Schema Registry (``${LAKE_SCHEMA_REGISTRY_URL}`` in
-tables.yaml). When ``LAKE_SCHEMA_REGISTRY_URL`` is unset, this starts (or finds running) the
+kafka_iceberg/defs/nyc/defs.yaml). When ``LAKE_SCHEMA_REGISTRY_URL`` is unset, this starts (or finds running) the
 stand-in registry under ``$LAKE_HOME/registry`` on port ``LAKE_DEV_REGISTRY_PORT`` (18081) and
 exports its URL; when ``KAFKA_BOOTSTRAP_SERVERS`` is unset it starts (or finds running) the dev
 broker. Then it replaces itself with ``dagster dev -w workspace.yaml -h HOST -p PORT``

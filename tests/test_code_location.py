@@ -21,7 +21,6 @@ from dagster._serdes import serialize_value
 
 from devtools.services.devbroker import free_port
 from kafka_iceberg.config.settings import CHECKOUT, load_settings
-from kafka_iceberg.declaration.spec import load_table_specs
 from kafka_iceberg.errors import CatalogUnavailableError
 from tests.helpers import make_spec
 
@@ -68,10 +67,11 @@ def test_code_location_loads_with_catalog_and_broker_down(unreachable_env):
 
 
 def test_the_ui_snapshot_holds_no_secret(unreachable_env):
+    from kafka_iceberg.lake_assets.component import declared_specs
     from kafka_iceberg.lake_assets.definitions import build_definitions
 
     settings = load_settings()
-    defs = build_definitions(settings, load_table_specs(settings.tables_file))
+    defs = build_definitions(settings, declared_specs(settings))
     snapshot = serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
     assert "KAFKA_CLIENT_CONFIG" in snapshot and "LAKE_CATALOG_URI" in snapshot  # shown by name
     assert KAFKA_SECRET not in snapshot
@@ -98,6 +98,7 @@ def test_catalog_properties_reach_runs_and_their_credentials_stay_hidden(tmp_pat
     from dagster import build_resources
 
     from kafka_iceberg.catalog.spark import catalog_conf
+    from kafka_iceberg.lake_assets.component import declared_specs
     from kafka_iceberg.lake_assets.definitions import build_definitions
     from kafka_iceberg.resources import default_resources
 
@@ -121,7 +122,7 @@ def test_catalog_properties_reach_runs_and_their_credentials_stay_hidden(tmp_pat
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings = load_settings()
-    defs = build_definitions(settings, load_table_specs(settings.tables_file))
+    defs = build_definitions(settings, declared_specs(settings))
     snapshot = serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
     assert "LAKE_CATALOG_PROPERTIES" in snapshot
     assert S3_SECRET not in snapshot

@@ -171,16 +171,22 @@ def test_project_modules_are_imported_in_functions_only_to_keep_pyspark_out():
     assert "kafka_iceberg.batch.pipeline" in heavy and "kafka_iceberg.declaration.spec" not in heavy
 
 
-def test_parsing_declarations_does_not_import_pyspark():
+def test_parsing_declarations_does_not_import_pyspark(tmp_path):
     import subprocess
 
+    import yaml
+
+    tables = tmp_path / "tables.yaml"  # the demo's declarations as a tables file
+    tables.write_text(
+        yaml.safe_dump(yaml.safe_load((ROOT / "kafka_iceberg/defs/nyc/defs.yaml").read_text())["attributes"])
+    )
     code = (
         "import sys; from kafka_iceberg.declaration.spec import load_table_specs; "
         "from kafka_iceberg.lake_assets import vocabulary; "
         "load_table_specs(sys.argv[1]); print(sorted(m for m in sys.modules if m.startswith('pyspark')))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "lake_assets" / "tables.yaml")],
+        [sys.executable, "-c", code, str(tables)],
         capture_output=True,
         text=True,
         check=True,
@@ -246,7 +252,8 @@ def test_only_the_composition_root_imports_sensors_and_schedules():
         if not m.startswith(("kafka_iceberg.sensors", "kafka_iceberg.schedules"))
         and any(t.startswith(("kafka_iceberg.sensors", "kafka_iceberg.schedules")) for t in top[m] | inner[m])
     }
-    assert importers == {"kafka_iceberg.lake_assets.definitions"}
+    # the code location (per-location definitions) and the Component type (per-table definitions)
+    assert importers == {"kafka_iceberg.lake_assets.definitions", "kafka_iceberg.lake_assets.component"}
 
 
 def test_dagster_internals_are_imported_in_one_module_written_for_this_dagster():

@@ -193,7 +193,9 @@ def test_attempt_branch_names_round_trip():
 
 
 def test_the_shipped_table_declarations_load():
-    specs = load_table_specs(load_settings(env={}).tables_file)
+    from kafka_iceberg.lake_assets.component import declared_specs  # the Component of kafka_iceberg/defs/nyc
+
+    specs = declared_specs(load_settings(env={}))
     assert {s.identifier for s in specs} == {"nyc.flights", "nyc.weather", "nyc.plane_days", "nyc.planes"}
     formats = {s.name: (s.format.type, s.format.subject(s.topic), s.columns_from_registry) for s in specs}
     assert formats["weather"] == ("avro", "nycflights13.weather-value", False)

@@ -54,12 +54,12 @@ def test_hundred_tables_load_as_hundred_assets(tmp_path):
 
 def test_demo_assets_come_with_the_demo_tables_only(tmp_path):
     """The downstream asset and ``ingest_all`` need both nyc.flights and nyc.weather declared."""
-    from kafka_iceberg.config.settings import CHECKOUT as checkout
     from kafka_iceberg.config.settings import load_settings
+    from kafka_iceberg.lake_assets.component import declared_specs
     from kafka_iceberg.lake_assets.definitions import build_definitions
 
     settings = load_settings({"LAKE_HOME": str(tmp_path)})
-    demo = load_table_specs(checkout / "lake_assets" / "tables.yaml")
+    demo = declared_specs(settings)  # the Component instance of kafka_iceberg/defs/nyc/defs.yaml
     derived = AssetKey(["lake", "analytics", "hourly_departure_delay"])
     for specs, expected in [(demo, True), ([s for s in demo if s.identifier != "nyc.weather"], False)]:
         defs = build_definitions(settings, specs)

@@ -71,7 +71,7 @@ def dagster_ui(tmp_path, broker, kafka_config, slack):
     # click once, and its Skip handler could not bring back the launch dialog (fresh-clone run, 2026-11-25)
     with (dagster_home / "dagster.yaml").open("a") as f:
         f.write("\nnux:\n  enabled: false\n")
-    declared = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    declared = yaml.safe_load((CHECKOUT / "kafka_iceberg" / "defs" / "nyc" / "defs.yaml").read_text())["attributes"]
     # the two JSON-fed tables the downstream asset joins (the demo's Avro, nested and CDC tables need
     # a registry and PostgreSQL, which this test does not start); weather is produced as JSON here
     declared["tables"] = [t for t in declared["tables"] if t["name"] in ("flights", "weather")]

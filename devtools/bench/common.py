@@ -266,8 +266,8 @@ def bench_settings(lake_home: Path, bootstrap: str) -> Settings:
 
 
 def flights_spec(name: str, identifier: str, topic: str, bound: int) -> TableSpec:
-    """The flights declaration of lake_assets/tables.yaml, re-pointed at a benchmark topic."""
-    doc = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    """The flights declaration of kafka_iceberg/defs/nyc/defs.yaml, re-pointed at a benchmark topic."""
+    doc = yaml.safe_load((CHECKOUT / "kafka_iceberg" / "defs" / "nyc" / "defs.yaml").read_text())["attributes"]
     raw = dict(next(t for t in doc["tables"] if t["name"] == "flights"))
     raw.update(
         name=name,

@@ -41,7 +41,7 @@ PRIMING = 40  # records ingested before the timed load (the first run also start
 
 def write_tables_file(path: Path) -> None:
     """One table, the flights declaration on :data:`TOPIC`, with a lag sensor that triggers on any lag."""
-    doc = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    doc = yaml.safe_load((CHECKOUT / "kafka_iceberg" / "defs" / "nyc" / "defs.yaml").read_text())["attributes"]
     flights = dict(next(t for t in doc["tables"] if t["name"] == "flights"))
     flights.update(identifier=IDENTIFIER, topic=TOPIC, lag=LAG, description="freshness benchmark")
     path.write_text(yaml.safe_dump({"defaults": doc.get("defaults") or {}, "tables": [flights]}))

@@ -44,7 +44,7 @@ def names(n: int) -> list[str]:
 
 def write_tables_file(path: Path, n: int) -> None:
     """N tables: the flights declaration on topics ``many.t000`` ... as ``many.t000`` ..."""
-    doc = yaml.safe_load((CHECKOUT / "lake_assets" / "tables.yaml").read_text())
+    doc = yaml.safe_load((CHECKOUT / "kafka_iceberg" / "defs" / "nyc" / "defs.yaml").read_text())["attributes"]
     flights = next(t for t in doc["tables"] if t["name"] == "flights")
     tables = []
     for name in names(n):

@@ -37,13 +37,6 @@ CHECKOUT = PACKAGE_DIR.parent
 """The project checkout, in an editable install (``make install``)."""
 
 
-def default_tables_file() -> Path:
-    """The shipped ``lake_assets/tables.yaml``: in the checkout (editable install), else in the
-    installed package (``kafka_iceberg/lake_assets/``)."""
-    in_checkout = CHECKOUT / "lake_assets" / "tables.yaml"
-    return in_checkout if in_checkout.exists() else PACKAGE_DIR / "lake_assets" / "tables.yaml"
-
-
 DEV_BROKER_PORT = 19092
 """TCP port of the local noida-db dev broker that ``make demo`` starts."""
 
@@ -134,7 +127,7 @@ class Settings:
     """All runtime settings. Build with :func:`load_settings`; see docs/configuration.md."""
 
     lake_home: Path
-    tables_file: Path
+    tables_file: Path | None  # LAKE_TABLES_FILE; None: the tables are the Component instances of the defs folder
     kafka_bootstrap_servers: str
     kafka_client_config: dict[str, str]
     use_dev_broker: bool
@@ -313,7 +306,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
     slack = slack_settings(env)
     return Settings(
         lake_home=lake_home,
-        tables_file=Path(env.get("LAKE_TABLES_FILE") or default_tables_file()).resolve(),
+        tables_file=Path(env["LAKE_TABLES_FILE"]).resolve() if env.get("LAKE_TABLES_FILE") else None,
         kafka_bootstrap_servers=bootstrap or f"127.0.0.1:{DEV_BROKER_PORT}",
         kafka_client_config=_json_env(env, "KAFKA_CLIENT_CONFIG"),
         use_dev_broker=not bootstrap,

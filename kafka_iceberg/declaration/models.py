@@ -246,6 +246,23 @@ class TablePatternDecl(_Common):
     cdc: Literal["debezium", "none"] | None = None
 
 
+class TableEntry(TableDecl):
+    """A ``tables:`` entry as written, before ``defaults:`` are merged under it: ``schema`` may come
+    from the defaults (the model of a Component's ``tables`` attribute)."""
+
+    columns: Annotated[list[ColumnDecl], Field(min_length=1)] | Literal["from_registry"] | None = Field(
+        None, alias="schema", description="The value columns, or from_registry (default: the defaults' schema)."
+    )
+
+
+class TablesAttributes(_Section):
+    """The attributes of a ``KafkaIcebergTables`` Component instance (``defs.yaml``): the two keys of
+    ``tables.yaml``, every field checked where it is written (``schema`` may come from ``defaults``)."""
+
+    defaults: Defaults | None = None
+    tables: list[TableEntry] = Field(default_factory=list)
+
+
 class TablesFile(_Section):
     """The whole ``tables.yaml`` (each table is validated on its own, merged over the defaults)."""
 

@@ -1,6 +1,7 @@
 """Table declarations: the YAML file that turns a Kafka topic into an Iceberg table.
 
-Adding a table means adding an entry to ``lake_assets/tables.yaml`` (or the file named
+Adding a table means adding an entry to a ``defs.yaml`` of the
+:class:`~kafka_iceberg.lake_assets.component.KafkaIcebergTables` Component (or to the file named
 by ``LAKE_TABLES_FILE``); no Python code changes. The format is documented in
 ``docs/tables.md``; its schema is the pydantic models of :mod:`kafka_iceberg.declaration.models`
 (published as ``docs/tables.schema.json``). Loading validates everything up front and raises
@@ -320,17 +321,9 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
 
 
 def load_table_specs(path: Path | str, list_topics: Callable[[], list[str] | None] | None = None) -> list[TableSpec]:
-    """Load and validate every table declared in the YAML file at ``path``.
-
-    The file has an optional ``defaults`` mapping (merged under every table) and a
-    ``tables`` list. Returns the specs in file order. A ``topic_pattern:`` entry gives one table per
-    matching topic of ``list_topics()`` (called once, only when a pattern is declared; none when it
-    is None or returns None; :mod:`kafka_iceberg.declaration.patterns`).
-
-    Raises:
-        ConfigError: the file is missing, not YAML, or any declaration is invalid;
-            or two tables share a name, identifier or topic.
-    """
+    """Every table declared in the YAML file at ``path`` (:func:`parse_declarations`, with
+    ``list_topics`` for ``topic_pattern:`` entries); ConfigError when the file is missing, not YAML, or a
+    declaration is invalid."""
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text()) or {}
@@ -338,40 +331,52 @@ def load_table_specs(path: Path | str, list_topics: Callable[[], list[str] | Non
         raise ConfigError(f"table declarations file {path} does not exist") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    return parse_declarations(doc, str(path), list_topics)
+
+
+def parse_declarations(
+    doc: Any, where: str, list_topics: Callable[[], list[str] | None] | None = None
+) -> list[TableSpec]:
+    """The specs, in order, of a declarations mapping ``doc`` (``defaults`` merged under every entry of
+    ``tables``; tables.yaml or a Component's attributes). A ``topic_pattern:`` entry gives one table per
+    matching topic of ``list_topics()`` (called once, only when a pattern is declared; none when it is
+    None or returns None; :mod:`kafka_iceberg.declaration.patterns`). ConfigError, prefixed ``where``,
+    when a declaration is invalid or two tables share a name, identifier or topic."""
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: the file must be a mapping with 'defaults' and 'tables'")
+        raise ConfigError(f"{where}: the declarations must be a mapping with 'defaults' and 'tables'")
     try:
         top = TablesFile.model_validate(doc)
     except ValidationError as exc:
-        raise ConfigError(describe(exc, doc, str(path))) from None
+        raise ConfigError(describe(exc, doc, where)) from None
     try:
         Defaults.model_validate(top.defaults or {})
     except ValidationError as exc:
         raise ConfigError(
-            describe(exc, top.defaults, f"{path}: defaults").replace("defaults: unknown", "defaults has unknown")
+            describe(exc, top.defaults, f"{where}: defaults").replace("defaults: unknown", "defaults has unknown")
         ) from None
-    defaults = top.defaults or {}
-    specs = [_parse_table(t, base) for t, base in expand_entries(top.tables, defaults, list_topics)]
+    specs = [_parse_table(t, base) for t, base in expand_entries(top.tables, top.defaults or {}, list_topics)]
+    check_unique(specs, where)
+    return specs
+
+
+def check_unique(specs: list[TableSpec], where: str) -> None:
+    """ConfigError (prefixed ``where``) when two ``specs`` share a name, identifier, topic or table."""
     for attr in ("name", "identifier", "topic"):
         values = [getattr(s, attr) for s in specs]
         dupes = {v for v in values if values.count(v) > 1}
         if dupes:
-            raise ConfigError(f"{path}: {attr} must be unique across tables, repeated: {sorted(dupes)}")
+            raise ConfigError(f"{where}: {attr} must be unique across tables, repeated: {sorted(dupes)}")
     tables = [s.identifier for s in specs] + [s.bad_records.dead_letter_identifier for s in specs]
     clashes = {t for t in tables if tables.count(t) > 1}
     if clashes:
         raise ConfigError(
-            f"{path}: every table and dead-letter table needs its own identifier, repeated: {sorted(clashes)}"
+            f"{where}: every table and dead-letter table needs its own identifier, repeated: {sorted(clashes)}"
         )
-    return specs
 
 
 def find_table(specs: list[TableSpec], name: str) -> TableSpec:
-    """The declared table whose ``name`` or ``identifier`` is ``name`` (``flights`` or ``nyc.flights``).
-
-    Raises:
-        ConfigError: no declared table has that name or identifier (the message lists them).
-    """
+    """The declared table whose ``name`` or ``identifier`` is ``name`` (``flights`` or ``nyc.flights``);
+    ConfigError, listing the declared tables, when there is none."""
     for spec in specs:
         if name in (spec.name, spec.identifier):
             return spec
@@ -379,9 +384,6 @@ def find_table(specs: list[TableSpec], name: str) -> TableSpec:
 
 
 def parse_table_spec(raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> TableSpec:
-    """Validate one table declaration (a ``tables:`` entry, as a dict) merged over ``defaults``.
-
-    Raises:
-        ConfigError: naming the table and the field at fault.
-    """
+    """Validate one table declaration (a ``tables:`` entry, as a dict) merged over ``defaults``;
+    ConfigError naming the table and the field at fault."""
     return _parse_table(raw, defaults or {})
