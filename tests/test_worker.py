@@ -12,9 +12,12 @@ from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
 from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import is_due, workers_sensor
 from tests.helpers import event_records, make_spec
 
@@ -110,3 +113,20 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert latest.metadata["lag_after_commit"].value == 0 and latest.metadata["snapshot_id"].value != "none"
     assert _rows(settings, specs[0]) == (90, 90) and _rows(settings, specs[1]) == (30, 30)
     assert is_due(specs[0], 1, None, 0) and not is_due(specs[0], 0, None, 0)
+
+    with build_sensor_context(instance=instance, resources=resources) as context:
+        observed = all_tables_retention_sensor(specs)(context)
+    assert {e.asset_key for e in observed.asset_events} >= {table_key(s) for s in specs}
+
+
+def test_worker_mode_replaces_the_per_table_sensors(lake_env):
+    specs = [make_spec(f"w{i}", f"topic{i}") for i in range(5)]
+    settings = load_settings(env={**lake_env, "LAKE_WORKERS": "2"})
+    defs = build_definitions(settings, specs)
+    names = {s.name for s in defs.sensors}
+    assert {"lake_workers", "lake_retention"} <= names and not any(
+        n.endswith(("_lag", "_retention")) for n in names - {"lake_retention"}
+    )
+    assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in defs.jobs}
+    per_table = build_definitions(load_settings(env=lake_env), specs)
+    assert {f"w{i}_lag" for i in range(5)} <= {s.name for s in per_table.sensors}
