@@ -172,7 +172,10 @@ def chart_instance_config(snippet: dict) -> dict:
         },
         "run_monitoring": {SNAKE[k]: v for k, v in daemon["runMonitoring"].items()},
         "run_retries": {SNAKE[k]: v for k, v in daemon["runRetries"].items()},
-        "concurrency": {"pools": {SNAKE[k]: v for k, v in snippet["concurrency"]["pools"].items()}},
+        "concurrency": {
+            "pools": {SNAKE[k]: v for k, v in snippet["concurrency"]["pools"].items()},
+            "runs": {"tag_concurrency_limits": snippet["concurrency"]["runs"]["tagConcurrencyLimits"]},
+        },
         "compute_logs": {
             "module": "dagster_aws.s3.compute_log_manager",
             "class": logs["type"],
@@ -212,6 +215,7 @@ def test_instance_snippet_keeps_the_repository_liveness_rules(instance_values):
     )
     assert rendered["concurrency"]["pools"]["default_limit"] == local["concurrency"]["pools"]["default_limit"]
     assert rendered["concurrency"]["pools"]["granularity"] == "run"
+    assert rendered["concurrency"]["runs"] == local["concurrency"]["runs"]  # the maintenance run limit
 
 
 def test_run_pod_carries_the_location_config(values):
