@@ -58,6 +58,23 @@ def test_the_order_is_by_waiting_time_and_fair():
     # every table once per round, longest waiting first; t0 (one batch) drops out, t1 and t2 take a second turn
     assert order == ["t0", "t1", "t2", "t1", "t2"]
     assert offset_lags(specs, {**marks, "topic1": None}, committed) == {"test.t0": 0, "test.t1": 0, "test.t2": 0}
+    # a table whose topic is missing is tried once, so its error is reported, then set aside
+    failed = []
+
+    def gone(spec):
+        raise RuntimeError(f"topic {spec.topic} does not exist")
+
+    Worker(
+        [specs[0]],
+        gone,
+        lambda topics: {t: None for t in topics},
+        {},
+        lambda s, r: None,
+        lambda s, e: failed.append(s.name),
+        budget_s=60,
+        idle_s=0,
+    ).run()
+    assert failed == ["t0"]
     groups = assign_workers([make_spec(f"g{i}", "x") for i in range(10)], 3)
     assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
 

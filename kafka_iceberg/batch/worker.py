@@ -56,6 +56,7 @@ class TableServed:
     spec: TableSpec
     results: list = field(default_factory=list)  # BatchResult per micro-batch, in commit order
     error: BaseException | None = None
+    tried: bool = False  # a micro-batch was attempted (a table whose topic is missing is tried once, to report it)
 
 
 @dataclass
@@ -90,10 +91,11 @@ class Worker:
         idle_until = None
         while True:
             live = [s for s in self.specs if served[s.identifier].error is None]
-            lags = offset_lags(live, self.watermarks(sorted({s.topic for s in live})), self.committed)
+            marks = self.watermarks(sorted({s.topic for s in live}))
+            lags = offset_lags(live, marks, self.committed)
             now = self.clock()
             for s in live:
-                if lags[s.identifier] > 0:
+                if lags[s.identifier] > 0 or (marks.get(s.topic) is None and not served[s.identifier].tried):
                     waiting_since.setdefault(s.identifier, now)
                 else:
                     waiting_since.pop(s.identifier, None)
@@ -116,6 +118,7 @@ class Worker:
         for spec in due:
             if self.budget_s > 0 and (self.clock() >= self.deadline or self.should_stop()):
                 return
+            served[spec.identifier].tried = True
             try:
                 result = self.run_batch(spec)
             except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
