@@ -998,6 +998,7 @@ SCENARIO_MODULES: tuple[str, ...] = (
     "devtools.rehearsal.dagster_runs",
     "devtools.rehearsal.mock",
     "devtools.rehearsal.cdc",
+    "devtools.rehearsal.workers",
 )
 
 
