@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 
+from kafka_iceberg.batch import commit as commit_module
 from kafka_iceberg.batch import files as files_module
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.tables import load_table
@@ -116,7 +117,7 @@ def test_a_failed_commit_deletes_the_files_its_tasks_wrote(
     def refuse(*args, **kwargs):
         raise RuntimeError("commit refused (test)")
 
-    monkeypatch.setattr("kafka_iceberg.batch.files.StagedPublish.commit", refuse)
+    monkeypatch.setattr("kafka_iceberg.batch.commit.StagedPublish.commit", refuse)
     try:
         run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
         raise AssertionError("the micro-batch should have failed")
@@ -132,7 +133,7 @@ def test_a_failed_commit_deletes_the_files_its_tasks_wrote(
 
 def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, unique):
     """``files.data_files`` wraps pyiceberg's private ``_dataframe_to_data_files``: partitioned by the
-    table's spec, with the record counts and partition values a commit needs. ``files.stage_publish``
+    table's spec, with the record counts and partition values a commit needs. ``commit.stage_publish``
     (through the private ``Transaction._updates``, wrapped in ``staged_updates``) makes one commit
     that appends them on the attempt branch's head, moves ``main`` there and drops the branch, and
     the catalog refuses it unless both refs are where it requires them."""
@@ -152,7 +153,7 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     spark.sql(f"ALTER TABLE {qualified} CREATE BRANCH b1")  # an empty table: an empty snapshot
     table = load_table(catalog, identifier)
     b1 = table.metadata.refs["b1"].snapshot_id
-    staged = files_module.stage_publish(
+    staged = commit_module.stage_publish(
         table, written, {"test.key": "v"}, branch="b1", branch_base=b1, ref="main", ref_base=None
     )
     first = staged.commit()
@@ -170,8 +171,8 @@ def test_data_files_pins_pyiceberg_private_writer(spark, settings, catalog, uniq
     more = files_module.data_files(table.metadata, rows, table.io)
     for wrong in (dict(branch_base=b1, ref_base=staged.snapshot_id), dict(branch_base=staged.snapshot_id, ref_base=b1)):
         with pytest.raises(CommitFailedException):  # either requirement alone refuses it
-            files_module.stage_publish(table, more, {}, branch="b2", ref="main", **wrong).commit()
-    again = files_module.stage_publish(
+            commit_module.stage_publish(table, more, {}, branch="b2", ref="main", **wrong).commit()
+    again = commit_module.stage_publish(
         table,
         more,
         {"test.key": "w"},
@@ -208,11 +209,11 @@ def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(
             spark.sql(f"ALTER TABLE {table} CREATE BRANCH side")
             spark.sql(f"INSERT INTO {table}.branch_side SELECT * FROM {table} LIMIT 1")
 
-    caplog.set_level("INFO", logger="kafka_iceberg.batch.publish")
+    caplog.set_level("INFO", logger="kafka_iceberg.batch.commit")
     second = run_micro_batch(
         spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog, crash_hook=commit_elsewhere
     )
-    assert "commit on the prepared metadata refused" in caplog.text, "the fallback ran (the check can fail)"
+    assert "on a fresh load" in caplog.text, "the fallback ran (the check can fail)"
     assert second.committed and second.records == first.records
     offsets = [(r[0], r[1]) for r in spark.sql(f"SELECT _kafka_partition, _kafka_offset FROM {table}").collect()]
     assert len(offsets) == 2 * first.records and len(set(offsets)) == len(offsets), "each record once"

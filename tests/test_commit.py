@@ -21,8 +21,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.types import LongType, NestedField, StringType
 
-from kafka_iceberg.batch.commit import StaleBaseError, apply_updates, commit
-from kafka_iceberg.batch.files import staged_updates
+from kafka_iceberg.batch.commit import StaleBaseError, apply_updates, commit, staged_updates
 
 
 @pytest.fixture()
@@ -110,3 +109,28 @@ def test_a_requirement_is_checked_against_the_base_before_anything_is_written(ta
     assert not isinstance(refused.value, StaleBaseError)
     assert _metadata_files(table) == files
     assert table.catalog.load_table("db.t").metadata_location == first.metadata_location
+
+
+def _with_properties(table, **properties):
+    tx = table.transaction()
+    tx.set_properties(**properties)
+    return tx.commit_transaction()
+
+
+@pytest.mark.parametrize("enabled", ["true", "false"])
+def test_metadata_files_off_the_metadata_log_are_deleted_when_the_table_says_so(table, enabled):
+    table = _with_properties(
+        table,
+        **{"write.metadata.delete-after-commit.enabled": enabled, "write.metadata.previous-versions-max": "2"},
+    )
+    before = len(_metadata_files(table))
+    head = table.metadata.current_snapshot_id
+    for i in range(10):
+        table = commit(table, (AssertRefSnapshotId(ref=f"b{i}", snapshot_id=None),), (_branch(f"b{i}", head),))
+    files = _metadata_files(table)
+    logged = {Path(e.metadata_file).name for e in table.metadata.metadata_log} | {Path(table.metadata_location).name}
+    assert len(table.metadata.metadata_log) == 2
+    if enabled == "true":
+        assert files == logged, "exactly the current metadata.json and the 2 the log keeps remain"
+    else:
+        assert len(files) == before + 10, "nothing is deleted unless the property is enabled"

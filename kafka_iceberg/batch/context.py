@@ -3,8 +3,10 @@ the crash hook, and the few table operations the phases share (each retried on a
 catalog error where that is safe).
 
 Table metadata (snapshots and refs, a :class:`~kafka_iceberg.catalog.tables.TableMetadataView`) is
-loaded only through :meth:`Lake.history`, which counts the loads in ``metadata_loads``; the
-phases call it at their boundaries, never per helper call.
+loaded only through :meth:`Lake.load` (and :meth:`Lake.history`), which counts the loads in
+``metadata_loads``; the phases call it at their boundaries, never per helper call. A :class:`Lake`
+holds connections, never table metadata: what one phase loaded or committed reaches the next as a
+value (:mod:`kafka_iceberg.batch.types`).
 """
 
 from __future__ import annotations
@@ -66,7 +68,6 @@ class Lake:
     catalog: object
     crash_hook: CrashHook = no_crash
     metadata_loads: list[str] = field(default_factory=list)  # identifiers, one entry per load
-    loaded: dict = field(default_factory=dict)  # identifier -> the pyiceberg table as last loaded
     java_tables: dict = field(default_factory=dict)  # identifier -> Py4J handle (see java_table)
 
     @property
@@ -107,7 +108,6 @@ class Lake:
             return load_table(self.catalog, identifier)
 
         table = self.retry(f"load metadata of {identifier}", load)
-        self.loaded[identifier] = table
         if table is None and must_exist:
             raise LakeError(f"table {identifier} does not exist in catalog {self.catalog.name}")
         return table

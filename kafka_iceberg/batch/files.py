@@ -7,7 +7,7 @@ the table's schema (field ids), partition spec, location provider and write prop
 most :data:`FLUSH_ROWS` rows in memory. The task reports its files (pyiceberg ``DataFile``s)
 through an accumulator. The records Spark classified as good (the few pyarrow did not claim) are
 written the same way by a second Spark job (:func:`write_rows`). The publish phase then commits
-every file of the batch in one catalog commit (:func:`stage_publish`): one snapshot carrying the
+every file of the batch in one catalog commit (:func:`kafka_iceberg.batch.commit.stage_publish`): one snapshot carrying the
 batch's snapshot summary, on top of the attempt branch's head, with the target ref moved to it and
 the attempt branch removed. Spark's writer needs three commits for the same (append to the branch,
 fast-forward, drop); the state contract is the same.
@@ -27,12 +27,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from kafka_iceberg.batch.commit import commit
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +37,6 @@ FLUSH_ROWS = 250_000
 """Table rows a task holds before it writes them out (bounds a task's memory, not the file size)."""
 
 _FILE_DDL = "file BINARY"
-_MERGE_ENABLED = "commit.manifest-merge.enabled"
 
 
 def data_files(metadata, rows: pa.Table, io) -> list:
@@ -171,10 +167,9 @@ def write_rows(spark, writer: FileWriter, rows) -> list:
     return [pickle.loads(r["file"]) for r in rows.mapInArrow(task, _FILE_DDL).collect()]
 
 
-def file_writer(lake, spec, columns: Sequence) -> FileWriter:
-    """The :class:`FileWriter` of ``spec``'s table, from the table as this micro-batch last loaded it
-    (``prepare``'s load: no schema change happens on this path), loaded only if it was not."""
-    table = lake.loaded.get(spec.identifier) or lake.load(spec.identifier)
+def file_writer(table, spec, columns: Sequence) -> FileWriter:
+    """The :class:`FileWriter` of ``spec``'s table from ``table`` (the pyiceberg ``Table`` the attempt's
+    branch commit returned: no schema change happens on this path)."""
     return FileWriter(table, columns, {k: spec.kafka_column(k) for k in spec.kafka_columns})
 
 
@@ -187,108 +182,3 @@ def discard(io, files: Sequence) -> None:
             io.delete(f.file_path)
         except Exception as exc:  # noqa: BLE001 - best effort, see the docstring
             log.warning("data file %s of a failed attempt was not deleted (%s); orphan removal will", f.file_path, exc)
-
-
-@dataclass(frozen=True)
-class StagedPublish:
-    """A commit :func:`stage_publish` prepared and :meth:`commit` sends: ``snapshot_id`` is known before it lands."""
-
-    snapshot_id: int
-    table: object  # the pyiceberg Table, with its whole history, the commit applies to (its base)
-    requirements: tuple
-    updates: tuple
-
-    def commit(self):
-        """Commit on the base (:func:`kafka_iceberg.batch.commit.commit`); returns the table as
-        committed (a pyiceberg ``Table``).
-
-        Raises:
-            CommitFailedException: a requirement failed (the ref or the branch moved, or the branch is
-                gone); StaleBaseError (a subclass): the table moved since the base was loaded.
-            ValueError: the updates do not apply to the base (e.g. a newer sequence number).
-            Whatever the catalog raises when it is unavailable.
-        """
-
-        return commit(self.table, self.requirements, self.updates)
-
-
-def stage_publish(
-    table, files: Sequence, summary: Mapping[str, str], *, branch: str, branch_base: int, ref: str, ref_base: int | None
-) -> StagedPublish:
-    """Prepare one catalog commit that appends ``files`` (pyiceberg ``DataFile`` s) as one snapshot
-    carrying ``summary`` whose parent is ``branch_base`` (the attempt ``branch``'s head), points
-    ``ref`` at it (keeping its retention settings) and removes ``branch``; the catalog refuses it unless ``branch`` is still at
-    ``branch_base`` and ``ref`` at ``ref_base`` (None: ``ref`` must not exist). Writes the manifests
-    and the manifest list; commits nothing. ``table``: the table as this micro-batch last loaded or
-    committed it, the commit's base (:mod:`kafka_iceberg.batch.commit`: the requirements are checked
-    against it, and the catalog's pointer moves only while it still names it).
-
-    Manifests are merged as Iceberg's Java ``MergeAppend`` (Spark's writer) does:
-    ``commit.manifest-merge.enabled`` defaults to true there (pyiceberg's default is false),
-    ``commit.manifest.min-count-to-merge`` 100. The snapshot is produced on a copy of the metadata
-    without the table's history (:func:`_without_history`): pyiceberg deep-copies the whole metadata
-    at every step of a transaction, which at 1,000 snapshots costs about 0.6 s per commit. The commit
-    applies the updates to the base's full metadata. pyiceberg's own commit retries are not used: a
-    retry on a moved ``ref`` would append the batch twice.
-    """
-    from pyiceberg.table.refs import SnapshotRefType
-    from pyiceberg.table.update import (
-        AddSnapshotUpdate,
-        AssertRefSnapshotId,
-        AssertTableUUID,
-        RemoveSnapshotRefUpdate,
-        SetSnapshotRefUpdate,
-    )
-
-    slim = _without_history(table, branch)
-    tx = slim.transaction()
-    with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).merge_append() as append:
-        for f in files:
-            append.append_data_file(f)
-    staged = staged_updates(tx)
-    snapshot_id = next(u.snapshot.snapshot_id for u in staged if isinstance(u, AddSnapshotUpdate))
-    kept = table.metadata.refs.get(ref)  # its retention settings stay, as Java's fast-forward keeps them
-    retention = {k: getattr(kept, k, None) for k in ("max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep")}
-    updates = (
-        *staged,
-        SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id, **retention),
-        RemoveSnapshotRefUpdate(ref_name=branch),
-    )
-    requirements = (
-        AssertTableUUID(uuid=slim.metadata.table_uuid),
-        AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
-        AssertRefSnapshotId(ref=ref, snapshot_id=ref_base),
-    )
-    return StagedPublish(snapshot_id, table, requirements, updates)
-
-
-def staged_updates(tx) -> tuple:
-    """The table updates a pyiceberg ``Transaction`` staged and has not committed. Wraps its private
-    ``_updates`` once (pyiceberg keeps only the first ``AssertRefSnapshotId`` of a transaction, so a
-    commit that requires two refs builds its own requirements); tests/test_arrow_writer.py pins it."""
-    return tuple(tx._updates)
-
-
-def _without_history(table, branch: str):
-    """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
-    to them); everything an append reads (schema, specs, properties, sequence number, the parent's
-    manifest list and summary) is kept. Without a ``commit.manifest-merge.enabled`` property the
-    copy says true (Java's default, see :func:`stage_publish`)."""
-    from pyiceberg.table import Table
-
-    md = table.metadata
-    refs = {name: ref for name, ref in md.refs.items() if name in (branch, "main")}
-    heads = {ref.snapshot_id for ref in refs.values()}
-    properties = {_MERGE_ENABLED: "true", **md.properties}  # Java's default; only this commit reads it
-    slim = md.model_copy(
-        update={
-            "snapshots": [s for s in md.snapshots if s.snapshot_id in heads],
-            "refs": refs,
-            "properties": properties,
-            "snapshot_log": [],
-            "metadata_log": [],
-            "statistics": [],
-            "partition_statistics": [],
-        }
-    )
-    return Table(table.name(), slim, table.metadata_location, table.io, table.catalog)

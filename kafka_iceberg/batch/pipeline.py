@@ -97,13 +97,13 @@ def _attempt(
     batch = None
     try:
         with _timed(phases, "branch_s"):
-            branch_base = create_branch(lake, spec.identifier, branch, plan.base_snapshot_id)
+            created = create_branch(lake, spec.identifier, branch, plan.base_snapshot_id, plan.table)
         lake.crash_hook("after_branch")
         with _timed(phases, "read_s"):
-            batch = read_batch(lake, spec, plan, commit_id)
+            batch = read_batch(lake, spec, plan, commit_id, created.table)
         lake.crash_hook("after_read")
         with _timed(phases, "write_s"):
-            attempt = write_attempt(lake, spec, plan, batch, branch, branch_base, commit_id)
+            attempt = write_attempt(lake, spec, plan, batch, created, commit_id)
         lake.crash_hook("after_write")
         with _timed(phases, "publish_s"):
             published = publish(lake, plan, attempt)

@@ -72,7 +72,7 @@ def plan_ingest(lake: Lake, spec: TableSpec, history: TableMetadataView) -> Writ
         initial_offsets=_initial_offsets(lake, spec, watermarks, bool(state.offsets)),
         bound=spec.max_records_per_partition,
     )
-    return WritePlan(ingest_target(spec), offsets, state)
+    return WritePlan(ingest_target(spec), offsets, state, table=history.table)
 
 
 def _initial_offsets(lake: Lake, spec: TableSpec, watermarks: Mapping[int, Watermarks], has_state: bool):
@@ -121,7 +121,7 @@ def plan_accept_gap(lake: Lake, spec: TableSpec, history: TableMetadataView, com
         watermarks=watermarks,
         has_state=False,
     )
-    return WritePlan(ingest_target(spec), offsets, state, new_gaps=gaps)
+    return WritePlan(ingest_target(spec), offsets, state, new_gaps=gaps, table=history.table)
 
 
 def plan_range(
@@ -164,4 +164,4 @@ def plan_range(
         bound=bound,
         stop_at=end,
     )
-    return WritePlan(target, offsets, state, extra_summary=dict(extra_summary))
+    return WritePlan(target, offsets, state, extra_summary=dict(extra_summary), table=history.table)

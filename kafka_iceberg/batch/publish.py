@@ -15,10 +15,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from pyiceberg.exceptions import CommitFailedException
+
+from kafka_iceberg.batch.commit import RetryPolicy, stage_publish
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.files import discard, stage_publish
+from kafka_iceberg.batch.files import discard
 from kafka_iceberg.batch.types import PublishedCommit, WritePlan, WrittenAttempt
-from kafka_iceberg.catalog.tables import TableMetadataView, is_transient_catalog_error
+from kafka_iceberg.catalog.tables import TableMetadataView, metadata_view
 from kafka_iceberg.errors import CommitConflictError, LakeError
 
 log = logging.getLogger(__name__)
@@ -103,83 +106,121 @@ def _fast_forward(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> int:
 
 def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tuple[int, Mapping[str, str]]:
     """Commit the attempt's data files as the target ref's new snapshot (parent: the attempt branch's
-    head) and drop the branch, in one catalog commit (:func:`~kafka_iceberg.batch.files.stage_publish`)
-    requiring the ref at the planned base and the branch at its head. Returns the snapshot id and its
-    summary (only that snapshot is read from the committed metadata: no view of the whole history).
+    head) and drop the branch, in one catalog commit (:func:`~kafka_iceberg.batch.commit.stage_publish`)
+    requiring the ref at the planned base, the branch at its head and the default partition spec the
+    files were written for. Returns the snapshot id and its summary.
 
-    The commit applies to the table as the branch commit returned it (:mod:`kafka_iceberg.batch.commit`).
-    If it is refused while both refs are where they should be (the table changed in between, e.g.
-    another branch's commit), it is made once more on a fresh load; a transient error is retried
-    likewise after re-reading the refs. A commit that did not land deletes the files.
+    The first try commits on ``attempt.table`` (the table as the branch commit returned it). A try
+    refused while the table moved (another commit landed: a compaction, an expiry, another branch) is
+    made again on a fresh load, with backoff, as the table's ``commit.retry.*`` properties say
+    (:class:`~kafka_iceberg.batch.commit.RetryPolicy`), each after checking that both refs are still
+    where the commit needs them; a transient catalog error is retried likewise after re-reading the
+    refs. A refused try deletes the manifests and manifest list it wrote; a publish that did not land
+    deletes the data files too.
 
     Raises:
-        CommitConflictError, LakeError, CatalogUnavailableError: as :func:`publish`.
+        CommitConflictError: the ref moved, or the default spec or format version changed (nothing published).
+        LakeError, CatalogUnavailableError: as :func:`publish`.
     """
-    identifier, tried = plan.target.identifier, []
-    prepared = [t for t in [lake.loaded.get(identifier)] if t is not None and t.snapshot_by_id(attempt.branch_base)]
+    files = _FilesPublish(lake, plan, attempt)
+    try:
+        published = lake.retry(
+            f"table {plan.target.identifier}: publish the files of {attempt.branch} to {plan.target.ref}",
+            files.commit,
+            before_retry=files.landed,
+        )
+    except Exception:
+        _discard_unless_committed(lake, plan.target.identifier, attempt.files, files.tries)
+        raise
+    for staged in files.tries:
+        if staged.snapshot_id != published[0]:
+            staged.discard()  # a try whose outcome a transient error hid, and that did not land
+    return published
 
-    def check(view: TableMetadataView | None = None) -> int | None:
-        """Our snapshot id when a commit landed; None when both refs are where the commit needs them."""
-        view = view or lake.history(identifier)
+
+class _FilesPublish:
+    """The tries of one publish of data files; ``tries``: the staged commits whose outcome is unknown
+    (a transient error hid it) or that landed."""
+
+    def __init__(self, lake: Lake, plan: WritePlan, attempt: WrittenAttempt):
+        self.lake, self.plan, self.attempt, self.tries = lake, plan, attempt, []
+        self.layout = (attempt.table.metadata.default_spec_id, attempt.table.metadata.format_version)
+
+    def check(self, view: TableMetadataView) -> int | None:
+        """Our snapshot id when a try landed; None when both refs are where the commit needs them.
+
+        Raises:
+            CommitConflictError: the ref moved. LakeError: the attempt branch moved or vanished.
+        """
+        plan, attempt = self.plan, self.attempt
         head = view.refs.get(plan.target.ref)
-        if head in tried:
+        if head in [t.snapshot_id for t in self.tries]:
             return head
         if head != plan.base_snapshot_id:
             raise _moved(plan, head)
         if view.refs.get(attempt.branch) != attempt.branch_base:
             raise LakeError(
-                f"table {identifier}: attempt branch {attempt.branch} moved or vanished before its "
+                f"table {plan.target.identifier}: attempt branch {attempt.branch} moved or vanished before its "
                 "publish (recovery judged the attempt dead); nothing was published"
             )
         return None
 
-    def landed() -> tuple[int, Mapping[str, str]] | None:
-        view = lake.history(identifier)
-        head = check(view)
+    def landed(self, table=None) -> tuple[int, Mapping[str, str]] | None:
+        """The snapshot id and summary of a try that landed, from ``table`` (default: a fresh load); None
+        when none did and both refs are where the commit needs them."""
+        view = metadata_view(table or self.lake.load(self.plan.target.identifier))
+        head = self.check(view)
         return None if head is None else (head, view.snapshots[head].summary)
 
-    def commit() -> tuple[int, Mapping[str, str]]:
-        from_prepared = bool(prepared)
+    def commit(self) -> tuple[int, Mapping[str, str]]:
+        """Try on ``attempt.table`` (after a transient error: on a fresh load), then on fresh loads
+        while tries are refused, within the table's retry policy."""
+        table = self.attempt.table if not self.tries else None
+        for tried in RetryPolicy.of(self.attempt.table.metadata.properties).retrying(CommitFailedException):
+            with tried:
+                if table is None:
+                    table = self.lake.load(self.plan.target.identifier)
+                    done = self.landed(table)
+                    if done is not None:
+                        return done
+                base, table = table, None
+                return self.once(base)
+        raise AssertionError("unreachable: the retries re-raise")
+
+    def once(self, table) -> tuple[int, Mapping[str, str]]:
+        """Stage and commit on ``table``; a refused try deletes what it wrote and re-raises."""
+        plan, attempt = self.plan, self.attempt
         staged = stage_publish(
-            prepared.pop() if prepared else lake.load(identifier),
+            table,
             attempt.files,
             attempt.summary,
             branch=attempt.branch,
             branch_base=attempt.branch_base,
             ref=plan.target.ref,
             ref_base=plan.base_snapshot_id,
+            layout=self.layout,
         )
-        tried.append(staged.snapshot_id)
+        self.tries.append(staged)
         try:
             committed = staged.commit().metadata.snapshot_by_id(staged.snapshot_id)
-            return staged.snapshot_id, dict(committed.summary.additional_properties)
-        except Exception as exc:
-            if is_transient_catalog_error(exc) or check() is not None or not from_prepared:
-                raise
-            log.info(
-                "table %s: commit on the prepared metadata refused (%s); committing on a fresh load", identifier, exc
-            )
-            return commit()
-
-    try:
-        return lake.retry(
-            f"table {identifier}: publish the files of {attempt.branch} to {plan.target.ref}",
-            commit,
-            before_retry=landed,
-        )
-    except Exception:
-        _discard_unless_committed(lake, identifier, attempt.files, tried)
-        raise
+        except (CommitFailedException, ValueError):
+            self.tries.remove(staged)
+            staged.discard()  # refused: it did not land
+            raise
+        return staged.snapshot_id, dict(committed.summary.additional_properties)
 
 
-def _discard_unless_committed(lake: Lake, identifier: str, files, snapshot_ids: list[int]) -> None:
-    """After a failed publish: delete ``files`` unless one of ``snapshot_ids`` (the commits tried)
+def _discard_unless_committed(lake: Lake, identifier: str, files, tries: list) -> None:
+    """After a failed publish: delete ``files`` and the manifests and manifest lists of ``tries`` (the
+    :class:`~kafka_iceberg.batch.commit.StagedPublish` es whose outcome is unknown) unless one of them
     is in the table (a snapshot that landed keeps them). Best effort: left, they are orphans for
     recovery and maintenance to delete."""
     try:
         table = lake.load(identifier)
-        if not any(table.snapshot_by_id(s) for s in snapshot_ids):
+        if not any(table.snapshot_by_id(t.snapshot_id) for t in tries):
             discard(table.io, files)
+            for staged in tries:
+                staged.discard()
     except Exception as exc:  # noqa: BLE001 - the original error matters more; orphan removal remains
         log.warning("table %s: files of a failed publish were not checked for deletion (%s)", identifier, exc)
 

@@ -35,8 +35,9 @@ from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_a
 log = logging.getLogger(__name__)
 
 
-def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> ReadBatch:
-    """Read, evolve the schema if declared, classify and count the planned records.
+def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str, table) -> ReadBatch:
+    """Read, evolve the schema if declared, classify and count the planned records. ``table``: the
+    pyiceberg ``Table`` the attempt's branch commit returned (its columns; the arrow writer's files).
 
     JSON tables whose columns pyarrow can parse (:func:`kafka_iceberg.formats.arrow_json.supported`),
     without schema evolution, upserts or a ``key_format``, are parsed in the read task (``LAKE_JSON_PARSER=arrow``,
@@ -55,9 +56,9 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
         and not spec.format.uses_registry
         and spec.key_format is None
     ):
-        columns = tuple(_arrow_columns(lake, plan.target.identifier))
+        columns = tuple(_arrow_columns(lake, plan.target.identifier, table))
         if arrow_json.supported(columns):
-            return _read_parsed(lake, spec, plan, columns)
+            return _read_parsed(lake, spec, plan, columns, table)
     records = raw = raw_records(lake, spec.identifier, plan.offsets).persist()
     classified = keyed = None
     try:
@@ -85,7 +86,7 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str) -> 
             keyed.unpersist()
 
 
-def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -> ReadBatch:
+def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, table) -> ReadBatch:
     """The pyarrow path: one Spark job (a ``noop`` write) reads, parses and caches the records;
     the read tasks report per-piece statistics through an accumulator. Only when some record was
     not parsed good by pyarrow does a second job over the cache count the bad ones per partition.
@@ -95,7 +96,7 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple) -
     stats = stats_accumulator(lake.spark)
     writer = written = None
     if lake.settings.writer == "arrow":
-        writer = file_writer(lake, spec, columns)
+        writer = file_writer(table, spec, columns)
         written = stats_accumulator(lake.spark)
     read = raw_records(lake, spec.identifier, plan.offsets, parser, stats, writer, written)
     classified = classify_parsed(read, spec, list(columns))
@@ -291,11 +292,10 @@ def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
     )
 
 
-def _arrow_columns(lake: Lake, identifier: str):
-    """The value columns from the table this micro-batch loaded (``prepare``), else from Spark's catalog
+def _arrow_columns(lake: Lake, identifier: str, table):
+    """The value columns of ``table`` (a pyiceberg ``Table``), else from Spark's catalog
     (:func:`_value_columns`): a Spark table lookup would make Iceberg re-read the metadata the branch
     commit just wrote."""
-    table = lake.loaded.get(identifier)
     columns = iceberg_value_columns(table.schema()) if table is not None else None
     return columns if columns is not None else _value_columns(lake, identifier)
 

@@ -12,13 +12,18 @@ its last step (a crash during recovery is recovered by the next recovery):
 1. Find *dead* attempts: attempt branches whose run is no longer alive (the Dagster run
    is not queued or running; outside Dagster, the attempt is older than
    ``LAKE_ATTEMPT_TIMEOUT_S``).
-2. If there is one, delete orphan files: files under the table location that no snapshot
-   references and that are older than the start of every live attempt (minus
+2. If there is one, drop the dead branches first: an attempt judged dead that still runs
+   can then no longer publish (its publish requires its branch), so it cannot publish a
+   snapshot pointing at files step 3 deletes.
+3. Delete orphan files: files under the table location that no snapshot references and that
+   are older than the cut-off: the earlier of the instant taken *before* the refs are read
+   again after the drop and the start of every attempt those refs show (minus
    ``LAKE_ORPHAN_CLOCK_SKEW_S``). These are files a dead attempt wrote before its branch
-   commit. Live attempts register their branch before writing, so their files are newer
-   than the cut-off and are never touched. Uses Iceberg's ``DeleteOrphanFiles`` Spark
-   action (the ``remove_orphan_files`` procedure refuses windows under 24 hours).
-3. Drop the dead branches.
+   commit. An attempt registers its branch before writing, so one the refs do not show
+   started after the cut-off instant, and its files are newer than the cut-off. Uses Iceberg's
+   ``DeleteOrphanFiles`` Spark action (the ``remove_orphan_files`` procedure refuses windows
+   under 24 hours). A crash between steps 2 and 3 leaves the orphans to maintenance's orphan
+   removal.
 4. Expire the snapshots no ref reaches any more that the write path made (ingest snapshots,
    dead-letter snapshots, or any that hold no data), with Iceberg's ``expire_snapshots``
    procedure by snapshot id. It deletes exactly the files only those snapshots reference: a
@@ -166,7 +171,6 @@ def recover(
         run simply repeats it.
     """
     report = RecoveryReport()
-    now_ms = int(time.time() * 1000)
     view = view or load_view()
     attempts = [a for a in (parse_attempt(n) for n in view.refs) if a is not None]
     if only is not None:
@@ -185,15 +189,29 @@ def recover(
     if not dead and not pending:
         return report
     if dead:
-        cutoff = min([now_ms] + [a.started_ms for a in live]) - int(clock_skew_s * 1000)
-        report.orphan_files_deleted = delete_orphan_files(spark, qualified_table, cutoff)
-        for a in dead:
-            spark.sql(f"ALTER TABLE {qualified_table} DROP BRANCH IF EXISTS `{a.branch}`")
-        view = load_view()
+        view, before_ms = _drop_then_reload(spark, qualified_table, dropped, load_view)
         pending = expirable_snapshots(view, set())
+        cutoff = _orphan_cutoff(view, before_ms, dropped, clock_skew_s)
+        report.orphan_files_deleted = delete_orphan_files(spark, qualified_table, cutoff)
     expire_snapshot_ids(spark, catalog_name, identifier, pending)
     report.expired_snapshots = pending
     return report
+
+
+def _drop_then_reload(spark, qualified_table: str, dropped: set[str], load_view) -> tuple[TableMetadataView, int]:
+    """Drop the ``dropped`` branches, then read the refs again; returns that view and the instant
+    (ms since epoch) taken just before the read."""
+    for branch in sorted(dropped):
+        spark.sql(f"ALTER TABLE {qualified_table} DROP BRANCH IF EXISTS `{branch}`")
+    before_ms = int(time.time() * 1000)  # before the refs are read: an attempt they miss starts later
+    return load_view(), before_ms
+
+
+def _orphan_cutoff(view: TableMetadataView, before_ms: int, dropped: set[str], clock_skew_s: float) -> int:
+    """The orphan cut-off (ms since epoch): the earlier of ``before_ms`` (taken before ``view`` was read)
+    and the start of every attempt branch ``view`` shows that is not ``dropped``, minus the clock skew."""
+    starts = [a.started_ms for a in (parse_attempt(n) for n in view.refs) if a is not None and a.branch not in dropped]
+    return min([before_ms, *starts]) - int(clock_skew_s * 1000)
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The values that flow between the phases of a micro-batch (see docs/architecture.md).
 
-:class:`WritePlan` -> :class:`ReadBatch` -> (summary, a ``dict[str, str]``) ->
+:class:`WritePlan` -> :class:`AttemptBranch` -> :class:`ReadBatch` -> (summary, a ``dict[str, str]``) ->
 :class:`WrittenAttempt` -> :class:`PublishedCommit` -> :class:`BatchResult`. All frozen: a
 phase returns a new value and never edits the one it got.
 """
@@ -35,14 +35,16 @@ class Target:
 class WritePlan:
     """Everything a batch needs to commit: the offsets to read (``offsets``, planned on the target
     ref's head ``offsets.base_snapshot_id``), the ingest state at that head (``base``), the target,
-    offset ranges an operator accepts as lost with this commit (``new_gaps``, accept-gap only)
-    and extra summary properties (a replay's ``kafka.replay-of``)."""
+    offset ranges an operator accepts as lost with this commit (``new_gaps``, accept-gap only),
+    extra summary properties (a replay's ``kafka.replay-of``) and the pyiceberg ``Table`` the plan was
+    made on (``table``, the branch commit's base; None: the branch commit loads it)."""
 
     target: Target
     offsets: BatchPlan
     base: IngestState
     new_gaps: tuple = ()
     extra_summary: Mapping[str, str] = field(default_factory=dict)
+    table: object = field(default=None, compare=False, repr=False)
 
     @property
     def base_snapshot_id(self) -> int | None:
@@ -58,6 +60,17 @@ class WritePlan:
     def start_offsets(self) -> dict[int, int]:
         """First offset to read per partition (:attr:`BatchPlan.start_offsets`)."""
         return self.offsets.start_offsets
+
+
+@dataclass(frozen=True)
+class AttemptBranch:
+    """An attempt's branch as its commit made it: ``name``, the snapshot it starts at (``base_snapshot_id``)
+    and the pyiceberg ``Table`` as committed (``table``: the read and write phases' schema, spec and
+    FileIO, and the publish's base)."""
+
+    name: str
+    base_snapshot_id: int
+    table: object = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,8 @@ class WrittenAttempt:
       and the publish phase commits them on top of ``branch_base`` in one commit.
 
     ``dead_letter_snapshot_id``: the dead-letter snapshot holding its bad records (None: none written).
+    ``table``: the pyiceberg ``Table`` as the branch commit returned it (the files were written for its
+    default spec and format version; the publish commits on it first).
     """
 
     branch: str
@@ -132,6 +147,7 @@ class WrittenAttempt:
     files: tuple | None = None
     summary: Mapping[str, str] = field(default_factory=dict)
     branch_base: int | None = None
+    table: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

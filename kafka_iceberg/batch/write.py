@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from kafka_iceberg.batch.commit import StaleBaseError, commit
+from kafka_iceberg.batch.commit import RetryPolicy, commit_branch
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, file_writer, write_rows
-from kafka_iceberg.batch.types import ReadBatch, WritePlan, WrittenAttempt
+from kafka_iceberg.batch.types import AttemptBranch, ReadBatch, WritePlan, WrittenAttempt
 from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.cdc.changes import DELETE, reduce_changes
 from kafka_iceberg.cdc.upsert import merge_changes
@@ -70,11 +70,12 @@ def max_timestamps(previous: Mapping[int, int], stats) -> dict[int, int]:
     return out
 
 
-def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | None) -> int:
-    """Create ``branch`` at ``at_snapshot`` (``main`` of an empty table); returns its head snapshot id.
-    At a snapshot: one commit on the metadata this micro-batch last loaded (:func:`_commit_branch`).
-    On an empty table: ``ALTER TABLE ... CREATE BRANCH``, which makes an empty snapshot, and one
-    metadata load to learn its id.
+def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | None, base=None) -> AttemptBranch:
+    """Create ``branch`` at ``at_snapshot`` (``main`` of an empty table); returns it with the table as
+    committed. At a snapshot: one commit on ``base`` (the pyiceberg ``Table`` the plan was made on; no
+    reload of the history) or, when it lacks the snapshot or the table moved since, on a fresh load
+    (:func:`_commit_branch`). On an empty table: ``ALTER TABLE ... CREATE BRANCH``, which makes an empty
+    snapshot, and one metadata load to learn its id.
 
     Raises:
         LakeError: the branch was not created. CatalogUnavailableError: the retries ran out.
@@ -82,49 +83,37 @@ def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | N
     """
 
     def created():
-        return lake.history(identifier).refs.get(branch)
+        table = lake.load(identifier)
+        return table if branch in table.metadata.refs else None
 
     what = f"table {identifier}: create branch {branch}"
     if at_snapshot is not None:
-        lake.retry(what, lambda: _commit_branch(lake, identifier, branch, at_snapshot), before_retry=created)
-        return at_snapshot
+        table = lake.retry(what, lambda: _commit_branch(lake, identifier, branch, at_snapshot, base), created)
+        return AttemptBranch(branch, at_snapshot, table)
     lake.sql(what, f"ALTER TABLE {lake.catalog_name}.{identifier} CREATE BRANCH `{branch}`", before_retry=created)
-    head = created()
-    if head is None:
+    table = created()
+    if table is None:
         raise LakeError(f"table {identifier}: branch {branch} was not created")
-    return head
+    return AttemptBranch(branch, table.metadata.refs[branch].snapshot_id, table)
 
 
-BRANCH_COMMIT_TRIES = 4
-"""Commits of a new attempt branch tried on a fresh load when the table moved meanwhile (Iceberg's
-Java default of ``commit.retry.num-retries`` is 4 as well)."""
-
-
-def _commit_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int) -> None:
-    """The branch commit (:func:`kafka_iceberg.batch.commit.commit`): on the table as this micro-batch
-    last loaded it (no reload of the history), or, when another commit landed since, on a fresh load.
-    The committed table becomes the one later phases start from (``lake.loaded``).
+def _commit_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int, base):
+    """The branch commit (:func:`kafka_iceberg.batch.commit.commit_branch`) on ``base``, or on a fresh load
+    when ``base`` is None or lacks ``at_snapshot``; a stale base is tried again on a fresh load as the
+    table's ``commit.retry.*`` properties say (:class:`~kafka_iceberg.batch.commit.RetryPolicy`).
+    Returns the committed pyiceberg ``Table``.
 
     Raises:
         CommitFailedException: the branch exists (another attempt by that name), or the table moved
-            under each of :data:`BRANCH_COMMIT_TRIES` tries.
+            under every try.
     """
-    from pyiceberg.table.refs import SnapshotRefType
-    from pyiceberg.table.update import AssertRefSnapshotId, SetSnapshotRefUpdate
-
-    requirements = (AssertRefSnapshotId(ref=branch, snapshot_id=None),)  # None: the branch must not exist
-    updates = (SetSnapshotRefUpdate(ref_name=branch, type=SnapshotRefType.BRANCH, snapshot_id=at_snapshot),)
-    base = lake.loaded.get(identifier)
-    for attempt in range(BRANCH_COMMIT_TRIES):
-        if base is None or base.snapshot_by_id(at_snapshot) is None:
-            base = lake.load(identifier)
-        try:
-            lake.loaded[identifier] = commit(base, requirements, updates)
-            return
-        except StaleBaseError:
-            if attempt + 1 == BRANCH_COMMIT_TRIES:
-                raise
-            base = None
+    table = base if base is not None and base.snapshot_by_id(at_snapshot) is not None else lake.load(identifier)
+    for tried in RetryPolicy.of(table.metadata.properties).retrying():
+        with tried:
+            if tried.retry_state.attempt_number > 1:
+                table = lake.load(identifier)
+            return commit_branch(table, branch, at_snapshot)
+    raise AssertionError("unreachable: the retries re-raise")
 
 
 def append(
@@ -194,10 +183,11 @@ def _committed(
     return head, view
 
 
-def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
+def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch, table) -> tuple:
     """``LAKE_WRITER=arrow``: the data files the read tasks wrote, plus files for the good records
     Spark classified (:func:`~kafka_iceberg.batch.files.write_rows`); nothing is committed (the
-    publish phase commits them). Returns the pyiceberg ``DataFile`` s.
+    publish phase commits them). ``table``: the pyiceberg ``Table`` the attempt's branch commit returned.
+    Returns the pyiceberg ``DataFile`` s.
 
     Raises:
         LakeError: the files do not hold ``batch.records`` rows (they are deleted; nothing is published).
@@ -207,7 +197,7 @@ def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
         if batch.records > sum(f.record_count for f in files):
             files += write_rows(
                 lake.spark,
-                file_writer(lake, spec, batch.columns),
+                file_writer(table, spec, batch.columns),
                 table_rows(batch.classified, spec, list(batch.columns)),
             )
         written = sum(f.record_count for f in files)
@@ -217,17 +207,15 @@ def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch) -> tuple:
                 f"rows but {batch.records} records were added; nothing was published"
             )
     except Exception:
-        table = lake.loaded.get(spec.identifier)  # prepare's load; without one the files stay for recovery
-        if table is not None:
-            discard(table.io, files)
+        discard(table.io, files)
         raise
     return tuple(files)
 
 
 def write_attempt(
-    lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, branch: str, branch_base: int, commit_id: str
+    lake: Lake, spec: TableSpec, plan: WritePlan, batch: ReadBatch, attempt: AttemptBranch, commit_id: str
 ) -> WrittenAttempt:
-    """Write the batch for the attempt ``branch`` (created at ``branch_base``): bad records first to the
+    """Write the batch for the ``attempt`` branch: bad records first to the
     same-named branch of the dead-letter table (when the target has one), then the good rows with
     the summary, which points at that dead-letter snapshot: appended to ``branch``, or (arrow writer)
     as data files the publish phase commits (see :class:`~kafka_iceberg.batch.types.WrittenAttempt`).
@@ -236,14 +224,16 @@ def write_attempt(
         LakeError: a write did not reconcile. CatalogUnavailableError: retries ran out.
     """
     dlq, dlq_snapshot, pointer = plan.target.dead_letter_table, None, None
+    branch, branch_base = attempt.name, attempt.base_snapshot_id
     shuffle = not plan.offsets.one_read_task(lake.settings.max_records_per_task)  # one read task: rows in one partition
     if batch.quarantined and dlq is not None:  # created with the table (Lake.ensure_tables)
-        dlq_base = create_branch(lake, dlq, branch, lake.history(dlq).main)
+        dlq_view = lake.history(dlq)
+        dlq_branch = create_branch(lake, dlq, branch, dlq_view.main, dlq_view.table)
         dlq_snapshot, _ = append(
             lake,
             dlq,
             branch,
-            dlq_base,
+            dlq_branch.base_snapshot_id,
             dead_letter_rows(batch.classified, commit_id),
             dead_letter_summary(commit_id, spec.identifier),
             batch.quarantined,
@@ -261,9 +251,10 @@ def write_attempt(
             None,
             dlq_snapshot,
             None,
-            files=write_files(lake, spec, batch),
+            files=write_files(lake, spec, batch, attempt.table),
             summary=summary,
             branch_base=branch_base,
+            table=attempt.table,
         )
     rows = table_rows(batch.classified, spec, list(batch.columns))
     snapshot_id, history = append(

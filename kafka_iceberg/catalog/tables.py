@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog
@@ -106,6 +106,7 @@ class TableMetadataView:
     snapshots: dict[int, SnapshotInfo]
     refs: dict[str, int]  # branch or tag name -> snapshot id
     metadata_location: str
+    table: object = field(default=None, compare=False, repr=False)  # the pyiceberg Table it was read from
 
     @property
     def main(self) -> int | None:
@@ -122,7 +123,7 @@ def metadata_view(table: Table) -> TableMetadataView:
             summary["operation"] = s.summary.operation.value
         snaps[s.snapshot_id] = SnapshotInfo(s.snapshot_id, s.parent_snapshot_id, s.timestamp_ms, summary)
     refs = {name: ref.snapshot_id for name, ref in table.metadata.refs.items()}
-    return TableMetadataView(snaps, refs, table.metadata_location)
+    return TableMetadataView(snaps, refs, table.metadata_location, table)
 
 
 def read_state(catalog: Catalog, identifier: str) -> IngestState:
