@@ -47,6 +47,7 @@ def rehearsal():
     yield from rehearsal_on_own_broker("lake-rehearsal-acl-", seed=13)
 
 
+@pytest.mark.timeout(2400)  # four sink processes, each starting Spark
 def test_acl_revoked_mid_run_fails_clearly_alerts_commits_nothing_and_recovers(rehearsal):
     assert "acl_revoked" in _load_scenarios()
     result = acl_revoked(rehearsal)

@@ -39,9 +39,10 @@ def rehearsal():
     yield from rehearsal_on_own_broker("lake-rehearsal-s3-", seed=17)
 
 
+@pytest.mark.timeout(2400)  # several sink processes, each starting Spark
 def test_storage_faults_observed_retried_exactly_once(rehearsal):
     assert "storage_faults" in _load_scenarios()
-    result = storage_faults(rehearsal, seconds=40)
+    result = storage_faults(rehearsal, seconds=30, min_batches=3)
     print("\n" + format_table([result]))
     assert result.faults > 0
     assert result.tally.produced > 0 and result.tally.in_table > 0 and result.tally.quarantined > 0

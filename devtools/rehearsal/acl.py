@@ -146,6 +146,7 @@ def acl_revoked(r: Rehearsal, rate: float = 60.0, partitions: int = 2) -> Scenar
             traffic.start()
             time.sleep(2)
             first = lake.catch_up(decl)
+            r.log(f"  first catch-up: rc {first.returncode} at {time.monotonic() - t0:.0f} s")
             before = read_state(mr.catalog, spec.identifier)
             main_before = load_table(mr.catalog, spec.identifier).metadata.current_snapshot_id
             group_before = kafka.group_offsets(spec.consumer_group, topic)
@@ -161,6 +162,7 @@ def acl_revoked(r: Rehearsal, rate: float = 60.0, partitions: int = 2) -> Scenar
             revoker.start()
             refused = lake.catch_up(decl, timeout_s=600)
             revoker.join(30)
+            r.log(f"  ACLs revoked mid-run: rc {refused.returncode} at {time.monotonic() - t0:.0f} s")
             after = read_state(mr.catalog, spec.identifier)
             main_after = load_table(mr.catalog, spec.identifier).metadata.current_snapshot_id
             alerts_after_refusal = list(slack.messages)
@@ -172,6 +174,7 @@ def acl_revoked(r: Rehearsal, rate: float = 60.0, partitions: int = 2) -> Scenar
             _revoke(cluster, GROUP_REFUSED)
             group_only = lake.catch_up(decl, timeout_s=600)
             _grant(cluster, GROUP_REFUSED)
+            r.log(f"  group ACL revoked: rc {group_only.returncode} at {time.monotonic() - t0:.0f} s")
             time.sleep(2)
             traffic.stop()
 

@@ -48,29 +48,52 @@ def _catalog_properties(db: str, bucket: str, endpoint: str) -> str:
     )
 
 
-def _run_sinks(lake: Lake, decl: dict, seconds: float) -> tuple[list[dict], list[tuple[int, str]]]:
-    """Micro-batches in a loop for ``seconds``; a sink that exits is started again. Returns the
-    micro-batches' JSON lines and (exit code, last stderr line) of every sink that exited early."""
+def _committed(out: bytes | None) -> list[dict]:
+    return [json.loads(line) for line in (out or b"").decode().splitlines() if line.startswith("{")]
+
+
+def _run_sinks(
+    lake: Lake, decl: dict, seconds: float, min_batches: int, max_s: float
+) -> tuple[list[dict], list[tuple[int, str]]]:
+    """Micro-batches in a loop for at least ``seconds`` and until ``min_batches`` of them committed
+    (at most ``max_s`` seconds); a sink that exits is started again. Returns the micro-batches'
+    JSON lines and (exit code, last stderr line) of every sink that exited on its own."""
     batches: list[dict] = []
     exits: list[tuple[int, str]] = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    t0 = time.monotonic()
+
+    def enough(partial: bytes | None) -> bool:
+        done = sum(1 for b in batches + _committed(partial) if b.get("committed"))
+        elapsed = time.monotonic() - t0
+        return (elapsed >= seconds and done >= min_batches) or elapsed >= max_s
+
+    while not enough(None):
         proc = lake.sink(decl, "loop")
-        try:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            lines = err.decode().strip().splitlines()
-            exits.append((proc.returncode, lines[-1][:300] if lines else ""))
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            out, _ = proc.communicate()
-        batches += [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+        while True:
+            try:
+                out, err = proc.communicate(timeout=5)
+                lines = err.decode().strip().splitlines()
+                exits.append((proc.returncode, lines[-1][:300] if lines else ""))
+                break
+            except subprocess.TimeoutExpired as exc:
+                if enough(exc.output):
+                    kill_group(proc)
+                    out, _ = proc.communicate()
+                    break
+        batches += _committed(out)
     return batches, exits
 
 
 def storage_faults(
-    r: Rehearsal, seconds: float = 90.0, share: float = 0.1, rate: float = 150.0, seed: int = 11
+    r: Rehearsal,
+    seconds: float = 90.0,
+    min_batches: int = 10,
+    share: float = 0.1,
+    rate: float = 150.0,
+    seed: int = 11,
 ) -> ScenarioResult:
-    """See the module docstring: ``share`` of PUTs and GETs faulted for ``seconds`` while a sink
+    """See the module docstring: ``share`` of PUTs and GETs faulted for at least ``seconds`` and
+    until ``min_batches`` micro-batches committed under faults (at most 20 minutes) while a sink
     loops; then the faults stop, a last catch-up runs, and every record is reconciled."""
     t0 = time.monotonic()
     home = r.lake.home
@@ -103,9 +126,11 @@ def storage_faults(
         traffic.start()
         time.sleep(2)
         first = lake.catch_up(decl)  # creates the tables, no faults yet
+        r.log(f"  first catch-up: rc {first.returncode} at {time.monotonic() - t0:.0f} s; faults on")
         proxy.enabled = True
-        batches, exits = _run_sinks(lake, decl, seconds)
+        batches, exits = _run_sinks(lake, decl, seconds, min_batches, 1200.0)
         proxy.enabled = False
+        r.log(f"  faults off at {time.monotonic() - t0:.0f} s: {proxy.counts()}; sinks that exited: {exits}")
         traffic.stop()
         retried, never = proxy.retried()
         counts = proxy.counts()
@@ -118,8 +143,6 @@ def storage_faults(
             "faulted requests were retried": retried > 0,
             "micro-batches committed through the faults": committed > 0,
         }
-        if not all(checks.values()) or exits:
-            r.log(f"  sinks that exited: {exits}")
         sr._final_catch_up(decl, checks)
         checks["no attempt branches left"] = sr._no_leftovers(spec)
         checks["no overlapping snapshot ranges"] = sr._no_overlaps(spec)
