@@ -240,12 +240,15 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
 def _alert_failure(identifier: str, run_id: str, exc: Exception) -> None:
     """Post the alert a failed materialization gets (what Dagster's run-failure sensor sends, see
     ``kafka_iceberg.sensors.alerts``) through :class:`kafka_iceberg.ops.alerts.AlertSink`: to Slack
-    when ``SLACK_BOT_TOKEN`` is set (a rehearsal points ``SLACK_API_BASE_URL`` at a recorder),
-    else only logged."""
+    when ``SLACK_BOT_TOKEN`` is set (a rehearsal points ``SLACK_API_BASE_URL`` at a recorder); nothing
+    otherwise, so the error stays the sink's last stderr line."""
     from kafka_iceberg.ops.alerts import Alert, AlertSink
 
+    sink = AlertSink.from_env()
+    if not sink.configured:
+        return
     line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    AlertSink.from_env().send(
+    sink.send(
         Alert(
             table=identifier,
             asset_key_path=["lake", *identifier.split(".")],
