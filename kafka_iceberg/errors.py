@@ -22,6 +22,12 @@ class BrokerUnavailableError(LakeError):
     """The Kafka cluster did not answer within the configured timeout."""
 
 
+class NotAuthorizedError(LakeError):
+    """The cluster refused this client an operation on a topic or consumer group (a Kafka ACL:
+    ``TOPIC_AUTHORIZATION_FAILED``, ``GROUP_AUTHORIZATION_FAILED``, ``CLUSTER_AUTHORIZATION_FAILED``).
+    Not retried: nothing is committed until the ACL is granted again."""
+
+
 class CatalogUnavailableError(LakeError):
     """The Iceberg catalog (its JDBC database) could not be reached."""
 

@@ -218,6 +218,7 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
                         "quarantined": result.quarantined,
                         "lag": result.total_lag,
                         "committed": result.committed,
+                        "group_commit_error": result.group_commit_error,
                     }
                 ),
                 flush=True,
@@ -228,11 +229,37 @@ def _sink_main(declaration: str, mode: str, commit_prefix: str) -> int:
                 time.sleep(0.5)
     except LakeError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        _alert_failure(spec.identifier, commit_prefix, exc)
         return 3
     except Exception as exc:  # not one of ours: reported as unclean
         text = str(exc).strip().splitlines()
         print(f"unexpected {type(exc).__name__}: {text[0][:500] if text else ''}", file=sys.stderr, flush=True)
         return 4
+
+
+def _alert_failure(identifier: str, run_id: str, exc: Exception) -> None:
+    """Post the alert a failed materialization gets (what Dagster's run-failure sensor sends, see
+    ``kafka_iceberg.sensors.alerts``) through :class:`kafka_iceberg.ops.alerts.AlertSink`: to Slack
+    when ``SLACK_BOT_TOKEN`` is set (a rehearsal points ``SLACK_API_BASE_URL`` at a recorder); nothing
+    otherwise, so the error stays the sink's last stderr line."""
+    from kafka_iceberg.ops.alerts import Alert, AlertSink
+
+    sink = AlertSink.from_env()
+    if not sink.configured:
+        return
+    line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    sink.send(
+        Alert(
+            table=identifier,
+            asset_key_path=["lake", *identifier.split(".")],
+            measure="run_status",
+            value="FAILURE",
+            severity="ERROR",
+            summary=f"micro-batch {run_id} of {identifier} failed: {line}",
+            source="run failure",
+            extra={"error": line},
+        )
+    )
 
 
 @dataclass
@@ -361,7 +388,7 @@ def _scan(catalog, identifier: str, columns: str) -> list[tuple]:
     table = load_table(catalog, identifier)
     if table is None or table.current_snapshot() is None:
         return []
-    con = duck.connect()
+    con = duck.connect(s3=dict(table.io.properties) if table.metadata_location.startswith("s3") else None)
     return con.execute(f"SELECT {columns} FROM {duck.scan_sql(table.metadata_location)}").fetchall()
 
 
@@ -998,6 +1025,8 @@ SCENARIO_MODULES: tuple[str, ...] = (
     "devtools.rehearsal.dagster_runs",
     "devtools.rehearsal.mock",
     "devtools.rehearsal.cdc",
+    "devtools.rehearsal.storage",
+    "devtools.rehearsal.acl",
     "devtools.rehearsal.workers",
 )
 

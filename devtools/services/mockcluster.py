@@ -77,6 +77,12 @@ def _load() -> ctypes.CDLL:
         "rd_kafka_mock_request_id": (i32, [vp]),
         "rd_kafka_mock_request_api_key": (ctypes.c_int16, [vp]),
         "rd_kafka_mock_request_timestamp": (ctypes.c_int64, [vp]),
+        "rd_kafka_mock_push_request_errors_array": (
+            None,
+            [vp, ctypes.c_int16, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)],
+        ),
+        "rd_kafka_mock_clear_request_errors": (None, [vp, ctypes.c_int16]),
+        "rd_kafka_mock_topic_set_error": (None, [vp, cp, ctypes.c_int]),
         # not in rdkafka_mock.h of v2.x, but exported by 2.16 (librdkafka's tests/0156 call it):
         # void (mcluster, int32_t controller_id)
         "rd_kafka_mock_set_controller_id": (None, [vp, i32]),
@@ -185,6 +191,21 @@ class MockCluster:
         self._check(
             self._lib.rd_kafka_mock_broker_set_rtt(self._live(), broker_id, rtt_ms), f"set rtt of broker {broker_id}"
         )
+
+    def push_request_errors(self, api_key: int, error: int, count: int) -> None:
+        """Answer the next ``count`` requests of ``api_key`` (see :data:`API_KEYS`), from any client to
+        any broker, with the Kafka error code ``error`` (e.g. ``KafkaError.TOPIC_AUTHORIZATION_FAILED``)
+        for every partition or group they name; :meth:`clear_request_errors` drops the rest."""
+        errors = (ctypes.c_int * count)(*([error] * count))
+        self._lib.rd_kafka_mock_push_request_errors_array(self._live(), api_key, count, errors)
+
+    def clear_request_errors(self, api_key: int) -> None:
+        """Drop the errors still pushed for ``api_key``: its requests are answered normally again."""
+        self._lib.rd_kafka_mock_clear_request_errors(self._live(), api_key)
+
+    def set_topic_error(self, topic: str, error: int) -> None:
+        """Report ``error`` for ``topic`` in every Metadata answer (0: none), to every client."""
+        self._lib.rd_kafka_mock_topic_set_error(self._live(), topic.encode(), error)
 
     def delete_records(self, topic: str, partition: int, before_offset: int) -> None:
         """Move the log start offset of ``topic``/``partition`` up to ``before_offset`` (as retention would)."""

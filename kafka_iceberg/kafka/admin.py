@@ -25,7 +25,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from kafka_iceberg.batch.planning import Watermarks
-from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
+from kafka_iceberg.errors import BrokerUnavailableError, NotAuthorizedError, TopicNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,24 @@ LEADER_MOVED = (
     KafkaError._NOENT,  # librdkafka: "Failed to query partition leaders: No leaders found" (none elected yet)
 )
 """ListOffsets errors that mean "the partition's leader is moving, ask its new leader": sent again."""
+
+NOT_AUTHORIZED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+}
+"""Kafka error codes of a refused ACL -> what the ACL is on (raised as :class:`NotAuthorizedError`)."""
+
+
+def not_authorized(what: str, err: object) -> NotAuthorizedError | None:
+    """The :class:`NotAuthorizedError` of a librdkafka ``KafkaError`` that is an ACL refusal, else None.
+    ``what`` names the operation and the topic or group, e.g. ``list offsets of topic orders``."""
+    if not isinstance(err, KafkaError) or err.code() not in NOT_AUTHORIZED:
+        return None
+    return NotAuthorizedError(
+        f"{what}: not authorized ({err.name()}): the client's principal lacks the {NOT_AUTHORIZED[err.code()]} "
+        "ACL; nothing was committed; grant it and the next micro-batch continues"
+    )
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,9 @@ class KafkaMetadata:
                     raise TopicNotFoundError(
                         f"{what}: topic does not exist on {self.config.bootstrap_servers}: {err}"
                     ) from exc
+                refused = not_authorized(what, err)
+                if refused is not None:
+                    raise refused from exc
                 raise BrokerUnavailableError(f"{what} failed against {self.config.bootstrap_servers}: {exc}") from exc
             except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11
                 raise BrokerUnavailableError(
@@ -214,6 +235,7 @@ class KafkaMetadata:
         Raises:
             BrokerUnavailableError: the broker refused or did not answer (for example because
                 the group has active members, which the broker does not allow).
+            NotAuthorizedError: the group's ACL does not allow it.
         """
         request = [
             ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
@@ -222,7 +244,13 @@ class KafkaMetadata:
             futures = self.admin.alter_consumer_group_offsets(request, request_timeout=self.config.timeout_s)
         except KafkaException as exc:
             raise BrokerUnavailableError(f"commit offsets of group {group}: {exc}") from exc
-        self._wait(futures, f"commit offsets of group {group}")
+        what = f"commit offsets of group {group} on topic {topic}"
+        for result in self._wait(futures, what).values():  # a refused partition is not a failed future
+            for tp in result.topic_partitions:
+                if tp.error is not None:
+                    raise not_authorized(what, tp.error) or BrokerUnavailableError(
+                        f"{what}: partition {tp.partition}: {tp.error}"
+                    )
 
     def group_offsets(self, group: str, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
         """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent).

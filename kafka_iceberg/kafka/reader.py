@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
-from kafka_iceberg.errors import DataLossError, ReadTimeoutError
+from kafka_iceberg.errors import DataLossError, NotAuthorizedError, ReadTimeoutError
 
 RAW_SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, "
@@ -178,7 +178,8 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
     ``where`` is (table, topic, partition) for errors.
 
     Raises:
-        DataLossError: the next offset is gone. KafkaException: a fatal or non-retriable error.
+        DataLossError: the next offset is gone. NotAuthorizedError: the topic's ACL refuses the read.
+        KafkaException: another fatal or non-retriable error.
     """
     from confluent_kafka import KafkaError, KafkaException
 
@@ -197,6 +198,11 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
                     continue
                 if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                     raise DataLossError(*where, position, -1)
+                if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED):
+                    raise NotAuthorizedError(
+                        f"table {where[0]}: read of topic {where[1]} partition {where[2]} at offset {position}: "
+                        f"not authorized ({err.name()}); nothing was committed"
+                    )
                 if err.fatal() or not (err.retriable() or code in transient):
                     raise KafkaException(err)
                 # a broker blip: librdkafka reconnects and refetches on its own; the
