@@ -20,6 +20,7 @@ from kafka_iceberg.declaration.models import (
     TableDecl,
     parse_duration_s,
 )
+from kafka_iceberg.ops.lag import LagRules
 from kafka_iceberg.ops.retention import RetentionPolicy
 
 DECLARED = [
@@ -30,6 +31,7 @@ DECLARED = [
     spec.BadRecordPolicy,
     spec.TableSpec,
     RetentionPolicy,
+    LagRules,
     format_spec.FormatSpec,
 ]
 

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.config.models import RuntimeSettings
 from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class KafkaConfig:
 
     bootstrap_servers: str
     client_config: Mapping[str, str]
-    timeout_s: float = 30.0
+    timeout_s: float = RuntimeSettings.model_fields["kafka_timeout_s"].default  # LAKE_KAFKA_TIMEOUT_S
 
     @classmethod
     def from_settings(cls, settings) -> KafkaConfig:
