@@ -26,6 +26,7 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg.catalog.config import SECRET_KEYS
 from kafka_iceberg.catalog.spark import catalog_conf, spark_conf
 from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.config.models import RuntimeSettings
 from kafka_iceberg.config.settings import (
     Settings,
     export_spark_environment,
@@ -48,7 +49,7 @@ class KafkaResource(ConfigurableResource):
 
     bootstrap_servers: str
     client_config_json: str = "{}"
-    timeout_s: float = 30.0
+    timeout_s: float = RuntimeSettings.model_fields["kafka_timeout_s"].default
 
     def config(self) -> KafkaConfig:
         """The connection settings as a :class:`KafkaConfig`."""
@@ -82,7 +83,7 @@ class LakeSparkResource(PySparkResource):
     """
 
     catalog: IcebergCatalogResource
-    open_retry_s: float = 60.0
+    open_retry_s: float = RuntimeSettings.model_fields["catalog_retry_s"].default
 
     @classmethod
     def _is_dagster_maintained(cls) -> bool:

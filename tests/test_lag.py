@@ -125,10 +125,11 @@ def test_steady_load_with_runs_longer_than_any_window_stays_ok():
 
 def test_unbounded_retention_never_warns():
     from kafka_iceberg.batch.planning import Watermarks
-    from kafka_iceberg.ops.retention import RetentionPolicy
+    from kafka_iceberg.declaration.models import RetentionDecl
+    from kafka_iceberg.declaration.spec import retention_policy
     from kafka_iceberg.ops.retention import evaluate as retention_status
 
-    policy, statuses = RetentionPolicy(), set()
+    policy, statuses = retention_policy(RetentionDecl(), "t"), set()
     for hour in range(48):  # a table 99% behind, its oldest unread record ever older
         now_ms = BASE_TS_MS + hour * 3_600_000
         status, parts = retention_status({0: Watermarks(0, 10_000 + hour)}, {0: 1}, -1, {0: BASE_TS_MS}, now_ms, policy)

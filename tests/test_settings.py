@@ -82,3 +82,38 @@ def test_env_references_debug_and_run_catalog(monkeypatch, tmp_path):
         "LAKE_CATALOG_PROPERTIES", '{"type": "sql", "uri": "%s"}' % uri
     )  # a changed environment: resolved anew
     assert run_catalog("lake", uri, f"file://{tmp_path}/wh") is not cat
+
+
+def test_every_variable_is_a_model_field_documented_in_configuration_md():
+    """Each settings field is read from the variable its description names, and docs/configuration.md lists it."""
+    from pathlib import Path
+
+    from kafka_iceberg.config import models
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    groups = [models.RuntimeSettings, models.StreamSettings, models.SlackSettings, models.RegistrySettings]
+    variables = []
+    for group in groups:
+        for name, field in group.model_fields.items():
+            var = field.validation_alias
+            assert field.description and field.description.startswith(f"{var}: "), f"{group.__name__}.{name}"
+            variables.append(var)
+    assert len(variables) == len(set(variables)) >= 30
+    missing = [v for v in variables if f"`{v}`" not in docs]
+    assert missing == [], f"docs/configuration.md does not list {missing}"
+
+
+def test_malformed_values_name_their_variable():
+    for env, message in [
+        ({"LAKE_JSON_PARSER": "fast"}, "LAKE_JSON_PARSER must be one of 'arrow' or 'spark', got 'fast'"),
+        ({"LAKE_MAX_RECORDS_PER_TASK": "many"}, "LAKE_MAX_RECORDS_PER_TASK must be a whole number, got 'many'"),
+        ({"LAKE_CATALOG_RETRY_S": "-1"}, "LAKE_CATALOG_RETRY_S must not be negative, got '-1'"),
+        ({"LAKE_SPARK_CONF": "{oops"}, "LAKE_SPARK_CONF must be a JSON object: "),
+        ({"LAKE_WORKERS": "300"}, "LAKE_WORKERS must be <= 256, got '300'"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            load_settings(env=env)
+        assert str(caught.value).startswith(message), str(caught.value)
+    settings = load_settings(env={"LAKE_SPARK_JARS": "/a.jar, ,/b.jar", "KAFKA_CLIENT_CONFIG": '{"linger.ms": 5}'})
+    assert settings.spark_extra_jars == ("/a.jar", "/b.jar") and settings.kafka_client_config == {"linger.ms": "5"}
+    assert load_settings(env={"LAKE_STREAM_BUDGET_S": ""}).stream.budget_s == 300.0, "empty means unset"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError, ServerError, ServiceUnavailableError
 from pyiceberg.table import Table
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_before_delay, wait_exponential
 
 from kafka_iceberg.catalog.config import CatalogConfig
 from kafka_iceberg.cdc.upsert import UPSERT_TABLE_PROPERTIES
@@ -254,7 +254,7 @@ def is_transient_catalog_error(exc: BaseException) -> bool:
 def with_catalog_retry(what: str, fn, budget_s: float, *, before_retry=None):
     """Call ``fn()``; while it fails with a transient catalog error, wait with exponential backoff
     (0.5 s doubling to 8 s) and call ``before_retry()`` then ``fn()`` again, for at most
-    ``budget_s`` seconds in all.
+    ``budget_s`` seconds in all (no wait that would end past the budget). Retried by tenacity.
 
     ``before_retry`` re-reads the table and returns a value to return *instead of* retrying
     when the failed call did take effect after all (for example, the branch already points at
@@ -264,50 +264,43 @@ def with_catalog_retry(what: str, fn, budget_s: float, *, before_retry=None):
         CatalogUnavailableError: the budget ran out; names ``what``, the attempts and the last error.
         Any non-transient exception of ``fn`` or ``before_retry``, unchanged.
     """
-    deadline = time.monotonic() + budget_s
-    delay, attempt = 0.5, 1
+    calls = []
 
-    def give_up(exc: BaseException):
-        text = str(exc).strip()
-        first = text.splitlines()[0][:300] if text else type(exc).__name__
-        err = CatalogUnavailableError(
-            f"{what}: the Iceberg catalog stayed unavailable for {budget_s:.0f} s over {attempt} attempt(s); "
-            f"last error: {first}"
-        )
-        err.retries_exhausted = True
-        return err
-
-    def wait(exc: BaseException) -> None:
-        nonlocal delay, attempt
-        if time.monotonic() + delay > deadline:
-            raise give_up(exc) from exc
-        text = str(exc).strip()
-        log.warning(
-            "%s: transient catalog error (attempt %d), retrying in %.1f s: %s",
-            what,
-            attempt,
-            delay,
-            text.splitlines()[0][:200] if text else type(exc).__name__,
-        )
-        time.sleep(delay)
-        delay, attempt = min(delay * 2, 8.0), attempt + 1
-
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_transient_catalog_error(exc):
-                raise
-            wait(exc)
+    def attempt():
+        calls.append(1)
         # never repeat a call that may have taken effect before looking at the table again
-        while before_retry is not None:
-            try:
-                done = before_retry()
-            except Exception as exc:
-                if not is_transient_catalog_error(exc):
-                    raise
-                wait(exc)
-                continue
+        if before_retry is not None and len(calls) > 1:
+            done = before_retry()
             if done is not None:
                 return done
-            break
+        return fn()
+
+    def give_up(state: RetryCallState):
+        exc = state.outcome.exception()
+        err = CatalogUnavailableError(
+            f"{what}: the Iceberg catalog stayed unavailable for {budget_s:.0f} s over {state.attempt_number} "
+            f"attempt(s); last error: {_first_line(exc, 300)}"
+        )
+        err.retries_exhausted = True
+        raise err from exc
+
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient_catalog_error),
+        wait=wait_exponential(multiplier=0.5, max=8.0),
+        stop=stop_before_delay(budget_s),
+        before_sleep=lambda state: log.warning(
+            "%s: transient catalog error (attempt %d), retrying in %.1f s: %s",
+            what,
+            state.attempt_number,
+            state.upcoming_sleep,
+            _first_line(state.outcome.exception(), 200),
+        ),
+        retry_error_callback=give_up,
+    )
+    return retrying(attempt)
+
+
+def _first_line(exc: BaseException, limit: int) -> str:
+    """The first line of ``exc``'s message (at most ``limit`` characters), or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

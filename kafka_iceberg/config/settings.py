@@ -3,8 +3,12 @@ product packages that reads (or sets) the process environment (``tests/test_layo
 
 :func:`load_settings` reads everything into one frozen :class:`Settings`, once per process and
 environment (a cache keyed by the environment's contents, so a changed variable gives new settings);
-reading opens no connection. ``docs/configuration.md`` mirrors it. Parts that must load even when
-another variable is malformed have their own loaders, used by ``load_settings`` too:
+reading opens no connection. The variables, defaults and units are the pydantic-settings groups of
+:mod:`kafka_iceberg.config.models`, read here through pydantic-settings' environment source over the
+process environment or an explicit mapping (empty values are unset; a bad value is a
+:class:`~kafka_iceberg.errors.ConfigError` naming the variable). ``docs/configuration.md`` lists them.
+Parts that must load even when another variable is malformed have their own loaders, used by
+``load_settings`` too:
 :func:`slack_settings` (alerts never fail), :func:`registry_settings` (Schema Registry credentials),
 :func:`debug_enabled` (``LAKE_DEBUG``, for the CLI's error path) and :func:`expand_env_references`
 (``${VAR}`` in a declared registry URL). :func:`run_catalog` resolves a Dagster resource's catalog
@@ -15,20 +19,29 @@ child-process variables. ``LAKE_CRASH_AT`` (failure rehearsal) is read only by d
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 from urllib.parse import unquote, urlparse
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
+from pydantic_settings import EnvSettingsSource
+from pydantic_settings.sources.utils import parse_env_vars
 
 from kafka_iceberg.catalog.config import CatalogConfig, CatalogSettings, catalog_config_from_env  # noqa: F401 (re-exported)
-from kafka_iceberg.config.models import DEFAULT_SLACK_TIMEOUT_S, RegistrySettings, SlackSettings, StreamSettings
+from kafka_iceberg.config.models import (
+    DEFAULT_SLACK_TIMEOUT_S,
+    EnvGroup,
+    RegistrySettings,
+    RuntimeSettings,
+    SlackSettings,
+    StreamSettings,
+)
 from kafka_iceberg.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -44,40 +57,59 @@ DEV_BROKER_PORT = 19092
 log = logging.getLogger(__name__)
 
 
-def _model(model: type[BaseModel], env: Mapping[str, str], names: dict[str, str]):
-    """``model`` from the variables ``names`` (field -> variable) that are set in ``env``.
+class _MappingSource(EnvSettingsSource):
+    """pydantic-settings' environment source over an explicit mapping (the process environment or a test's)."""
+
+    def __init__(self, group: type[EnvGroup], env: Mapping[str, str]):
+        self._mapping = env
+        super().__init__(group, case_sensitive=True, env_ignore_empty=True)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._mapping, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+_PHRASES = {
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "int_parsing": "must be a whole number",
+    "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
+}
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _problem(err: dict) -> str:
+    """What is wrong with one value, e.g. ``must be a number`` or ``must not be negative``."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in _PHRASES:
+        return _PHRASES[kind]
+    if kind == "greater_than_equal" and ctx.get("ge") == 0:
+        return "must not be negative"
+    if kind in _BOUNDS:
+        return f"must be {_BOUNDS[kind]} {next(iter(ctx.values()), '?')}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def _group(group: type[EnvGroup], env: Mapping[str, str]):
+    """The settings group ``group`` from the variables of ``env`` (empty values already removed).
 
     Raises:
-        ConfigError: a value the model rejects, naming the variable.
+        ConfigError: a value the group rejects, naming the variable, e.g.
+            ``LAKE_KAFKA_TIMEOUT_S must be a number, got 'soon'``.
     """
     try:
-        return model(**{f: env[v] for f, v in names.items() if env.get(v)})
+        return group(**_MappingSource(group, env)())
     except ValidationError as exc:
         err = exc.errors()[0]
-        var = names.get(str(err["loc"][0]), str(err["loc"][0]))
-        raise ConfigError(f"{var}: {err['msg']}, got {env.get(var)!r}") from exc
+        var = str(err["loc"][0]) if err["loc"] else group.__name__
+        raise ConfigError(f"{var} {_problem(err)}, got {env.get(var)!r}") from exc
 
 
 def _process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: the process environment) without empty values (empty = unset)."""
     return {k: v for k, v in (os.environ if env is None else env).items() if v.strip()}
-
-
-_STREAM_VARS = {"budget_s": "LAKE_STREAM_BUDGET_S", "idle_s": "LAKE_STREAM_IDLE_S", "workers": "LAKE_WORKERS"}
-_SLACK_VARS = {
-    "token": "SLACK_BOT_TOKEN",
-    "channel": "SLACK_CHANNEL",
-    "api_base_url": "SLACK_API_BASE_URL",
-    "ui_url": "DAGSTER_UI_URL",
-    "timeout_s": "SLACK_TIMEOUT_S",
-}
-_REGISTRY_VARS = {
-    "basic_auth": "LAKE_SCHEMA_REGISTRY_BASIC_AUTH",
-    "bearer_token": "LAKE_SCHEMA_REGISTRY_BEARER_TOKEN",
-    "logical_cluster": "LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER",
-    "identity_pool": "LAKE_SCHEMA_REGISTRY_IDENTITY_POOL",
-    "ca_location": "LAKE_SCHEMA_REGISTRY_CA",
-}
 
 
 def slack_settings(env: Mapping[str, str] | None = None) -> SlackSettings:
@@ -86,15 +118,15 @@ def slack_settings(env: Mapping[str, str] | None = None) -> SlackSettings:
     default, so a configuration slip cannot fail a run, a check or a sensor tick."""
     env = _process_env(env)
     try:
-        return _model(SlackSettings, env, _SLACK_VARS)
+        return _group(SlackSettings, env)
     except ConfigError as exc:
         log.error("%s; using %s s", exc, DEFAULT_SLACK_TIMEOUT_S)
-        return _model(SlackSettings, env, {k: v for k, v in _SLACK_VARS.items() if k != "timeout_s"})
+        return _group(SlackSettings, {k: v for k, v in env.items() if k != "SLACK_TIMEOUT_S"})
 
 
 def registry_settings(env: Mapping[str, str] | None = None) -> RegistrySettings:
     """The Schema Registry credentials from ``env`` (default: the process environment)."""
-    return _model(RegistrySettings, _process_env(env), _REGISTRY_VARS)
+    return _group(RegistrySettings, _process_env(env))
 
 
 def debug_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -124,7 +156,8 @@ def expand_env_references(raw: str, what: str, env: Mapping[str, str] | None = N
 
 @dataclass(frozen=True)
 class Settings:
-    """All runtime settings. Build with :func:`load_settings`; see docs/configuration.md."""
+    """All runtime settings. Build with :func:`load_settings`; see docs/configuration.md. The
+    variables, their defaults and units are the fields of :mod:`kafka_iceberg.config.models`."""
 
     lake_home: Path
     tables_file: Path | None  # LAKE_TABLES_FILE; None: the tables are the Component instances of the defs folder
@@ -136,26 +169,26 @@ class Settings:
     spark_local_ip: str
     spark_driver_memory: str
     spark_extra_jars: tuple[str, ...]
-    spark_conf: dict[str, str] = field(default_factory=dict)
-    kafka_timeout_s: float = 30.0
-    read_timeout_s: float = 120.0
-    max_records_per_task: int = 250_000
-    json_parser: str = "arrow"  # LAKE_JSON_PARSER: "arrow" (pyarrow in the read task) or "spark" (from_json)
-    writer: str = "arrow"  # LAKE_WRITER: "arrow" (the read task writes what pyarrow parsed) or "spark"
-    attempt_timeout_s: float = 3600.0
-    orphan_clock_skew_s: float = 1.0
-    catalog_retry_s: float = 60.0
-    dagster_executor: str = "in_process"
-    dagster_ui_url: str = "http://127.0.0.1:3000"
-    dagster_home_dir: Path | None = None
-    stream: StreamSettings = field(default_factory=StreamSettings)
-    slack: SlackSettings = field(default_factory=SlackSettings)
-    registry: RegistrySettings = field(default_factory=RegistrySettings)
-    debug: bool = False
+    spark_conf: dict[str, str]
+    kafka_timeout_s: float
+    read_timeout_s: float
+    max_records_per_task: int
+    json_parser: str  # LAKE_JSON_PARSER: "arrow" (pyarrow in the read task) or "spark" (from_json)
+    writer: str  # LAKE_WRITER: "arrow" (the read task writes what pyarrow parsed) or "spark"
+    attempt_timeout_s: float
+    orphan_clock_skew_s: float
+    catalog_retry_s: float
+    dagster_executor: str
+    dagster_ui_url: str
+    dagster_home_dir: Path | None
+    stream: StreamSettings
+    slack: SlackSettings
+    registry: RegistrySettings
+    debug: bool
     """``LAKE_DEBUG``: tracebacks and librdkafka log lines in the CLI."""
-    pyspark_python: str = sys.executable
+    pyspark_python: str
     """``PYSPARK_PYTHON``: the interpreter of Spark's Python workers (default: this one)."""
-    from_process_env: frozenset[str] = frozenset()
+    from_process_env: frozenset[str]
     """Names of the variables read from the process environment (empty when ``load_settings`` was
     given an explicit ``env``): the Dagster resources refer to secret-bearing ones by name
     (``EnvVar``), so the UI shows the variable, never its value."""
@@ -231,45 +264,12 @@ def resolve_catalog(env: dict[str, str], name: str, uri: str, warehouse: str) ->
     return config.to_catalog_settings()
 
 
-def _json_env(env: dict[str, str], key: str) -> dict[str, str]:
-    raw = env.get(key, "").strip()
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{key} must be a JSON object: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a JSON object, got {type(value).__name__}")
-    return {str(k): str(v) for k, v in value.items()}
-
-
-def _number(env: dict[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{key} must be a number, got {raw!r}") from exc
-    if value < 0:
-        raise ConfigError(f"{key} must not be negative, got {raw!r}")
-    return value
-
-
 SECRET_BEARING = ("KAFKA_CLIENT_CONFIG", "LAKE_CATALOG_URI", "LAKE_CATALOG_PROPERTIES", "LAKE_CATALOG_SECRETS_DIR")
 """Variables that may hold a secret (``sasl.password`` in the librdkafka properties, the database
 password in a catalog URI), plus ``PYICEBERG_CATALOG__*`` (credentials of the catalog config)."""
 
-DAGSTER_EXECUTORS = ("in_process", "multiprocess", "k8s")
+DAGSTER_EXECUTORS = get_args(RuntimeSettings.model_fields["dagster_executor"].annotation)
 """Values of ``LAKE_DAGSTER_EXECUTOR``: the executor of the code location's jobs."""
-
-
-def _choice(env: dict[str, str], key: str, default: str, choices: tuple[str, ...]) -> str:
-    value = env.get(key, default)
-    if value not in choices:
-        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-    return value
 
 
 def load_settings(env: dict[str, str] | None = None) -> Settings:
@@ -297,41 +297,40 @@ def _cached_settings(items: tuple[tuple[str, str], ...]) -> Settings:
 
 def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
     """:class:`Settings` from ``env`` (empty values already removed)."""
-    lake_home = Path(env.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
-    bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
-    warehouse = env.get("LAKE_WAREHOUSE") or f"file://{lake_home / 'warehouse'}"
-    catalog_uri = env.get("LAKE_CATALOG_URI") or f"sqlite:///{lake_home / 'catalog.db'}"
-    catalog = resolve_catalog(env, env.get("LAKE_CATALOG_NAME", "lake"), catalog_uri, warehouse)
-    jars = tuple(j for j in env.get("LAKE_SPARK_JARS", "").split(",") if j.strip())
+    run: RuntimeSettings = _group(RuntimeSettings, env)
+    lake_home = (run.lake_home or CHECKOUT / ".lake").resolve()
+    bootstrap = run.kafka_bootstrap_servers.strip()
+    warehouse = run.warehouse or f"file://{lake_home / 'warehouse'}"
+    catalog_uri = run.catalog_uri or f"sqlite:///{lake_home / 'catalog.db'}"
     slack = slack_settings(env)
     return Settings(
         lake_home=lake_home,
-        tables_file=Path(env["LAKE_TABLES_FILE"]).resolve() if env.get("LAKE_TABLES_FILE") else None,
+        tables_file=run.tables_file.resolve() if run.tables_file else None,
         kafka_bootstrap_servers=bootstrap or f"127.0.0.1:{DEV_BROKER_PORT}",
-        kafka_client_config=_json_env(env, "KAFKA_CLIENT_CONFIG"),
+        kafka_client_config=dict(run.kafka_client_config),
         use_dev_broker=not bootstrap,
-        catalog=catalog,
-        spark_master=env.get("SPARK_MASTER", "local[*]"),
-        spark_local_ip=env.get("SPARK_LOCAL_IP", "127.0.0.1"),
-        spark_driver_memory=env.get("LAKE_SPARK_DRIVER_MEMORY", "2g"),
-        spark_extra_jars=jars,
-        spark_conf=_json_env(env, "LAKE_SPARK_CONF"),
-        kafka_timeout_s=_number(env, "LAKE_KAFKA_TIMEOUT_S", 30.0),
-        read_timeout_s=_number(env, "LAKE_READ_TIMEOUT_S", 120.0),
-        max_records_per_task=int(_number(env, "LAKE_MAX_RECORDS_PER_TASK", 250_000)),
-        json_parser=_choice(env, "LAKE_JSON_PARSER", "arrow", ("arrow", "spark")),
-        writer=_choice(env, "LAKE_WRITER", "arrow", ("arrow", "spark")),
-        attempt_timeout_s=_number(env, "LAKE_ATTEMPT_TIMEOUT_S", 3600.0),
-        orphan_clock_skew_s=_number(env, "LAKE_ORPHAN_CLOCK_SKEW_S", 1.0),
-        catalog_retry_s=_number(env, "LAKE_CATALOG_RETRY_S", 60.0),
-        dagster_executor=_choice(env, "LAKE_DAGSTER_EXECUTOR", "in_process", DAGSTER_EXECUTORS),
+        catalog=resolve_catalog(env, run.catalog_name, catalog_uri, warehouse),
+        spark_master=run.spark_master,
+        spark_local_ip=run.spark_local_ip,
+        spark_driver_memory=run.spark_driver_memory,
+        spark_extra_jars=run.spark_extra_jars,
+        spark_conf=dict(run.spark_conf),
+        kafka_timeout_s=run.kafka_timeout_s,
+        read_timeout_s=run.read_timeout_s,
+        max_records_per_task=run.max_records_per_task,
+        json_parser=run.json_parser,
+        writer=run.writer,
+        attempt_timeout_s=run.attempt_timeout_s,
+        orphan_clock_skew_s=run.orphan_clock_skew_s,
+        catalog_retry_s=run.catalog_retry_s,
+        dagster_executor=run.dagster_executor,
         dagster_ui_url=slack.ui_url,
-        dagster_home_dir=Path(env["DAGSTER_HOME"]).resolve() if env.get("DAGSTER_HOME") else None,
-        stream=_model(StreamSettings, env, _STREAM_VARS),
+        dagster_home_dir=run.dagster_home.resolve() if run.dagster_home else None,
+        stream=_group(StreamSettings, env),
         slack=slack,
         registry=registry_settings(env),
         debug=debug_enabled(env),
-        pyspark_python=env.get("PYSPARK_PYTHON", sys.executable),
+        pyspark_python=run.pyspark_python or sys.executable,
         from_process_env=frozenset(k for k in env if k in SECRET_BEARING or k.startswith("PYICEBERG_CATALOG__"))
         if from_process
         else frozenset(),

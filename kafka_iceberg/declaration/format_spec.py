@@ -32,11 +32,11 @@ class FormatSpec:
     ``columns`` (``key_format`` only): the declared key fields as (name, Spark SQL type, required);
     empty when the key subject's latest schema gives them."""
 
-    type: str = "json"
-    registry_url: str | None = None
-    subject_strategy: str = "topic_name"
-    record_name: str | None = None
-    columns: tuple[tuple[str, str, bool], ...] = ()
+    type: str
+    registry_url: str | None
+    subject_strategy: str
+    record_name: str | None
+    columns: tuple[tuple[str, str, bool], ...]
 
     @property
     def uses_registry(self) -> bool:
@@ -69,16 +69,16 @@ def parse_format(decl, where: str, field: str) -> FormatSpec:
     """
 
     if decl is None:
-        return FormatSpec()
+        decl = FormatDecl()
     if isinstance(decl, str):
         if decl not in VALUE_FORMATS:
             raise ConfigError(f"{where}: {field} {decl!r} is not supported; supported: {VALUE_FORMATS}")
         decl = FormatDecl(type=decl)
-    if decl.subject_strategy != "topic_name" and not decl.record_name:
+    if decl.subject_strategy != FormatDecl.model_fields["subject_strategy"].default and not decl.record_name:
         raise ConfigError(f"{where}: {field}.subject_strategy {decl.subject_strategy} needs {field}.record_name")
     if decl.columns is not None and field != "key_format":
         raise ConfigError(f"{where}: {field}.schema is only for key_format; the value's columns are the table's schema")
-    return FormatSpec(decl.type, decl.registry_url, decl.subject_strategy, decl.record_name)
+    return FormatSpec(decl.type, decl.registry_url, decl.subject_strategy, decl.record_name, ())
 
 
 def parse_key_format(decl, where: str) -> FormatSpec | None:

@@ -21,9 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kafka_iceberg.errors import ConfigError
 
-DURATION_PATTERN = r"^\d+(\.\d+)?\s*(ms|s|m|h|d)$"
+DURATION_PATTERN = r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$"
+"""A duration string: a number (group 1) and its unit (group 2: ms, s, m, h or d)."""
+DURATION = re.compile(DURATION_PATTERN)
 Duration = Union[float, str]  # noqa: UP007 (a runtime alias pydantic reads)
 IDENTIFIER_PATTERN = r"^[a-z_][a-z0-9_]*$"
+"""A lower_snake_case name: a table name, a column, or one part of ``namespace.table``."""
+IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
 OWNER = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 TAG_KEY = re.compile(r"^([A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]{1,63}$")
 TAG_VALUE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
@@ -34,7 +38,7 @@ class _Section(BaseModel):
 
 
 def _duration(value: Any) -> Any:
-    if isinstance(value, str) and not re.match(DURATION_PATTERN, value.strip()):
+    if isinstance(value, str) and not DURATION.match(value.strip()):
         raise ValueError(f"{value!r} is not a duration like 90s, 15m, 6h or 2d")
     return value
 
@@ -203,6 +207,16 @@ class TableDecl(_Common):
     """One ``tables:`` entry: a Kafka topic that becomes an Iceberg table (one Dagster asset)."""
 
     name: str = Field(pattern=IDENTIFIER_PATTERN, description="Short name; names the sensors (<name>_lag).")
+    max_records_per_partition: int | None = Field(
+        100_000, description="The most offsets each partition contributes to one micro-batch."
+    )
+    starting_position: Literal["earliest", "latest"] | datetime | None = Field(
+        "earliest", description="Where a new table starts reading: earliest, latest, or a timestamp."
+    )
+    unknown_fields: Literal["reject", "ignore", "evolve"] | None = Field(
+        "reject",
+        description="A top-level field the table does not have: reject the record, ignore the field, or evolve the table.",
+    )
     identifier: str = Field(description="Iceberg namespace.table, lower_snake_case.")
     topic: str = Field(min_length=1)
     columns: Annotated[list[ColumnDecl], Field(min_length=1)] | Literal["from_registry"] = Field(
@@ -353,7 +367,6 @@ def _message(e: dict, path: str) -> str:
     return f"{path}: {e['msg'].removeprefix('Value error, ')}"
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -365,7 +378,7 @@ def parse_duration_s(value: Any, where: str) -> float:
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    m = _DURATION.match(str(value).strip())
+    m = DURATION.match(str(value).strip())
     if not m:
         raise ConfigError(f"{where}: {value!r} is not a duration like 90s, 15m, 6h or 2d")
     return float(m.group(1)) * _UNITS[m.group(2)]

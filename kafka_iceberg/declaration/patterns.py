@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kafka_iceberg.declaration.models import TablePatternDecl, describe
+from kafka_iceberg.declaration.models import IDENTIFIER, TablePatternDecl, describe
 from kafka_iceberg.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,6 @@ INTERNAL_TOPICS = (
 
 _FIXED_FIELDS = ("topic", "topic_table")
 _TEMPLATED = ("name", "identifier", "description")
-_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def identifier_part(value: str) -> str:
@@ -130,7 +129,7 @@ def _check_templates(pattern: TopicPattern) -> None:
     sample = {k: "x" for k in known}
     name, identifier = pattern.raw["name"].format_map(sample), pattern.raw["identifier"].format_map(sample)
     parts = identifier.split(".")
-    if not _NAME.match(name) or len(parts) < 2 or not all(_NAME.match(p) for p in parts):
+    if not IDENTIFIER.match(name) or len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts):
         raise ConfigError(
             f"{pattern.where}: name {pattern.raw['name']!r} must render a lower_snake_case name and identifier "
             f"{pattern.raw['identifier']!r} a namespace.table (a template may add only letters, digits, _ and .)"

@@ -6,12 +6,13 @@ by ``LAKE_TABLES_FILE``); no Python code changes. The format is documented in
 ``docs/tables.md``; its schema is the pydantic models of :mod:`kafka_iceberg.declaration.models`
 (published as ``docs/tables.schema.json``). Loading validates everything up front and raises
 :class:`~kafka_iceberg.errors.ConfigError` naming the table and field at fault; the
-dataclasses here are what the rest of the code reads.
+dataclasses here are what the rest of the code reads. Every default and pattern of the
+declaration is written once, in those models; the dataclasses have no defaults of their own and
+are built from validated models (``tests/test_declaration_defaults.py`` holds it).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timezone
@@ -39,6 +40,7 @@ from kafka_iceberg.declaration.format_spec import (  # noqa: F401 (re-exported)
     parse_key_format,
 )
 from kafka_iceberg.declaration.models import (
+    IDENTIFIER,
     BadRecordsDecl,
     Defaults,
     FreshnessDecl,
@@ -48,15 +50,23 @@ from kafka_iceberg.declaration.models import (
     TableDecl,
     TablesFile,
     describe,
-    parse_duration_s,
+    parse_duration_s,  # noqa: F401 (re-exported)
 )
 from kafka_iceberg.declaration.patterns import expand_entries
+from kafka_iceberg.declaration.policies import (  # noqa: F401 (re-exported)
+    BadRecordPolicy,
+    FreshnessPolicy,
+    LagPolicy,
+    MaintenancePolicy,
+    RetentionPolicy,
+    bad_record_policy,
+    freshness_policy,
+    lag_policy,
+    maintenance_policy,
+    retention_policy,
+)
 from kafka_iceberg.declaration.upsert import UpsertSpec, upsert_spec
 from kafka_iceberg.errors import ConfigError
-from kafka_iceberg.ops.retention import RetentionPolicy
-
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
-"""A lower_snake_case name: a table name, a column, or one part of ``namespace.table``."""
 
 
 @dataclass(frozen=True)
@@ -64,79 +74,7 @@ class StartingPosition:
     """Where a new table starts reading: ``earliest``, ``latest``, or a timestamp (ms since epoch)."""
 
     kind: str  # "earliest" | "latest" | "timestamp"
-    timestamp_ms: int | None = None
-
-
-@dataclass(frozen=True)
-class FreshnessPolicy:
-    """Freshness thresholds, in seconds.
-
-    ``max_snapshot_age_s``: the latest snapshot must be younger than this, unless the table
-    has no lag (nothing to ingest is not staleness).
-    ``max_valid_through_age_s``: now minus the snapshot's valid-through timestamp; ``None``
-    disables it (for replays of historical data, where event time is years old).
-    """
-
-    max_snapshot_age_s: float
-    max_valid_through_age_s: float | None
-
-
-@dataclass(frozen=True)
-class LagPolicy:
-    """When the lag sensor triggers a micro-batch, and how it evaluates lag.
-
-    ``max_offset_lag`` (records by offset, summed over partitions): trigger at or above it.
-    ``max_interval_s``: trigger when any lag is left and the last commit is older than this
-    (the micro-batch cadence). ``grace_s``: how much longer than ``max_interval_s`` a table
-    with lag may go without a commit before it is STOP. ``window``: the commits across which
-    growing lag makes it WARN. ``interval_s``: seconds between sensor evaluations.
-    See :mod:`kafka_iceberg.ops.lag`.
-    """
-
-    max_offset_lag: int = 10_000
-    max_interval_s: float = 900.0
-    window: int = 5
-    interval_s: float = 30.0
-    grace_s: float = 300.0
-
-
-@dataclass(frozen=True)
-class MaintenancePolicy:
-    """Maintenance schedules (cron, UTC) and their settings for one table.
-
-    ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``;
-    ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
-    the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
-    ``full_check_cron``: the full-scan ``duplicate_free`` check (after a run it is incremental).
-    """
-
-    compact_cron: str = "0 2 * * *"
-    expire_cron: str = "0 3 * * *"
-    remove_orphans_cron: str = "0 4 * * 0"
-    retain_last: int = 100
-    max_snapshot_age_s: float = 7 * 86400.0
-    orphan_older_than_s: float = 3 * 86400.0
-    target_file_size_bytes: int = 128 * 1024 * 1024
-    full_check_cron: str = "0 5 * * *"
-    pinned: tuple[str, ...] = ()  # crons the table declares itself (run as written; others spread, ops/spread.py)
-
-
-@dataclass(frozen=True)
-class BadRecordPolicy:
-    """What happens to a record that does not fit the table (see docs/tables.md#bad-records).
-
-    ``policy``: ``quarantine`` writes it to the dead-letter table in the same micro-batch as
-    the good records; ``fail`` fails the run and commits nothing.
-    ``max_quarantine_rate``: the ``quarantine`` asset check fails when the latest micro-batch
-    quarantined more than this fraction (0..1) of the records it read.
-    ``max_record_bytes``: a record whose key plus value is larger (bytes) is a bad record.
-    ``dead_letter_identifier``: the dead-letter Iceberg table (``namespace.table``).
-    """
-
-    policy: str = "quarantine"
-    max_quarantine_rate: float = 0.01
-    max_record_bytes: int = 1024 * 1024
-    dead_letter_identifier: str = ""
+    timestamp_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -155,17 +93,17 @@ class TableSpec:
     starting_position: StartingPosition
     freshness: FreshnessPolicy
     unknown_fields: str  # "reject" | "ignore" | "evolve"
-    description: str = ""
-    bad_records: BadRecordPolicy = BadRecordPolicy()
-    lag: LagPolicy = LagPolicy()
-    maintenance: MaintenancePolicy = MaintenancePolicy()
-    retention: RetentionPolicy = RetentionPolicy()
-    owners: tuple[str, ...] = ()  # e-mail addresses or team:<name> (Dagster asset owners)
-    tags: tuple[tuple[str, str], ...] = ()  # (key, value) pairs (Dagster asset tags)
-    format: FormatSpec = FormatSpec()
-    key_format: FormatSpec | None = None
-    columns_from_registry: bool = False  # schema: from_registry (columns come from the subject at creation)
-    upsert: UpsertSpec | None = None  # mode: upsert (key and cdc, docs/cdc.md); None for append
+    description: str
+    bad_records: BadRecordPolicy
+    lag: LagPolicy
+    maintenance: MaintenancePolicy
+    retention: RetentionPolicy
+    owners: tuple[str, ...]  # e-mail addresses or team:<name> (Dagster asset owners)
+    tags: tuple[tuple[str, str], ...]  # (key, value) pairs (Dagster asset tags)
+    format: FormatSpec
+    key_format: FormatSpec | None
+    columns_from_registry: bool  # schema: from_registry (columns come from the subject at creation)
+    upsert: UpsertSpec | None  # mode: upsert (key and cdc, docs/cdc.md); None for append
 
     @property
     def namespace(self) -> str:
@@ -185,57 +123,15 @@ class TableSpec:
 
 def _parse_starting_position(value: Any) -> StartingPosition:
     if value in ("earliest", "latest"):
-        return StartingPosition(value)
+        return StartingPosition(value, None)
     ts = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
     return StartingPosition("timestamp", int(ts.timestamp() * 1000))
 
 
-def _maintenance(m: MaintenanceDecl, where: str, own: dict) -> MaintenancePolicy:
-    orphan_s = parse_duration_s(m.orphan_older_than, f"{where} maintenance.orphan_older_than")
-    if orphan_s < 86400:
-        raise ConfigError(f"{where}: maintenance.orphan_older_than must be at least 24h (longer than any micro-batch)")
-    return MaintenancePolicy(
-        m.compact,
-        m.expire,
-        m.remove_orphans,
-        m.retain_last,
-        parse_duration_s(m.max_snapshot_age, f"{where} maintenance.max_snapshot_age"),
-        orphan_s,
-        m.target_file_size_bytes,
-        m.full_check,
-        tuple(k for k in ("compact", "expire", "remove_orphans", "full_check") if k in own),
-    )
-
-
-def _retention(r: RetentionDecl, where: str) -> RetentionPolicy:
-    policy = RetentionPolicy(
-        parse_duration_s(r.warn_headroom, where), parse_duration_s(r.error_headroom, where), r.warn_ratio, r.error_ratio
-    )
-    if not (policy.error_headroom_s <= policy.warn_headroom_s and policy.warn_ratio <= policy.error_ratio):
-        raise ConfigError(
-            f"{where}: retention needs error_headroom <= warn_headroom and 0 < warn_ratio <= error_ratio <= 1"
-        )
-    return policy
-
-
-def _bad_records(b: BadRecordsDecl, where: str, identifier: str) -> BadRecordPolicy:
-    dlq = b.dead_letter_table or f"{identifier}_dead_letter"
-    parts = dlq.split(".")
-    if len(parts) < 2 or not all(IDENTIFIER.match(p) for p in parts) or dlq == identifier:
-        raise ConfigError(
-            f"{where}: bad_records.dead_letter_table {dlq!r} must be another namespace.table in lower_snake_case"
-        )
-    return BadRecordPolicy(b.policy, b.max_quarantine_rate, b.max_record_bytes, dlq)
-
-
-def _lag(lag: LagDecl, where: str) -> LagPolicy:
-    return LagPolicy(
-        lag.max_offset_lag,
-        parse_duration_s(lag.max_interval, f"{where} lag.max_interval"),
-        lag.window,
-        parse_duration_s(lag.interval, f"{where} lag.interval"),
-        parse_duration_s(lag.grace, f"{where} lag.grace"),
-    )
+def _or_default(decl: TableDecl, field: str) -> Any:
+    """``decl``'s value of ``field``, or the field's default in :class:`TableDecl` when unset or null."""
+    value = getattr(decl, field)
+    return TableDecl.model_fields[field].default if value is None else value
 
 
 def _kafka_columns(declared: list[str] | None, where: str) -> tuple[str, ...]:
@@ -276,14 +172,12 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         raise ConfigError(f"{where}: schema: from_registry needs a registry format (avro, protobuf or json_schema)")
     columns = parse_columns(decl.columns, where)
     kafka_columns = _kafka_columns(decl.kafka_columns, where)
-    bound = 100_000 if decl.max_records_per_partition is None else decl.max_records_per_partition
+    bound = _or_default(decl, "max_records_per_partition")
     if bound <= 0:
         raise ConfigError(f"{where}: max_records_per_partition must be positive")
     upsert = upsert_spec(where, decl.mode, decl.key, decl.cdc, columns)
     if upsert is not None and decl.unknown_fields == "evolve":
         raise ConfigError(f"{where}: unknown_fields: evolve is not supported with mode: upsert")
-    fresh = decl.freshness or FreshnessDecl()
-    vt = fresh.max_valid_through_age if "max_valid_through_age" in fresh.model_fields_set else fresh.max_snapshot_age
     return TableSpec(
         name=decl.name,
         identifier=identifier,
@@ -298,19 +192,14 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
         ),
         kafka_columns=kafka_columns,
         max_records_per_partition=bound,
-        starting_position=_parse_starting_position(decl.starting_position or "earliest"),
-        freshness=FreshnessPolicy(
-            parse_duration_s(fresh.max_snapshot_age, f"{where} freshness.max_snapshot_age"),
-            None
-            if vt in (None, False, "none", "off")
-            else parse_duration_s(vt, f"{where} freshness.max_valid_through_age"),
-        ),
-        unknown_fields=decl.unknown_fields or "reject",
-        bad_records=_bad_records(decl.bad_records or BadRecordsDecl(), where, identifier),
+        starting_position=_parse_starting_position(_or_default(decl, "starting_position")),
+        freshness=freshness_policy(decl.freshness or FreshnessDecl(), where),
+        unknown_fields=_or_default(decl, "unknown_fields"),
+        bad_records=bad_record_policy(decl.bad_records or BadRecordsDecl(), where, identifier),
         description=(decl.description or "").strip(),
-        lag=_lag(decl.lag or LagDecl(), where),
-        maintenance=_maintenance(decl.maintenance or MaintenanceDecl(), where, raw.get("maintenance") or {}),
-        retention=_retention(decl.retention or RetentionDecl(), where),
+        lag=lag_policy(decl.lag or LagDecl(), where),
+        maintenance=maintenance_policy(decl.maintenance or MaintenanceDecl(), where, raw.get("maintenance") or {}),
+        retention=retention_policy(decl.retention or RetentionDecl(), where),
         owners=tuple(decl.owners or ()),
         tags=tuple(sorted((decl.tags or {}).items())),
         format=fmt,

@@ -17,9 +17,10 @@ into :class:`~kafka_iceberg.config.models.RegistrySettings`), never from the tab
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from kafka_iceberg.config.models import RegistrySettings
 from kafka_iceberg.config.settings import registry_settings
@@ -83,14 +84,18 @@ _CACHE: dict[tuple[str, int], WriterSchema] = {}
 _LOCK = threading.Lock()
 
 
+class _Retryable(Exception):
+    """A transport error or a 5xx answer of the registry: worth asking again."""
+
+
 def _call(url: str, what: str, fn, attempts: int, backoff_s: float):
-    """Run ``fn()``; transport errors and 5xx are retried ``attempts`` times in all, then raised as
-    :class:`RegistryUnavailableError`; a 404 is :class:`SchemaNotFoundError`."""
+    """Run ``fn()``; transport errors and 5xx are retried ``attempts`` times in all (tenacity; waits of
+    ``backoff_s`` seconds doubling), then raised as :class:`RegistryUnavailableError`; a 404 is
+    :class:`SchemaNotFoundError`."""
     import httpx
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    last: Exception | None = None
-    for attempt in range(attempts):
+    def once():
         try:
             return fn()
         except SchemaRegistryError as e:
@@ -98,15 +103,23 @@ def _call(url: str, what: str, fn, attempts: int, backoff_s: float):
                 raise SchemaNotFoundError(f"schema registry {url}: {what} not found ({e.error_message})") from None
             if e.http_status_code < 500:
                 raise RegistryUnavailableError(f"schema registry {url} refused {what}: {e}") from None
-            last = e
+            raise _Retryable() from e
         except (httpx.HTTPError, OSError) as e:
-            last = e
-        if attempt + 1 < attempts:
-            time.sleep(backoff_s * 2**attempt)
-    raise RegistryUnavailableError(
-        f"schema registry {url} is unreachable: {what} failed {attempts} times "
-        f"(last error: {type(last).__name__}: {last}); nothing was committed"
-    ) from None
+            raise _Retryable() from e
+
+    def give_up(state: RetryCallState):
+        last = state.outcome.exception().__cause__
+        raise RegistryUnavailableError(
+            f"schema registry {url} is unreachable: {what} failed {attempts} times "
+            f"(last error: {type(last).__name__}: {last}); nothing was committed"
+        ) from None
+
+    return Retrying(
+        retry=retry_if_exception_type(_Retryable),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=backoff_s),
+        retry_error_callback=give_up,
+    )(once)
 
 
 def schema_ids(values: Iterable[bytes | None]) -> set[int]:

@@ -33,8 +33,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from kafka_iceberg.declaration.columns import KAFKA_COLUMNS
 from kafka_iceberg.declaration.format_spec import KEY_PARSED
-from kafka_iceberg.declaration.spec import IDENTIFIER, KAFKA_COLUMNS, TableSpec
+from kafka_iceberg.declaration.models import IDENTIFIER
+from kafka_iceberg.declaration.spec import TableSpec
 
 _CORRUPT = "_corrupt_record"
 PROBLEM = "_problem"

@@ -23,8 +23,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.config.models import RuntimeSettings
 from kafka_iceberg.errors import BrokerUnavailableError, NotAuthorizedError, TopicNotFoundError
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,19 @@ def not_authorized(what: str, err: object) -> NotAuthorizedError | None:
     )
 
 
+def _leader_moved(exc: BaseException) -> KafkaError | None:
+    """The Kafka error of a :class:`BrokerUnavailableError` raised because a partition's leader moved, else None."""
+    if not isinstance(exc, BrokerUnavailableError) or not isinstance(exc.__cause__, KafkaException):
+        return None
+    err = exc.__cause__.args[0] if exc.__cause__.args else None
+    return err if isinstance(err, KafkaError) and err.code() in LEADER_MOVED else None
+
+
+def _moved(state: RetryCallState) -> KafkaError:
+    """The leader-moved error of the attempt that just failed."""
+    return _leader_moved(state.outcome.exception())
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """How to reach the cluster: bootstrap servers plus any librdkafka client properties
@@ -64,7 +79,7 @@ class KafkaConfig:
 
     bootstrap_servers: str
     client_config: Mapping[str, str]
-    timeout_s: float = 30.0
+    timeout_s: float = RuntimeSettings.model_fields["kafka_timeout_s"].default  # LAKE_KAFKA_TIMEOUT_S
 
     @classmethod
     def from_settings(cls, settings) -> KafkaConfig:
@@ -143,29 +158,32 @@ class KafkaMetadata:
         return sorted(metadata.topics)
 
     def _list_offsets(self, topic: str, partitions: list[int], spec_of) -> dict[int, int]:
-        """ListOffsets of ``partitions``, sent again while a partition's leader is moving (a leader
-        election, a broker replaced or restarted: ``NOT_LEADER_OR_FOLLOWER`` and its kin), for at
-        most ``config.timeout_s`` seconds; then :class:`BrokerUnavailableError`."""
+        """ListOffsets of ``partitions``, sent again (tenacity, every 0.2 s after a metadata refresh)
+        while a partition's leader is moving (a leader election, a broker replaced or restarted:
+        ``NOT_LEADER_OR_FOLLOWER`` and its kin), for at most ``config.timeout_s`` seconds; then the
+        last :class:`BrokerUnavailableError`."""
         if not partitions:
             return {}
         request = {TopicPartition(topic, p): spec_of(p) for p in partitions}
-        deadline = time.monotonic() + self.config.timeout_s
-        while True:
+
+        def once() -> dict[int, int]:
             futures = self.admin.list_offsets(
                 request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.config.timeout_s
             )
-            try:
-                done = self._wait(futures, f"list offsets of {topic}")
-                return {tp.partition: info.offset for tp, info in done.items()}
-            except BrokerUnavailableError as exc:
-                err = (
-                    exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) and exc.__cause__.args else None
-                )
-                if not (isinstance(err, KafkaError) and err.code() in LEADER_MOVED) or time.monotonic() > deadline:
-                    raise
-                log.info("list offsets of %s: a partition leader moved (%s); asking again", topic, err.name())
-                time.sleep(0.2)
-                self._refresh_metadata(topic)
+            done = self._wait(futures, f"list offsets of {topic}")
+            return {tp.partition: info.offset for tp, info in done.items()}
+
+        def again(state: RetryCallState) -> None:
+            log.info("list offsets of %s: a partition leader moved (%s); asking again", topic, _moved(state).name())
+            self._refresh_metadata(topic)
+
+        return Retrying(
+            retry=retry_if_exception(lambda exc: _leader_moved(exc) is not None),
+            stop=stop_after_delay(self.config.timeout_s),
+            wait=wait_fixed(0.2),
+            before_sleep=again,
+            reraise=True,
+        )(once)
 
     def _refresh_metadata(self, topic: str) -> None:
         """Ask the cluster for ``topic``'s partition leaders now (librdkafka's admin client can

@@ -49,12 +49,13 @@ STALL_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class LagRules:
-    """Thresholds of the rules: seconds, records by offset, a number of commits."""
+    """Thresholds of the rules: seconds, records by offset, a number of commits. Built by :meth:`of`
+    from the table's lag policy (the defaults are the ``lag:`` model's)."""
 
-    max_interval_s: float = 900.0
-    grace_s: float = 300.0
-    window: int = 5
-    max_offset_lag: int = 10_000
+    max_interval_s: float
+    grace_s: float
+    window: int
+    max_offset_lag: int
 
     @classmethod
     def of(cls, policy) -> LagRules:

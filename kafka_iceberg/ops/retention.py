@@ -31,12 +31,14 @@ RETENTION_STATUSES = ("OK", "WARN", "ERROR", "DATA_LOSS")
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """Thresholds: headroom in seconds (at or below: WARN/ERROR), ratio in [0, 1] (at or above)."""
+    """Thresholds: headroom in seconds (at or below: WARN/ERROR), ratio in [0, 1] (at or above).
+    Built from a table's ``retention:`` section by :func:`kafka_iceberg.declaration.spec.retention_policy`
+    (the defaults are :class:`kafka_iceberg.declaration.models.RetentionDecl`'s)."""
 
-    warn_headroom_s: float = 6 * 3600.0
-    error_headroom_s: float = 3600.0
-    warn_ratio: float = 0.5
-    error_ratio: float = 0.9
+    warn_headroom_s: float
+    error_headroom_s: float
+    warn_ratio: float
+    error_ratio: float
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from kafka_iceberg.declaration.spec import IDENTIFIER
+from kafka_iceberg.declaration.models import IDENTIFIER
 from kafka_iceberg.errors import DataLossError, LakeError
 
 if TYPE_CHECKING:  # validate imports pyspark; the annotation needs only the name
