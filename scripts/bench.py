@@ -42,7 +42,8 @@ from pathlib import Path
 # repository root (python puts scripts/, not the checkout, on sys.path)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devtools import demo_data, devbroker  # noqa: E402
+from devtools.demo import data as demo_data  # noqa: E402
+from devtools.services import devbroker  # noqa: E402
 from devtools.bench.common import (  # noqa: E402
     PARTITIONS,
     TOPIC,
