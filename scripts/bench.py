@@ -42,8 +42,6 @@ from pathlib import Path
 # repository root (python puts scripts/, not the checkout, on sys.path)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devtools.demo import data as demo_data  # noqa: E402
-from devtools.services import devbroker  # noqa: E402
 from devtools.bench.common import (  # noqa: E402
     PARTITIONS,
     TOPIC,
@@ -64,6 +62,8 @@ from devtools.bench.common import (  # noqa: E402
 )
 from devtools.bench.goals import RssSampler, dup_free_scaling, fixed_cost, single_core_reference  # noqa: E402
 from devtools.bench.history import part_c  # noqa: E402
+from devtools.demo import data as demo_data  # noqa: E402
+from devtools.services import devbroker  # noqa: E402
 from kafka_iceberg.batch.pipeline import TableWriter  # noqa: E402
 from kafka_iceberg.batch.planning import split_ranges  # noqa: E402
 from kafka_iceberg.catalog.spark import get_spark

@@ -97,7 +97,9 @@ def missing_prerequisite(settings) -> str | None:
     java_home = os.environ.get("JAVA_HOME")
     if not shutil.which("java") and not (java_home and Path(java_home, "bin", "java").exists()):
         return "Java (17) is not installed, which Spark needs: run `make system-deps`"
-    if settings.use_dev_broker and not (Path(sys.executable).with_name("noida-db").exists() or shutil.which("noida-db")):
+    if settings.use_dev_broker and not (
+        Path(sys.executable).with_name("noida-db").exists() or shutil.which("noida-db")
+    ):
         return "the dev broker noida-db is not installed: run `make install`"
     try:
         devpostgres.require_installed()

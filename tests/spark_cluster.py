@@ -18,8 +18,8 @@ import pyspark
 
 # The dev tooling these deployment tests use, imported in this one place (re-exported):
 from devtools import duck  # noqa: F401
-from devtools.services import devpostgres  # noqa: F401
 from devtools.demo.data import produce  # noqa: F401
+from devtools.services import devpostgres  # noqa: F401
 from devtools.services.devbroker import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent

@@ -31,11 +31,11 @@ RELOCATED_PARENT = Path("/var/tmp")
 """Where a root process puts the ``postgres``-owned directories (world-traversable, sticky)."""
 
 
-def find_bin_dir() -> Path | None:
+def find_bin_dir(debian_root: Path = Path("/usr/lib/postgresql")) -> Path | None:
     """PostgreSQL's server binaries (the directory holding ``pg_ctl`` and ``initdb``), or ``None``.
 
-    Order: ``pg_config --bindir``; the newest ``/usr/lib/postgresql/<major>/bin`` (Debian,
-    Ubuntu); the directory of ``pg_ctl`` on ``PATH`` (Fedora, Arch, Homebrew). No version is assumed.
+    Order: ``pg_config --bindir``; the newest ``<debian_root>/<major>/bin`` (Debian, Ubuntu);
+    the directory of ``pg_ctl`` on ``PATH`` (Fedora, Arch, Homebrew). No version is assumed.
     """
     candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
@@ -43,7 +43,7 @@ def find_bin_dir() -> Path | None:
         done = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
         if done.returncode == 0 and done.stdout.strip():
             candidates.append(Path(done.stdout.strip()))
-    debian = glob.glob("/usr/lib/postgresql/*/bin")
+    debian = glob.glob(str(debian_root / "*" / "bin"))
     candidates += sorted((Path(d) for d in debian), key=_major_version, reverse=True)
     on_path = shutil.which("pg_ctl")
     if on_path:
@@ -51,9 +51,10 @@ def find_bin_dir() -> Path | None:
     return next((c for c in candidates if (c / "pg_ctl").exists() and (c / "initdb").exists()), None)
 
 
-def _major_version(bin_dir: Path) -> tuple[int, str]:
-    name = bin_dir.parent.name
-    return (int(name), name) if name.isdigit() else (-1, name)
+def _major_version(bin_dir: Path) -> tuple[int, ...]:
+    """``.../16/bin`` -> (16,); ``.../9.6/bin`` -> (9, 6); anything else sorts first."""
+    parts = bin_dir.parent.name.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (-1,)
 
 
 PG_BIN = find_bin_dir() or Path("/usr/lib/postgresql/<not installed>/bin")
@@ -112,7 +113,9 @@ class PostgresServer:
         """
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
         data = str(self.root / "data")
-        run_command([*self._as_user, str(PG_BIN / "pg_ctl"), "-D", data, "-l", str(self.log), "-w", "-o", options, "start"])
+        run_command(
+            [*self._as_user, str(PG_BIN / "pg_ctl"), "-D", data, "-l", str(self.log), "-w", "-o", options, "start"]
+        )
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast`` disconnects every client at once, as an outage would)."""
