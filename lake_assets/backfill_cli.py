@@ -57,9 +57,9 @@ def backfill_target(settings, url: str | None):
     ``DAGSTER_HOME`` (``DagsterInstance.get()``; without ``DAGSTER_HOME``, ``$LAKE_HOME/dagster``)."""
     if url:
         return GraphQLBackfills(DagsterGraphQL(url))
+    settings.dagster_home.mkdir(parents=True, exist_ok=True)  # as make dev does for a new lake
     if settings.dagster_home_dir is not None:
         return InstanceBackfills(DagsterInstance.get())
-    settings.dagster_home.mkdir(parents=True, exist_ok=True)  # the default of make dev
     return InstanceBackfills(DagsterInstance.from_config(str(settings.dagster_home)))
 
 
