@@ -117,7 +117,7 @@ def main() -> int:
             print(f"demo: {missing}", file=sys.stderr)
             return 2
         return run(settings)
-    except (LakeError, devpostgres.PostgresCommandError, subprocess.CalledProcessError, OSError) as exc:
+    except (LakeError, RuntimeError, subprocess.CalledProcessError, OSError) as exc:  # services that did not start
         if os.environ.get("LAKE_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

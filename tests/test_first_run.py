@@ -131,3 +131,30 @@ def test_clean_stops_the_registry_and_a_capture_and_spares_other_processes(tmp_p
         for proc in (capture, stranger):
             proc.kill()
             proc.wait()
+
+
+def test_demo_names_a_missing_prerequisite_in_one_line(tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "LAKE_DEBUG")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py")],
+        env={**env, "PATH": str(empty), "LAKE_HOME": str(tmp_path / "lake")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "demo: Java (17) is not installed, which Spark needs: run `make system-deps`"
+    assert not (tmp_path / "lake" / "kafka").exists(), "nothing started"
+
+    import importlib.util
+
+    from kafka_iceberg.config.settings import load_settings
+
+    spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    monkeypatch.setattr(devpostgres, "PG_BIN", tmp_path / "no-postgresql" / "bin")
+    missing = demo.missing_prerequisite(load_settings(env={"LAKE_HOME": str(tmp_path / "lake")}))
+    assert missing.startswith("the CDC demo table needs PostgreSQL") and "make system-deps" in missing
