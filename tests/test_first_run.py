@@ -64,7 +64,7 @@ def test_postgres_starts_as_root_with_its_home_in_a_0700_directory(home_0700):
     assert _accepts_connections(again) == "lake iceberg"
 
     done = cleanup.clean(home_0700)  # make clean: stopped, relocated files deleted
-    assert any("stopped PostgreSQL" in line for line in done) and not files.exists()
+    assert f"stopped PostgreSQL of {home}" in done and f"deleted {files}" in done and not files.exists()
     assert str(files / "data") not in _processes()
 
 

@@ -70,8 +70,8 @@ def clean(lake_home: Path) -> list[str]:
                 done.append(f"stopped {marker.rsplit('.', 1)[-1]} ({pid_file})")
     for home in postgres_homes(lake_home):
         files = devpostgres.files_dir(home)
-        devpostgres.stop_data_dir(files / "data", "fast")
-        done.append(f"stopped PostgreSQL of {home}")
+        if devpostgres.stop_data_dir(files / "data", "fast"):
+            done.append(f"stopped PostgreSQL of {home}")
         if files != home:
             shutil.rmtree(files, ignore_errors=True)
             done.append(f"deleted {files}")

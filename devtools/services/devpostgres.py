@@ -129,14 +129,16 @@ class PostgresServer:
             shutil.rmtree(self.home, ignore_errors=True)
 
 
-def stop_data_dir(data: Path, mode: str = "fast") -> None:
-    """``pg_ctl stop`` the server of data directory ``data``; nothing when none runs there."""
-    if (data / "postmaster.pid").exists() and (PG_BIN / "pg_ctl").exists():
-        subprocess.run(
-            [*_as_postgres(), str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "stop"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+def stop_data_dir(data: Path, mode: str = "fast") -> bool:
+    """``pg_ctl stop`` the server of data directory ``data``; returns whether one was running there."""
+    if not (data / "postmaster.pid").exists() or not (PG_BIN / "pg_ctl").exists():
+        return False
+    done = subprocess.run(
+        [*_as_postgres(), str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "stop"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return done.returncode == 0
 
 
 def files_dir(home: Path) -> Path:
