@@ -82,8 +82,9 @@ dev: install dagster-home
 	$(PY) scripts/dev.py
 
 # after data loss: make accept-gap TABLE=flights REASON="retention expired during the outage of 2026-11-20"
+# (asks for confirmation on a terminal; YES=1 confirms in advance, e.g. in a script)
 accept-gap: install
-	$(VENV)/bin/lake accept-gap --table "$(TABLE)" --reason "$(REASON)"
+	$(VENV)/bin/lake accept-gap --table "$(TABLE)" --reason "$(REASON)" $(if $(YES),--yes)
 
 status: install
 	$(VENV)/bin/lake status
@@ -104,6 +105,8 @@ validate: install
 	$(VENV)/bin/lake validate
 	$(VENV)/bin/lake validate --json-schema docs/tables.schema.json
 
+# stops every process of the demo and make dev (registry, Debezium, PostgreSQL, broker), then deletes their data
 clean:
-	-$(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka
+	-test ! -x $(PY) || $(PY) -m devtools.services.cleanup $(LAKE_HOME)
+	-test ! -x $(VENV)/bin/noida-db || $(VENV)/bin/noida-db down --data-dir $(LAKE_HOME)/kafka
 	rm -rf $(LAKE_HOME)

@@ -2,7 +2,7 @@
 
 Drawn on stderr, and only when stderr is a terminal: under ``make`` in CI, in a pipe or in
 pytest nothing is drawn, and the plain lines the tools print stay the whole log. The ``lake``
-CLI's ``backfill --wait`` draws its own bar the same way (``kafka_iceberg.lake_assets.backfill.wait_for_backfill``).
+CLI's ``backfill --wait`` draws its own bar the same way (``kafka_iceberg.lake_assets.backfill_cli.wait_for_backfill``).
 """
 
 from __future__ import annotations

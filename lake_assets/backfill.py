@@ -21,8 +21,9 @@ Launchers, all through Dagster's backfill machinery:
 - the lag sensor (``sensors/lag.py``) returns ``AddDynamicPartitionsRequest`` plus
   ``RunRequest.for_asset_graph_subset``; the sensor daemon turns that into a backfill;
 - the command line: ``lake backfill --table flights`` (``make backfill TABLE=flights``), which
-  adds the slots and submits the same backfill to the instance at ``$DAGSTER_HOME``
-  (:func:`backfill_command`);
+  adds the slots and submits the same backfill to the instance of ``$DAGSTER_HOME``
+  (``DagsterInstance.get()``), or with ``--url`` through the webserver's GraphQL API
+  (:mod:`kafka_iceberg.lake_assets.backfill_cli`);
 - the UI: the table's *Materialize* dialog, with several new partitions -> *Launch backfill*.
 
 The backfill daemon (part of ``dagster dev``; ``dagster-daemon run`` in production) launches
@@ -35,19 +36,14 @@ Dagster APIs used that are not exported at the top level (1.13) come from
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunRequest, RunsFilter
+from dagster import DagsterEventType, DagsterInstance, RunRequest, RunsFilter
 
-from kafka_iceberg.batch.planning import offset_lag
-from kafka_iceberg.catalog.tables import load_catalog, read_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 from kafka_iceberg.lake_assets.dagster_internals import (
-    BACKFILL_ID_TAG,
     AssetGraphSubset,
     BulkActionsFilter,
     BulkActionStatus,
@@ -252,92 +248,9 @@ def backfill_url(ui_url: str, backfill_id: str) -> str:
     return f"{ui_url.rstrip('/')}/runs/b/{backfill_id}"
 
 
-def backfill_command(
-    settings, spec: TableSpec, batches: int | None, force: bool, wait_s: float | None, kafka=None
-) -> int:
-    """``lake backfill``: submit a backfill of micro-batches for ``spec`` to the instance at ``$DAGSTER_HOME``.
-
-    ``batches`` slots, or by default as many as the table's lag needs (:func:`plan_catch_up`,
-    up to :data:`MAX_BACKFILL_BATCHES`). Returns 0 when submitted (and, with ``wait_s``, when it
-    completed successfully within ``wait_s`` seconds; the backfill daemon must run) or when
-    there is no lag; 1 when the waited-for backfill failed or is still running; 2 when refused
-    (``batches`` outside 1..1000, or the table is being materialized and not ``force``).
-    ``kafka``: the :class:`~kafka_iceberg.kafka.admin.KafkaMetadata` to read watermarks with
-    (default: one for ``settings``). Prints the backfill id and its UI link (``DAGSTER_UI_URL``). Raises
-    ``BrokerUnavailableError``/``CatalogUnavailableError`` (the CLI's exit 3).
-    """
-
-    state = read_state(load_catalog(settings.catalog), spec.identifier)
-    kafka = kafka or KafkaMetadata(KafkaConfig.from_settings(settings))
-    lag = offset_lag(kafka.watermarks(spec.topic), state.offsets)
-    plan = plan_catch_up(spec, lag, has_state=bool(state.offsets))
-    if batches is None and plan.max_partition_lag == 0:
-        print(f"{spec.identifier}: no lag; nothing to backfill (pass --batches N to add slots anyway)")
-        return 0
-    batches = plan.batches if batches is None else batches
-    if not 1 <= batches <= RING_SLOTS:
-        print(f"lake: bad input: --batches must be between 1 and {RING_SLOTS}", file=sys.stderr)
-        return 2
-    settings.dagster_home.mkdir(parents=True, exist_ok=True)  # DAGSTER_HOME, default $LAKE_HOME/dagster as make dev
-    instance = DagsterInstance.from_config(str(settings.dagster_home))
-    busy = table_in_progress(instance, spec)
-    if busy and not force:
-        print(
-            f"lake: bad input: {spec.identifier}: {busy} is still in progress; not submitting (use --force)",
-            file=sys.stderr,
-        )
-        return 2
-    keys = next_slots(instance, spec, batches)
-    reason = (
-        f"command line: {batches} micro-batches; largest partition lag {plan.max_partition_lag} records, "
-        f"bound {plan.bound} per partition"
-    )
-    backfill_id = submit_backfill(
-        instance,
-        spec,
-        keys,
-        tags={TABLE_TAG: spec.identifier, "lake/trigger": reason, "lake/launched-by": "cli"},
-        title=f"catch up {spec.identifier}: {batches} micro-batches",
-        description=reason,
-    )
-    ui = settings.dagster_ui_url
-    print(f"backfill {backfill_id}: {spec.identifier}, {batches} micro-batch runs, slots {keys[0]} .. {keys[-1]}")
-    print(
-        f"    lag now {plan.total_lag} records (largest partition {plan.max_partition_lag}); {backfill_url(ui, backfill_id)}"
-    )
-    return 0 if wait_s is None else wait_for_backfill(instance, backfill_id, batches, wait_s)
-
-
-def wait_for_backfill(instance: DagsterInstance, backfill_id: str, runs: int, wait_s: float) -> int:
-    """Poll the backfill every 2 s for up to ``wait_s`` seconds, with a progress bar of its ``runs``
-    finished runs on a terminal (``rich``; nothing when stderr is not a TTY). Returns 0 when it
-    completed successfully, 1 when it ended otherwise or is still running."""
-    from rich.console import Console
-    from rich.progress import Progress
-
-    deadline = time.monotonic() + wait_s
-    finished = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
-    with Progress(console=Console(stderr=True), disable=not sys.stderr.isatty(), transient=True) as progress:
-        task = progress.add_task(f"backfill {backfill_id}", total=runs)
-        while time.monotonic() < deadline:
-            done = instance.get_runs_count(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}, statuses=finished))
-            progress.update(task, completed=done)
-            backfill = instance.get_backfill(backfill_id)
-            if backfill is not None and backfill.status not in ACTIVE_BACKFILL_STATUSES:
-                print(f"backfill {backfill_id}: {backfill.status.value}")
-                return 0 if backfill.status == BulkActionStatus.COMPLETED_SUCCESS else 1
-            time.sleep(2)
-    print(
-        f"backfill {backfill_id} still running after {wait_s:.0f} s (is the daemon running? make dev)", file=sys.stderr
-    )
-    return 1
-
-
 __all__ = [
     "ACTIVE_BACKFILL_STATUSES",
     "CatchUpPlan",
-    "backfill_command",
-    "wait_for_backfill",
     "MAX_BACKFILL_BATCHES",
     "TABLE_TAG",
     "backfill_run_request",

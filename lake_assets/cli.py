@@ -1,25 +1,29 @@
 """``lake``: the one operator command (``[project.scripts]``; also ``python -m kafka_iceberg.lake_assets.cli``).
 
-Subcommands (``lake <command> --help`` for each)::
+Subcommands (``lake <command> --help`` for each; every one takes ``--json`` for JSON lines on stdout)::
 
     lake status                          committed offsets, lag and lag verdict of every table
     lake tables                          the declared tables (no I/O beyond the declarations)
     lake validate [--file F] [--json-schema [OUT]]   check the declarations; print/write their JSON Schema
-    lake backfill --table T [--batches N] [--force] [--wait S]   a Dagster backfill of micro-batches
+    lake backfill --table T [--batches N] [--force] [--wait S] [--url URL]   a Dagster backfill
     lake replay --table T --from ... [--into ... | --branch ...] [--validate]
-    lake accept-gap --table T --reason TEXT            accept records lost to retention
+    lake accept-gap --table T --reason TEXT [--yes]    accept records lost to retention (asks first)
+    lake --version
 
 Exit codes, the same for every subcommand:
 
 ====  ==========================================================================
 0     done
-1     a finding: a replay that does not match, a table that lags past its cadence,
-      a backfill that did not succeed
+1     a finding (a replay that does not match, a table that lags past its cadence,
+      a backfill that did not succeed, an accept-gap not confirmed) or an unexpected
+      error (one line naming a log file that holds the traceback)
 2     bad input: tables.yaml, settings or arguments (unknown table, bad range)
 3     a component unreachable: Kafka broker, Iceberg catalog, schema registry
+130   interrupted (Ctrl-C)
 ====  ==========================================================================
 
-Errors print one line on stderr, no traceback (``LAKE_DEBUG=1`` shows it). See
+Errors print one line on stderr, no traceback (``LAKE_DEBUG=1`` shows it); with ``--json``
+stdout also gets ``{"error": ..., "message": ..., "exit_code": ...}``. See
 docs/operations.md#the-lake-command.
 """
 
@@ -29,48 +33,50 @@ import argparse
 import json
 import sys
 import time
-import traceback
 import uuid
 from pathlib import Path
 
 from kafka_iceberg.batch.planning import offset_lag
-from kafka_iceberg.config.settings import (
-    debug_enabled,  # not load_settings: it may be what failed
-    load_settings,
-)
+from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.models import json_schema
 from kafka_iceberg.declaration.spec import find_table, load_table_specs
-from kafka_iceberg.errors import (
-    BrokerUnavailableError,
-    CatalogUnavailableError,
-    ConfigError,
-    DataLossError,
-    LakeError,
-    OffsetsAheadError,
-    TopicNotFoundError,
-)
+from kafka_iceberg.errors import LakeError
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.lake_assets.cli_support import (
+    BAD_INPUT,
+    FINDING,
+    INTERRUPTED,
+    OK,
+    UNREACHABLE,
+    confirm,
+    emit,
+    exit_code_for,
+    fail,
+    version,
+)
 
-OK, FINDING, BAD_INPUT, UNREACHABLE = 0, 1, 2, 3
-UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (BrokerUnavailableError, CatalogUnavailableError)
-BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataLossError, OffsetsAheadError, TopicNotFoundError)
+__all__ = ["BAD_INPUT", "FINDING", "INTERRUPTED", "OK", "UNREACHABLE", "main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``lake`` argument parser with every subcommand."""
+    """The ``lake`` argument parser with every subcommand (each takes ``--json``)."""
     top = argparse.ArgumentParser(
         prog="lake",
         description="Operate the Kafka -> Iceberg lake. Exit codes: 0 done, "
-        "1 finding, 2 bad input, 3 component unreachable.",
+        "1 finding or unexpected error, 2 bad input, 3 component unreachable, 130 interrupted.",
     )
+    top.add_argument("--version", action="version", version=f"lake (kafka-iceberg-lake) {version()}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output: JSON lines on stdout")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(
         "status",
+        parents=[common],
         help="committed offsets, lag and lag verdict of every declared table (exit 1: a table lags "
         "past max_interval + grace)",
     )
-    sub.add_parser("tables", help="the declared tables: name, identifier, topic, owners, tags")
-    val = sub.add_parser("validate", help="check tables.yaml without starting anything")
+    sub.add_parser("tables", parents=[common], help="the declared tables: name, identifier, topic, owners, tags")
+    val = sub.add_parser("validate", parents=[common], help="check the declarations without starting anything")
     val.add_argument(
         "--file",
         type=Path,
@@ -83,49 +89,39 @@ def parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="print the JSON Schema of tables.yaml (or write it to OUT)",
     )
-    bf = sub.add_parser("backfill", help="a Dagster backfill of micro-batches for one table, one run each")
+    bf = sub.add_parser(
+        "backfill", parents=[common], help="a Dagster backfill of micro-batches for one table, one run each"
+    )
     bf.add_argument("--table", required=True, help="declared table name or identifier (flights or nyc.flights)")
     bf.add_argument("--batches", type=int, help="micro-batches (runs) to backfill; default: what the lag needs")
     bf.add_argument("--force", action="store_true", help="submit even if a run or backfill of the table is in progress")
     bf.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the backfill to end")
-    gap = sub.add_parser("accept-gap", help="accept records lost to retention and continue after them")
+    bf.add_argument(
+        "--url",
+        metavar="URL",
+        help="submit through the Dagster webserver's GraphQL API at URL (e.g. http://127.0.0.1:3000) "
+        "instead of the instance at $DAGSTER_HOME",
+    )
+    gap = sub.add_parser(
+        "accept-gap", parents=[common], help="accept records lost to retention and continue after them"
+    )
     gap.add_argument("--table", required=True, help="declared table name or identifier (e.g. flights or nyc.flights)")
     gap.add_argument("--reason", required=True, help="why the loss is accepted (kept in the snapshot summary)")
-    _add_replay_parser(sub)
+    gap.add_argument("--yes", action="store_true", help="confirm without asking (required without a terminal)")
+    _add_replay_parser(sub, common)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see the module docstring)."""
     args = parser().parse_args(argv)
+    as_json = getattr(args, "json", False)
     try:
         return COMMANDS[args.command](args)
-    except UNREACHABLE_ERRORS as exc:
-        return _fail(exc, UNREACHABLE)
-    except BAD_INPUT_ERRORS as exc:
-        return _fail(exc, BAD_INPUT)
     except KeyboardInterrupt:
-        return _fail(RuntimeError("interrupted"), UNREACHABLE)
-    except Exception as exc:  # noqa: BLE001 - one line, not a traceback; LAKE_DEBUG=1 shows it
-        return _fail(exc, UNREACHABLE if _is_connection_error(exc) else BAD_INPUT if isinstance(exc, LakeError) else 3)
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    while exc is not None:
-        if isinstance(exc, (ConnectionError, TimeoutError, *UNREACHABLE_ERRORS)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _fail(exc: BaseException, code: int) -> int:
-
-    if debug_enabled():
-        traceback.print_exception(exc)
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    label = {UNREACHABLE: "unreachable", BAD_INPUT: "bad input"}.get(code, "error")
-    print(f"lake: {label}: {first}", file=sys.stderr)
-    return code
+        return fail(KeyboardInterrupt("interrupted (Ctrl-C)"), INTERRUPTED, as_json)
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback (LAKE_DEBUG=1 or the error log has it)
+        return fail(exc, exit_code_for(exc), as_json)
 
 
 def quiet_kafka(settings):
@@ -152,41 +148,47 @@ def _settings_and_specs(path: Path | None = None):
 
 
 def _validate(args) -> int:
-
     if args.json_schema:
         text = json.dumps(json_schema(), indent=2) + "\n"
         if args.json_schema == "-":
             sys.stdout.write(text)
         else:
             Path(args.json_schema).write_text(text)
+            if args.json:
+                emit({"json_schema": args.json_schema})
         return OK
     settings, specs = _settings_and_specs(args.file)
     where = args.file or settings.tables_file or "the KafkaIcebergTables instances of kafka_iceberg.defs"
-    print(f"{where}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
+    if args.json:
+        emit({"file": str(where), "valid": True, "tables": [s.name for s in specs]})
+    else:
+        print(f"{where}: {len(specs)} tables valid: {', '.join(s.name for s in specs)}")
     return OK
 
 
 def _tables(args) -> int:
     _, specs = _settings_and_specs()
     for s in specs:
-        print(
-            json.dumps(
-                {
-                    "name": s.name,
-                    "identifier": s.identifier,
-                    "topic": s.topic,
-                    "owners": list(s.owners),
-                    "tags": dict(s.tags),
-                    "max_records_per_partition": s.max_records_per_partition,
-                    "max_interval_s": s.lag.max_interval_s,
-                }
-            )
-        )
+        row = {
+            "name": s.name,
+            "identifier": s.identifier,
+            "topic": s.topic,
+            "owners": list(s.owners),
+            "tags": dict(s.tags),
+            "max_records_per_partition": s.max_records_per_partition,
+            "max_interval_s": s.lag.max_interval_s,
+        }
+        if args.json:
+            emit(row)
+        else:
+            owners = ", ".join(row["owners"]) or "-"
+            print(f"{s.name:<16} {s.identifier:<28} topic {s.topic}  owners {owners}")
     return OK
 
 
 def _status(args) -> int:
-    """One JSON line per table; exit 1 when a table has lag and no commit for max_interval + grace."""
+    """One line per table (a JSON line with ``--json``); exit 1 when a table has lag and no
+    commit for max_interval + grace."""
     # imported here: it imports pyspark, which `lake tables` and `lake validate` do not need
     from kafka_iceberg.catalog.tables import load_catalog, read_state
 
@@ -200,25 +202,50 @@ def _status(args) -> int:
         since = None if state.snapshot_timestamp_ms is None else round((now_ms - state.snapshot_timestamp_ms) / 1000, 1)
         late = sum(lag.values()) > 0 and (since is None or since > spec.lag.max_interval_s + spec.lag.grace_s)
         code = FINDING if late else code
-        print(
-            json.dumps(
-                {
-                    "table": spec.identifier,
-                    "verdict": "STOP" if late else "OK",
-                    "committed": state.offsets,
-                    "lag": lag,
-                    "since_last_commit_s": since,
-                    "accepted_gaps": list(state.accepted_gaps),
-                }
-            )
-        )
+        row = {
+            "table": spec.identifier,
+            "verdict": "STOP" if late else "OK",
+            "committed": state.offsets,
+            "lag": lag,
+            "since_last_commit_s": since,
+            "accepted_gaps": list(state.accepted_gaps),
+        }
+        if args.json:
+            emit(row)
+        else:
+            ago = "never committed" if since is None else f"last commit {since} s ago"
+            print(f"{spec.identifier:<28} {row['verdict']:<4} lag {sum(lag.values())} records, {ago}")
     return code
 
 
 def _find(args):
-
     settings, specs = _settings_and_specs()
     return settings, specs, find_table(specs, args.table)
+
+
+def lost_ranges(watermarks: dict, committed: dict) -> dict[int, tuple[int, int]]:
+    """``{partition: (committed offset, log start offset)}`` where retention deleted unread records."""
+    lost = {}
+    for p, marks in watermarks.items():
+        offset = committed.get(p, committed.get(str(p)))
+        if offset is not None and offset < marks.low:
+            lost[p] = (offset, marks.low)
+    return lost
+
+
+def _confirm_gap(args, settings, spec) -> bool:
+    """Show what accept-gap gives up and ask (``--yes`` skips); reads the broker and the catalog only."""
+    # imported here: it imports pyspark, which `lake tables` and `lake validate` do not need
+    from kafka_iceberg.catalog.tables import load_catalog, read_state
+
+    marks = quiet_kafka(settings).watermarks(spec.topic)  # fails fast (exit 3) before Spark when the broker is down
+    lost = lost_ranges(marks, read_state(load_catalog(settings.catalog), spec.identifier).offsets)
+    ranges = ", ".join(f"partition {p} offsets {a}..{b - 1} ({b - a} records)" for p, (a, b) in lost.items())
+    question = (
+        f"{spec.identifier}: accept as lost {ranges or 'no records (nothing below the log start offsets now)'}, "
+        f"reason {args.reason!r}? The table then continues after them; this cannot be undone."
+    )
+    return confirm(question, args.yes)
 
 
 def _accept_gap(args) -> int:
@@ -228,33 +255,46 @@ def _accept_gap(args) -> int:
     from kafka_iceberg.catalog.tables import load_catalog
 
     settings, _, spec = _find(args)
-    quiet_kafka(settings).watermarks(spec.topic)  # fail fast (exit 3) before starting Spark when the broker is down
+    if not _confirm_gap(args, settings, spec):
+        print("lake: not confirmed; nothing accepted", file=sys.stderr)
+        return FINDING
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
     catalog = load_catalog(settings.catalog)
     writer = TableWriter(get_spark(settings), settings, spec, kafka, catalog)
     try:
         result = writer.accept_gap(commit_id=f"accept-gap-{uuid.uuid4()}", reason=args.reason)
-    except UNREACHABLE_ERRORS:
-        raise
-    except LakeError as exc:  # nothing to accept, no reason: the operator's input
-        return _fail(exc, BAD_INPUT)
-    print(json.dumps({"table": result.table, "snapshot_id": result.snapshot_id, "committed_offsets": result.offsets}))
+    except LakeError as exc:  # nothing to accept, no reason: the operator's input (unless unreachable)
+        return fail(exc, exit_code_for(exc), args.json)
+    row = {"table": result.table, "snapshot_id": result.snapshot_id, "committed_offsets": result.offsets}
+    if args.json:
+        emit(row)
+    else:
+        print(f"{result.table}: gap accepted in snapshot {result.snapshot_id}; committed offsets {result.offsets}")
     return OK
 
 
 def _backfill(args) -> int:
     # imported here: it imports pyspark, which `lake tables` and `lake validate` do not need
-    from kafka_iceberg.lake_assets.backfill import backfill_command
+    from kafka_iceberg.lake_assets.backfill_cli import backfill_command
 
     settings, _, spec = _find(args)
     return backfill_command(
-        settings, spec, batches=args.batches, force=args.force, wait_s=args.wait, kafka=quiet_kafka(settings)
+        settings,
+        spec,
+        batches=args.batches,
+        force=args.force,
+        wait_s=args.wait,
+        kafka=quiet_kafka(settings),
+        url=args.url,
+        as_json=args.json,
     )
 
 
-def _add_replay_parser(sub) -> None:
+def _add_replay_parser(sub, common) -> None:
     rep = sub.add_parser(
-        "replay", help="replay a table's offset range into a new table or a branch, optionally validated"
+        "replay",
+        parents=[common],
+        help="replay a table's offset range into a new table or a branch, optionally validated",
     )
     rep.add_argument("--table", required=True, help="declared table name or identifier (e.g. flights or nyc.flights)")
     start = rep.add_mutually_exclusive_group(required=True)
@@ -313,8 +353,13 @@ def _replay(args) -> int:
             progress=lambda line: print(line, file=sys.stderr),
         )
     except ReplayError as exc:
-        return _fail(exc, BAD_INPUT)
-    print(json.dumps(result.to_dict(settings.catalog.name)))
+        return fail(exc, BAD_INPUT, args.json)
+    found = result.to_dict(settings.catalog.name)
+    if args.json:
+        emit(found)
+    else:
+        for key, value in found.items():
+            print(f"{key}: {json.dumps(value, default=str) if isinstance(value, (dict, list)) else value}")
     return FINDING if result.validation is not None and not result.validation.valid else OK
 
 

@@ -14,13 +14,15 @@ Run by ``make demo``. Steps:
 4. print rows per table counted by DuckDB from each table's Iceberg metadata, the committed
    offsets, and the check results.
 
-Exits 1 if a check failed or a table's DuckDB count differs from the records in its topic.
+Exits 1 if a check failed or a table's DuckDB count differs from the records in its topic, and
+2 with one line (no traceback) when a prerequisite is missing or a service does not start.
 A second run produces nothing, ingests nothing, and prints the same counts.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,11 +37,12 @@ from devtools import duck  # noqa: E402
 from devtools.demo import cdc as cdc_demo  # noqa: E402
 from devtools.demo import data as demo_data  # noqa: E402
 from devtools.demo import formats as formats_demo  # noqa: E402
-from devtools.services import devbroker  # noqa: E402
+from devtools.services import devbroker, devpostgres  # noqa: E402
 from devtools.services import registry as dev_registry  # noqa: E402
 from kafka_iceberg.batch.planning import offset_lag  # noqa: E402
-from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state
+from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state  # noqa: E402
 from kafka_iceberg.config.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
+from kafka_iceberg.errors import LakeError  # noqa: E402
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata  # noqa: E402
 from kafka_iceberg.state import state_at  # noqa: E402
 
@@ -87,8 +90,43 @@ def seed_topics(config: KafkaConfig, registry_url: str) -> None:
         print(f"    subject {subject}: version {latest.version}, schema id {latest.schema_id}")
 
 
+def missing_prerequisite(settings) -> str | None:
+    """The first missing prerequisite as one line naming the fix, or ``None``."""
+    import shutil
+
+    java_home = os.environ.get("JAVA_HOME")
+    if not shutil.which("java") and not (java_home and Path(java_home, "bin", "java").exists()):
+        return "Java (17) is not installed, which Spark needs: run `make system-deps`"
+    if settings.use_dev_broker and not (
+        Path(sys.executable).with_name("noida-db").exists() or shutil.which("noida-db")
+    ):
+        return "the dev broker noida-db is not installed: run `make install`"
+    try:
+        devpostgres.require_installed()
+    except LakeError as exc:
+        return f"the CDC demo table needs PostgreSQL: {exc}"
+    return None
+
+
 def main() -> int:
-    settings = load_settings()
+    """Run the demo; a missing prerequisite or a service that does not start is one line on stderr, exit 2."""
+    try:
+        settings = load_settings()
+        missing = missing_prerequisite(settings)
+        if missing:
+            print(f"demo: {missing}", file=sys.stderr)
+            return 2
+        return run(settings)
+    except (LakeError, RuntimeError, subprocess.CalledProcessError, OSError) as exc:  # services that did not start
+        if os.environ.get("LAKE_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"demo: {type(exc).__name__}: {first} (LAKE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
+
+
+def run(settings) -> int:
+    """The demo's steps (module docstring)."""
     os.environ.setdefault("DAGSTER_HOME", str(settings.dagster_home))
     settings.dagster_home.mkdir(parents=True, exist_ok=True)
     print(f"LAKE_HOME={settings.lake_home}  catalog={settings.catalog.name} ({settings.catalog.jdbc_uri})")

@@ -6,7 +6,7 @@ stand-in registry under ``$LAKE_HOME/registry`` on port ``LAKE_DEV_REGISTRY_PORT
 exports its URL; when ``KAFKA_BOOTSTRAP_SERVERS`` is unset it starts (or finds running) the dev
 broker. Then it replaces itself with ``dagster dev -w workspace.yaml -h HOST -p PORT``
 (``LAKE_DEV_HOST``/``LAKE_DEV_PORT``, default 127.0.0.1:3000). Both servers keep running after
-``dagster dev`` stops; ``make clean`` stops the broker.
+``dagster dev`` stops; ``make clean`` stops both.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 # Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
-# PostgreSQL 15 server: the production-like catalog, started by the test suite's fixture
-[ -x /usr/lib/postgresql/15/bin/pg_ctl ] || need+=(postgresql)
+# PostgreSQL server (any version): the production-like catalog, started by the test suite's fixture
+compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || command -v pg_ctl >/dev/null 2>&1 || need+=(postgresql)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 # headless Chromium for the browser test of the Dagster UI (driven by Playwright)
 [ -x /usr/bin/chromium ] || need+=(chromium)

@@ -303,3 +303,79 @@ def test_command_line_submits_one_backfill_per_backlog_and_refuses_a_second(
     assert "backfill " + backfill.backfill_id in capsys.readouterr().err
     assert main(["--table", unique, "--batches", "2", "--force"]) == 0
     assert len(instance.get_backfills()) == 2
+
+
+def test_command_line_backfill_through_the_webserver_graphql(
+    settings, lake_env, kafka, kafka_config, unique, topic_factory, tmp_path, monkeypatch, capsys
+):
+    """``lake backfill --url``: the same backfill submitted through a real ``dagster-webserver``'s
+    GraphQL API (no access to the instance's storage from the command line)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from dagster import DagsterInstance
+
+    from devtools.services.devbroker import free_port
+    from kafka_iceberg.lake_assets.backfill_graphql import DagsterGraphQL
+    from kafka_iceberg.lake_assets.cli import main as lake
+
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(300)))
+    raw = spec_dict(unique, topic, max_records_per_partition=100)
+    tables = tmp_path / "tables.yaml"
+    tables.write_text(yaml.safe_dump({"tables": [raw]}))
+    home = tmp_path / "dagster"
+    home.mkdir()
+    port = free_port()
+    env = {**os.environ, **lake_env, "DAGSTER_HOME": str(home), "LAKE_TEST_TABLE_JSON": json.dumps(raw)}
+    log = tmp_path / "webserver.log"
+    web = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dagster-webserver")), "-f", str(LOCATION), "-h", "127.0.0.1"]
+        + ["-p", str(port)],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if DagsterGraphQL(url, 5).query("{ assetNodes { id } }")["assetNodes"]:
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            assert web.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        for k, v in lake_env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("LAKE_TABLES_FILE", str(tables))
+        monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "elsewhere"))  # the CLI's own instance is not used
+        assert lake(["backfill", "--table", unique, "--url", url, "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)
+        assert row["url"] == f"{url}/runs/b/{row['backfill_id']}" and row["batches"] == len(row["slots"]) >= 2
+        instance = DagsterInstance.from_config(str(home))
+        (backfill,) = instance.get_backfills()
+        assert backfill.backfill_id == row["backfill_id"]
+        assert backfill.tags[TABLE_TAG] == f"test.{unique}" and backfill.tags["lake/launched-by"] == "cli"
+        assert list(backfill.asset_selection) == [table_key(make_spec(unique, topic))]
+        slots = sorted(ap.partition_key for ap in backfill.asset_backfill_data.target_subset.iterate_asset_partitions())
+        assert slots == sorted(row["slots"]) == sorted(instance.get_dynamic_partitions(MICRO_BATCHES.name))
+        assert not (tmp_path / "elsewhere").exists()
+        # no daemon runs it: the webserver reports it in progress, so a second one is refused
+        assert lake(["backfill", "--table", unique, "--url", url, "--batches", "1"]) == 2
+        assert f"backfill {row['backfill_id']}" in capsys.readouterr().err
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        try:
+            web.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(web.pid, signal.SIGKILL)
+            web.wait()
+    down = lake(["backfill", "--table", unique, "--url", url, "--batches", "1"])
+    assert down == 3, "an unreachable webserver is an unreachable component"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -153,9 +154,156 @@ def test_status_exits_1_when_a_table_lags_past_its_cadence(
     path = _write(tmp_path, [spec_dict(unique, topic)])
     env = {**lake_env, "LAKE_TABLES_FILE": str(path)}
     assert cli.main is not None
-    quiet = lake("status", env=env)
+    quiet = lake("status", "--json", env=env)
     assert quiet.returncode == 0, quiet.stderr
     assert json.loads(quiet.stdout)["verdict"] == "OK"
     produce(kafka_config, topic, event_records(range(5)))  # never ingested: lag with no commit ever
-    late = lake("status", env=env)
+    late = lake("status", "--json", env=env)
     assert late.returncode == 1 and json.loads(late.stdout)["lag"] == {"0": 5}
+    human = lake("status", env=env)
+    assert human.returncode == 1 and f"test.{unique}" in human.stdout and "STOP" in human.stdout
+
+    # accept-gap asks first: refused without a terminal unless --yes, and "n" on a terminal does nothing
+    refused = lake("accept-gap", "--table", unique, "--reason", "test", env=env)
+    assert refused.returncode == 2 and "--yes" in refused.stderr and "Traceback" not in refused.stderr
+    declined = _on_terminal(["accept-gap", "--table", unique, "--reason", "test"], "n\n", env)
+    assert declined.returncode == 1 and "[y/N]" in declined.output and "not confirmed" in declined.output
+
+
+def _on_terminal(args: list[str], answer: str, env: dict[str, str]):
+    """``lake ARGS`` with a pseudo-terminal as stdin, stdout and stderr; writes ``answer`` once the
+    prompt shows. Returns the process (``returncode``) with ``output`` (all it printed)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kafka_iceberg.lake_assets.cli", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=full,
+    )
+    os.close(slave)
+    output, answered = b"", False
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+        if not answered and b"[y/N]" in output:
+            os.write(master, answer.encode())
+            answered = True
+    proc.wait(timeout=60)
+    os.close(master)
+    proc.output = output.decode(errors="replace")
+    return proc
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    done = lake("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"lake (kafka-iceberg-lake) {version('kafka-iceberg-lake')}"
+
+
+def test_every_subcommand_takes_json(offline_env, tmp_path):
+    for name in SUBCOMMANDS:
+        assert "--json" in lake(name, "--help").stdout, name
+    tables = lake("tables", "--json", env=offline_env)
+    assert tables.returncode == 0 and json.loads(tables.stdout)["name"] == "down"
+    assert "down" in lake("tables", env=offline_env).stdout
+    valid = lake("validate", "--json", env=offline_env)
+    assert valid.returncode == 0 and json.loads(valid.stdout) == {
+        "file": offline_env["LAKE_TABLES_FILE"],
+        "valid": True,
+        "tables": ["down"],
+    }
+    for args in (("status",), ("backfill", "--table", "down"), ("accept-gap", "--table", "down", "--reason", "x")):
+        down = lake(*args, "--json", env=offline_env)
+        assert down.returncode == 3, down.stderr
+        error = json.loads(down.stdout)
+        assert error["exit_code"] == 3 and error["error"] == "unreachable", args
+    bad = lake("backfill", "--table", "nope", "--json", env=offline_env)
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"] == "bad input"
+
+
+def test_unexpected_error_exits_1_with_one_line_and_a_log(offline_env, monkeypatch, capsys):
+    for k, v in offline_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("LAKE_DEBUG", raising=False)
+
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setitem(cli.COMMANDS, "tables", broken)
+    assert cli.main(["tables"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("lake: error: KeyError: 'a bug' (traceback in ")
+    log = Path(line.rsplit("(traceback in ", 1)[1].rstrip(")"))
+    assert log.parent == Path(offline_env["LAKE_HOME"]) / "logs"
+    assert "Traceback" in log.read_text() and "raise KeyError" in log.read_text()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "tables", interrupted)
+    assert cli.main(["tables"]) == 130
+    assert capsys.readouterr().err.strip() == "lake: interrupted: interrupted (Ctrl-C)"
+
+
+def test_ctrl_c_exits_130_without_a_traceback(offline_env):
+    """SIGINT while the command waits for an unreachable catalog (it retries in Python)."""
+    import signal
+
+    env = {
+        **offline_env,
+        "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{devbroker.free_port()}/lake",
+        "LAKE_CATALOG_RETRY_S": "120",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kafka_iceberg.lake_assets.cli", "status"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(8)  # imports done, retrying the catalog
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "lake: interrupted: interrupted (Ctrl-C)"
+
+
+def test_exit_3_only_for_unreachable_components():
+    from kafka_iceberg.errors import BrokerUnavailableError, CatalogUnavailableError, ConfigError
+    from kafka_iceberg.formats.resolver import RegistryUnavailableError
+    from kafka_iceberg.lake_assets.backfill_graphql import WebserverUnavailableError
+    from kafka_iceberg.lake_assets.cli_support import exit_code_for
+
+    for unreachable in (
+        BrokerUnavailableError("b"),
+        CatalogUnavailableError("c"),
+        RegistryUnavailableError("r"),
+        WebserverUnavailableError("w"),
+    ):
+        assert exit_code_for(unreachable) == 3, unreachable
+    try:
+        try:
+            raise ConnectionRefusedError("refused")
+        except ConnectionRefusedError as cause:
+            raise RuntimeError("the catalog query failed") from cause
+    except RuntimeError as wrapped:
+        assert exit_code_for(wrapped) == 3, "a connection error underneath counts"
+    assert exit_code_for(ConfigError("x")) == 2
+    assert exit_code_for(KeyError("x")) == exit_code_for(ValueError("x")) == exit_code_for(RuntimeError("x")) == 1

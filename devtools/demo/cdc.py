@@ -1,6 +1,7 @@
 """The CDC table of ``make demo``: real Debezium capturing a real PostgreSQL into ``nyc.planes``.
 
-:func:`prepare` (before ingestion) starts a private PostgreSQL 15 under ``$LAKE_HOME/cdc/pg``,
+:func:`prepare` (before ingestion) starts a private PostgreSQL at home ``$LAKE_HOME/cdc/pg`` (its
+files under ``/var/tmp`` when run as root, :mod:`devtools.services.devpostgres`),
 loads the nycflights13 planes (3,322 rows, Debezium's initial snapshot sends them as ``op r``),
 runs a real SQL workload of inserts, updates and deletes (:func:`devtools.services.cdc_source.planes_workload`)
 while Debezium 3.6.3 captures it into :data:`TOPIC`, waits until Debezium produced every change
@@ -50,22 +51,22 @@ class DemoSource:
     changes_produced: int
 
     def stop(self) -> None:
-        """Stop PostgreSQL (its data stays under ``$LAKE_HOME/cdc/pg`` for the next demo)."""
+        """Stop PostgreSQL (its data stays for the next demo; ``make clean`` deletes it)."""
         self.db.server.stop()
 
 
-def _open_database(root: Path) -> cdc_source.SourceDatabase:
-    if not (devpostgres.PG_BIN / "pg_ctl").exists():
-        raise CatalogUnavailableError(
-            f"the CDC demo table needs PostgreSQL 15 ({devpostgres.PG_BIN}/pg_ctl is missing): "
-            "run `make system-deps` (scripts/install-system-deps.sh installs Debian's postgresql)"
-        )
-    if (root / "data" / "PG_VERSION").exists():
-        server = devpostgres.PostgresServer(root, devpostgres.free_port(), "")
-        (root / "data" / "postmaster.pid").unlink(missing_ok=True)  # left by a killed demo
-        server.start()
-        return cdc_source.SourceDatabase(server)
-    return cdc_source.start_database(root)
+def _open_database(home: Path) -> cdc_source.SourceDatabase:
+    try:
+        devpostgres.require_installed()
+    except CatalogUnavailableError as exc:
+        raise CatalogUnavailableError(f"the CDC demo table needs PostgreSQL: {exc}") from None
+    server = devpostgres.open_existing(home)
+    if server is None:
+        return cdc_source.start_database(home)
+    devpostgres.stop_data_dir(server.root / "data", "immediate")  # left running by a killed demo
+    (server.root / "data" / "postmaster.pid").unlink(missing_ok=True)
+    server.start()
+    return cdc_source.SourceDatabase(server)
 
 
 def wait_for_key(bootstrap: str, topic: str, tailnum: str, timeout_s: float) -> int:
@@ -106,7 +107,8 @@ def prepare(config, bootstrap: str, lake_home: Path, rounds: int = 3, timeout_s:
     Returns the running database and the change events produced now (0 on a second run).
 
     Raises:
-        CatalogUnavailableError: PostgreSQL 15 is not installed.
+        CatalogUnavailableError: PostgreSQL is not installed.
+        devtools.services.devpostgres.PostgresCommandError: PostgreSQL did not initialize or start.
         RuntimeError: Debezium did not start or did not deliver everything within ``timeout_s`` seconds.
     """
     home = lake_home / "cdc"

