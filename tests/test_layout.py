@@ -32,19 +32,11 @@ def _imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:
     """``(dotted name, node, inside a function)`` for every absolute import in ``path``
     (``from a.b import c`` gives ``a.b`` and ``a.b.c``)."""
     tree = ast.parse(path.read_text(), str(path))
-    type_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for n in ast.walk(block)
-    }
     in_function = {
         id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
     }
     found = []
     for node in ast.walk(tree):
-        if id(node) in type_only:  # annotations only: no import at run time
-            continue
         if isinstance(node, ast.Import):
             found += [(a.name, node, id(node) in in_function) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -39,14 +39,19 @@ from kafka_iceberg.replay.request import (
     REPLAY_BRANCH_PREFIX,
     ReplayDataLossError,
     ReplayError,
-    ReplayMismatchError,
     ReplayRequest,
     parse_offsets,
     parse_time_ms,
     replay_branch_name,
 )
 from kafka_iceberg.replay.run import ReplayResult, default_target, run_replay
-from kafka_iceberg.replay.validate import PartitionComparison, TableVersion, ValidationReport, validate_replay
+from kafka_iceberg.replay.validate import (
+    PartitionComparison,
+    ReplayMismatchError,
+    TableVersion,
+    ValidationReport,
+    validate_replay,
+)
 from kafka_iceberg.state import KEY_REPLAY_OF, recorded_replay
 
 __all__ = [

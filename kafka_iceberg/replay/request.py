@@ -8,13 +8,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
 
 from kafka_iceberg.declaration.models import IDENTIFIER
 from kafka_iceberg.errors import DataLossError, LakeError
-
-if TYPE_CHECKING:  # validate imports pyspark; the annotation needs only the name
-    from kafka_iceberg.replay.validate import ValidationReport
 
 REPLAY_BRANCH_PREFIX = "replay_"
 """Prefix of replay branches. Recovery only ever drops ``ingest_<ms>_<token>`` attempt branches."""
@@ -46,15 +42,6 @@ class ReplayDataLossError(DataLossError):
             "(retention.ms or delete_records deleted them) and cannot be read again; start the replay at or "
             f"after offset {log_start}",
         )
-
-
-class ReplayMismatchError(LakeError):
-    """Validation found rows that differ between the original and the replay; ``report`` is the
-    :class:`ValidationReport`."""
-
-    def __init__(self, report: ValidationReport):
-        self.report = report
-        super().__init__(report.summary())
 
 
 # -- parsing --------------------------------------------------------------------------------

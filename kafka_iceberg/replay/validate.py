@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.replay.request import ReplayMismatchError
+from kafka_iceberg.errors import LakeError
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -31,6 +31,15 @@ class TableVersion:
     def describe(self) -> str:
         """``<identifier>@<label>:<snapshot id>``."""
         return f"{self.identifier}@{self.label}:{self.snapshot_id}"
+
+
+class ReplayMismatchError(LakeError):
+    """Validation found rows that differ between the original and the replay; ``report`` is the
+    :class:`ValidationReport`."""
+
+    def __init__(self, report: ValidationReport):
+        self.report = report
+        super().__init__(report.summary())
 
 
 @dataclass
