@@ -206,7 +206,7 @@ def test_source_position_orders_a_key_across_partitions(spark, settings, unique)
 
 
 def positions(spark, fqn: str) -> dict:
-    return {r["tailnum"]: r[POSITION]["lsn"] for r in spark.table(fqn).collect()}
+    return {r["tailnum"]: r[POSITION] and r[POSITION]["lsn"] for r in spark.table(fqn).collect()}
 
 
 def test_changes_reordered_across_partitions_and_batches_apply_by_source_position(spark, settings, unique):
@@ -250,7 +250,7 @@ def test_changes_reordered_across_partitions_and_batches_apply_by_source_positio
     # Debezium restarted and re-sent everything, in its order: nothing changes, and the merge adds no row
     resent = [(p, 10 + i, key, value) for i, (p, _, key, value) in enumerate(first + second)]
     sid, _ = apply_batch(spark, fqn, raw_df(spark, resent), name="b3")
-    assert rows(spark, fqn) == expected and snapshot_summary(spark, fqn, sid)["added-records"] == "0"
+    assert rows(spark, fqn) == expected and snapshot_summary(spark, fqn, sid).get("added-records", "0") == "0"
     # a newer change from either partition still applies, a delete included
     third = [
         (1, 40, k("N1"), envelope("u", None, plane("N1", 9), 900)),

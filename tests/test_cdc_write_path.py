@@ -32,10 +32,9 @@ def upsert_spec(name: str, topic: str, **overrides):
         topic,
         mode="upsert",
         key=["id"],
-        cdc="none",
         partition_by=[],
         bad_records={"policy": "quarantine", "max_quarantine_rate": 1.0},
-        **overrides,
+        **{"cdc": "none", **overrides},
     )
 
 

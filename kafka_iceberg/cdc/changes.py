@@ -68,6 +68,12 @@ class Column:
     required: bool = False
 
 
+def value_columns(columns) -> list:
+    """``columns`` without :data:`POSITION` (the table's columns, read from its schema, include it;
+    a change never carries it)."""
+    return [c for c in columns if c.name != POSITION]
+
+
 def quote_ident(name: str) -> str:
     """``name`` as a back-quoted Spark SQL identifier."""
     return "`" + name.replace("`", "``") + "`"
@@ -216,7 +222,7 @@ def parse_changes(raw: DataFrame, columns, key: list[str], cdc: str, reject_unkn
     """Parse raw Kafka records (``RAW_SCHEMA_DDL``: topic, partition, offset, timestamp_ms, key,
     value, headers) as change events for a table with ``columns`` keyed by ``key``.
 
-    Returns the raw columns plus :data:`ACTION` (``upsert``/``delete``/``skip``), :data:`LSN`
+    ``columns`` may include :data:`POSITION`; it is left out. Returns the raw columns plus :data:`ACTION` (``upsert``/``delete``/``skip``), :data:`LSN`
     (bigint source position or NULL), ``_r`` (the row: a struct of ``columns``, key columns
     taken from the Kafka key with ``cdc: none``) and :data:`PROBLEM`. Lazy: no Spark job runs.
 
@@ -225,6 +231,7 @@ def parse_changes(raw: DataFrame, columns, key: list[str], cdc: str, reject_unkn
     """
     if cdc not in CDC_MODES:
         raise ConfigError(f"cdc: {cdc!r} is not one of {', '.join(CDC_MODES)}")
+    columns = value_columns(columns)
     missing = [k for k in key if k not in {c.name for c in columns}]
     if not key or missing:
         raise ConfigError(f"key column(s) {missing or '(none)'} are not columns of the table")
@@ -297,6 +304,7 @@ def reduce_changes(
         CrossPartitionKeyError: see :func:`check_partitions` (runs one Spark job).
     """
     check_partitions(parsed, key, table)
+    columns = value_columns(columns)
     good = parsed.where(F.col(PROBLEM).isNull() & (F.col(ACTION) != "skip"))
     order = Window.partitionBy(*[F.col(f"_r.{quote_ident(k)}") for k in key]).orderBy(
         F.col(LSN).desc_nulls_last(), F.col("partition").desc(), F.col("offset").desc()

@@ -87,8 +87,9 @@ def ensure_position_column(spark, table: str) -> bool:
             "COMMENT 'source position of the last applied change: source.lsn, else Kafka partition and offset'"
         )
     except Exception as exc:
-        if "already exists" not in str(exc).lower():  # another writer added it meanwhile
+        if "already exists" not in str(exc).lower():
             raise
+        return False  # another writer added it meanwhile
     return True
 
 
