@@ -19,7 +19,7 @@ from devtools import duck
 from kafka_iceberg.catalog.tables import load_table
 from kafka_iceberg.cdc import changes as cdc
 from kafka_iceberg.cdc import upsert
-from kafka_iceberg.cdc.changes import DELETE, PROBLEM, Column
+from kafka_iceberg.cdc.changes import DELETE, POSITION, PROBLEM, Column
 from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL
 
 COLUMNS = [
@@ -79,12 +79,11 @@ def apply_batch(spark, fqn: str, raw, cdc_mode: str = "debezium", name: str = "b
         for r in parsed.groupBy("partition").agg({"offset": "max"}).withColumnRenamed("max(offset)", "end").collect()
     }
     changes = cdc.reduce_changes(parsed, COLUMNS, KEY, fqn).cache()
-    upserted = changes.where(f"NOT {DELETE}").count()
     main = upsert.branch_head(spark, fqn, "main")
     as_of = f" AS OF VERSION {main}" if main is not None else ""
     spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `{name}`{as_of}")
     summary = {OFFSETS_KEY: json.dumps({str(p): e + 1 for p, e in sorted(ends.items())})}
-    sid = upsert.merge_changes(spark, fqn, name, changes, KEY, summary, expected_rows=upserted)
+    sid = upsert.merge_changes(spark, fqn, name, changes, KEY, summary)  # reconciles the changes it applied
     changes.unpersist()
     ident = fqn.split(".", 1)[1]
     spark.sql(f"CALL {fqn.split('.')[0]}.system.fast_forward('{ident}', 'main', '{name}')")
@@ -174,7 +173,14 @@ def test_many_changes_per_key_within_and_across_batches_and_delete_then_reinsert
     # pyiceberg (which cannot read equality deletes) and DuckDB read the same table
     table = load_table(cdc_catalog(settings), fqn.split(".", 1)[1])
     assert table.scan().to_arrow().to_pylist() == [
-        {"tailnum": "N1", "year": 2000, "manufacturer": "BOEING", "seats": 1004, "speed": None}
+        {
+            "tailnum": "N1",
+            "year": 2000,
+            "manufacturer": "BOEING",
+            "seats": 1004,
+            "speed": None,
+            POSITION: {"lsn": 204, "partition": 0, "offset": 24},
+        }
     ]
     assert duck.count_rows(table.metadata_location) == 1
     assert table.current_snapshot().summary.additional_properties[OFFSETS_KEY] == summary[OFFSETS_KEY]
@@ -199,6 +205,79 @@ def test_source_position_orders_a_key_across_partitions(spark, settings, unique)
     assert rows(spark, fqn) == {"N1": (2000, 3, None)}
 
 
+def positions(spark, fqn: str) -> dict:
+    return {r["tailnum"]: r[POSITION] and r[POSITION]["lsn"] for r in spark.table(fqn).collect()}
+
+
+def test_changes_reordered_across_partitions_and_batches_apply_by_source_position(spark, settings, unique):
+    """One key's changes split over two partitions and two micro-batches, older changes re-sent
+    after newer ones, and an older delete re-sent after a newer insert: the table ends in the
+    state of the newest change per key (by source.lsn), whatever order the batches bring them in."""
+    fqn = make_table(spark, settings, f"planes_{unique}")
+    k = lambda t: json.dumps({"tailnum": t}).encode()  # noqa: E731
+    first = [
+        (0, 0, k("N1"), envelope("c", None, plane("N1", 1), 100)),
+        (0, 1, k("N1"), envelope("u", None, plane("N1", 3), 300)),
+        (0, 2, k("N3"), envelope("c", None, plane("N3", 30), 120)),
+        (0, 3, k("N4"), envelope("c", None, plane("N4", 40), 130)),
+        (0, 4, k("N4"), envelope("u", None, plane("N4", 41), 700)),
+        (1, 0, k("N2"), envelope("c", None, plane("N2", 20), 110)),
+        (1, 1, k("N2"), envelope("u", None, plane("N2", 21), 400)),
+    ]
+    apply_batch(spark, fqn, raw_df(spark, first), name="b1")
+    assert rows(spark, fqn) == {
+        "N1": (2000, 3, None),
+        "N2": (2000, 21, None),
+        "N3": (2000, 30, None),
+        "N4": (2000, 41, None),
+    }
+    second = [
+        (1, 2, k("N1"), envelope("u", None, plane("N1", 2), 200)),  # older, from the other partition, later
+        (0, 5, k("N2"), envelope("u", None, plane("N2", 99), 350)),  # older than N2's row (lsn 400)
+        (0, 6, k("N3"), envelope("d", {"tailnum": "N3"}, None, 500)),  # newer: deletes
+        (0, 7, k("N3"), None),
+        (0, 8, k("N4"), envelope("d", {"tailnum": "N4"}, None, 140)),  # an older delete re-sent: N4 stays
+        (0, 9, k("N1"), envelope("c", None, plane("N1", 1), 100)),  # re-sent after its newer version
+        (1, 3, k("N5"), envelope("c", None, plane("N5", 50), 800)),
+    ]
+    sid, counts = apply_batch(spark, fqn, raw_df(spark, second), name="b2")
+    assert counts == {"read": 7, "upserts": 4, "deletes": 2, "skipped": 1, "bad": 0}
+    expected = {"N1": (2000, 3, None), "N2": (2000, 21, None), "N4": (2000, 41, None), "N5": (2000, 50, None)}
+    assert rows(spark, fqn) == expected
+    assert positions(spark, fqn) == {"N1": 300, "N2": 400, "N4": 700, "N5": 800}
+    summary = snapshot_summary(spark, fqn, sid)
+    assert summary["added-records"] == "1" and json.loads(summary[OFFSETS_KEY]) == {"0": 10, "1": 4}
+    # Debezium restarted and re-sent everything, in its order: nothing changes, and the merge adds no row
+    resent = [(p, 10 + i, key, value) for i, (p, _, key, value) in enumerate(first + second)]
+    sid, _ = apply_batch(spark, fqn, raw_df(spark, resent), name="b3")
+    assert rows(spark, fqn) == expected and snapshot_summary(spark, fqn, sid).get("added-records", "0") == "0"
+    # a newer change from either partition still applies, a delete included
+    third = [
+        (1, 40, k("N1"), envelope("u", None, plane("N1", 9), 900)),
+        (0, 40, k("N5"), envelope("d", {"tailnum": "N5"}, None, 901)),
+    ]
+    apply_batch(spark, fqn, raw_df(spark, third), name="b4")
+    assert rows(spark, fqn) == {"N1": (2000, 9, None), "N2": (2000, 21, None), "N4": (2000, 41, None)}
+
+
+def test_a_table_without_the_position_column_gets_it_and_keeps_working(spark, settings, unique):
+    fqn = make_table(spark, settings, f"planes_{unique}")
+    spark.sql(f"ALTER TABLE {fqn} DROP COLUMN {POSITION}")  # as an upsert table made before positions were kept
+    spark.sql(f"INSERT INTO {fqn} VALUES ('N1', 1990, 'BOEING', 1, NULL), ('N2', 1990, 'BOEING', 2, NULL)")
+    k = lambda t: json.dumps({"tailnum": t}).encode()  # noqa: E731
+    batch = [
+        (0, 0, k("N1"), envelope("u", None, plane("N1", 10), 5)),
+        (0, 1, k("N3"), envelope("c", None, plane("N3", 30), 6)),
+    ]
+    apply_batch(spark, fqn, raw_df(spark, batch))
+    field = next(f for f in spark.table(fqn).schema.fields if f.name == POSITION)
+    assert field.nullable and field.dataType.simpleString() == "struct<lsn:bigint,partition:int,offset:bigint>"
+    assert rows(spark, fqn) == {"N1": (2000, 10, None), "N2": (1990, 2, None), "N3": (2000, 30, None)}
+    assert positions(spark, fqn) == {"N1": 5, "N2": None, "N3": 6}
+    apply_batch(spark, fqn, raw_df(spark, [(0, 2, k("N1"), envelope("u", None, plane("N1", 4), 4))]), name="b2")
+    assert rows(spark, fqn)["N1"] == (2000, 10, None)  # older than the row now
+
+
 def test_plain_upserts_keyed_by_kafka_key_with_tombstone_deletes(spark, settings, unique):
     fqn = make_table(spark, settings, f"planes_{unique}")
     value = lambda seats: json.dumps({"year": 1990, "manufacturer": "AIRBUS", "seats": seats, "speed": 2.5}).encode()  # noqa: E731
@@ -221,6 +300,21 @@ def test_plain_upserts_keyed_by_kafka_key_with_tombstone_deletes(spark, settings
     with pytest.raises(cdc.CrossPartitionKeyError, match="tailnum='N1'.*span several Kafka partitions"):
         apply_batch(spark, fqn, crossed, cdc_mode="none", name="b2")
     assert rows(spark, fqn) == {"N1": (1990, 3, 2.5), "N3": (1990, 5, 2.5)}
+    # nor across batches: N1's row came from partition 0, this change from partition 1
+    moved = raw_df(spark, [(1, 0, b"N1", value(8)), (0, 8, b"N3", value(9))])
+    with pytest.raises(
+        cdc.CrossPartitionKeyError,
+        match=r"tailnum='N1' \(change at partition 1 offset 0, row at partition 0 offset 2\)",
+    ):
+        apply_batch(spark, fqn, moved, cdc_mode="none", name="b3")
+    assert rows(spark, fqn) == {"N1": (1990, 3, 2.5), "N3": (1990, 5, 2.5)}
+    # within one partition the offset orders: a re-read older offset is not applied
+    apply_batch(spark, fqn, raw_df(spark, [(0, 1, b"N1", value(42))]), cdc_mode="none", name="b4")
+    assert rows(spark, fqn)["N1"] == (1990, 3, 2.5)
+    # the documented way out: once the old partition's changes are applied, clear the row's position
+    spark.sql(f"UPDATE {fqn} SET {POSITION} = NULL WHERE tailnum = 'N1'")
+    apply_batch(spark, fqn, moved, cdc_mode="none", name="b5")
+    assert rows(spark, fqn) == {"N1": (1990, 8, 2.5), "N3": (1990, 9, 2.5)}
 
 
 def test_batch_of_only_tombstones_still_records_offsets(spark, settings, unique):
@@ -244,12 +338,13 @@ def test_merge_into_branch_leaves_main_alone_and_a_rerun_converges(spark, settin
     spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `b2` AS OF VERSION {main}")
     raw = raw_df(spark, [(0, 1, b'{"tailnum":"N1"}', envelope("u", None, plane("N1", 2), 2))])
     changes = cdc.reduce_changes(cdc.parse_changes(raw, COLUMNS, KEY, "debezium"), COLUMNS, KEY)
-    assert set(changes.columns) == {c.name for c in COLUMNS} | {DELETE}
+    assert set(changes.columns) == {c.name for c in COLUMNS} | {POSITION, DELETE}
     sid = upsert.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})
     assert upsert.branch_head(spark, fqn, "main") == main and sid != main
     assert rows(spark, fqn) == {"N1": (2000, 1, None)}
     assert spark.sql(f"SELECT seats FROM {fqn}.branch_b2").first()[0] == 2
-    with pytest.raises(upsert.LakeError, match="does not reconcile: snapshot .* added 1 rows but 2 keys"):
+    # the change is on the branch already: a second merge applies nothing, so it must add 0 rows
+    with pytest.raises(upsert.LakeError, match="does not reconcile: snapshot .* added 0 rows but 2 keys"):
         upsert.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'}, expected_rows=2)
     # a retried merge (its first outcome unknown) on the same branch gives the same rows
     again = upsert.merge_changes(spark, fqn, "b2", changes, KEY, {OFFSETS_KEY: '{"0":2}'})

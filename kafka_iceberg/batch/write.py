@@ -17,7 +17,7 @@ from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, file_writer, write_rows
 from kafka_iceberg.batch.types import AttemptBranch, ReadBatch, WritePlan, WrittenAttempt
 from kafka_iceberg.catalog.tables import TableMetadataView
-from kafka_iceberg.cdc.changes import DELETE, reduce_changes
+from kafka_iceberg.cdc.changes import reduce_changes
 from kafka_iceberg.cdc.upsert import merge_changes
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError
@@ -282,21 +282,15 @@ def merge(
 
     Raises:
         CrossPartitionKeyError: a key's changes span partitions without source positions.
-        LakeError: no snapshot was made, or its ``added-records`` is not the keys inserted or updated.
+        LakeError: no snapshot was made, or its ``added-records`` is not the keys inserted or updated
+            (changes newer than their rows, ``kafka_iceberg.cdc.upsert.merge_changes``).
     """
     key = list(spec.upsert.key)
     extra = {spec.kafka_column(k): _KAFKA_SQL[k] for k in spec.kafka_columns}
     changes = reduce_changes(batch.classified, list(batch.columns), key, spec.identifier, extra).persist()
-    try:
-        expected = changes.where(f"NOT {DELETE}").count()
+    try:  # merge_changes applies the changes newer than their rows and reconciles their count
         snapshot_id = merge_changes(
-            lake.spark,
-            f"{lake.catalog_name}.{spec.identifier}",
-            branch,
-            changes,
-            key,
-            dict(summary),
-            expected_rows=expected,
+            lake.spark, f"{lake.catalog_name}.{spec.identifier}", branch, changes, key, dict(summary)
         )
     finally:
         changes.unpersist()

@@ -11,15 +11,17 @@ A micro-batch of raw Kafka records (:data:`kafka_iceberg.kafka.reader.RAW_SCHEMA
    (``kind``, ``reason``) for the dead-letter table: ``missing_key``, ``unknown_op``,
    ``malformed``, ``schema`` (the row does not fit the table) or ``unknown_field``.
 2. :func:`reduce_changes` keeps the last change per key, ordered by the source position
-   (``source.lsn``), then (partition, offset). A key whose changes span Kafka partitions is
-   ordered by its source position when every change has one; otherwise the batch fails with
-   :class:`CrossPartitionKeyError` (the order cannot be known, so it is not guessed).
-3. :func:`kafka_iceberg.cdc.upsert.merge_changes` merges the result into ``<table>.branch_<attempt>`` of a
+   (``source.lsn``), then (partition, offset), and gives it its :data:`POSITION`. A key whose changes
+   span Kafka partitions is ordered by its source position when every change has one; otherwise the
+   batch fails with :class:`CrossPartitionKeyError` (the order cannot be known, so it is not guessed).
+3. :func:`kafka_iceberg.cdc.upsert.merge_changes` keeps the changes newer than the table's rows (by
+   :data:`POSITION`, kept per row) and merges them into ``<table>.branch_<attempt>`` of a
    format-version 2 merge-on-read table (updates and deletes write position delete files,
    never equality deletes), with the batch's summary (the Kafka offsets) on the snapshot.
 
 A merge of the final state per key is idempotent, so re-applying a batch after a crash
-converges to the same table.
+converges to the same table; a change older than the row's (a re-sent one, or one that took
+another partition) is not applied.
 """
 
 from __future__ import annotations
@@ -37,16 +39,23 @@ PROBLEM = "_problem"
 (the same name as :data:`kafka_iceberg.formats.transform.PROBLEM`, so ``dead_letter_rows`` takes it)."""
 ACTION = "_cdc_action"
 """Column of a parsed change: ``upsert``, ``delete`` or ``skip`` (a Debezium tombstone)."""
+LSN = "_cdc_lsn"
+"""Column of a parsed change: the source position (Debezium ``source.lsn``, bigint), or NULL."""
 POSITION = "_cdc_position"
-"""Column of a parsed change: the source position (Debezium ``source.lsn``), or NULL."""
+"""Column of a reduced change and of the upsert table: the position of the row's last applied change,
+``struct<lsn BIGINT, partition INT, offset BIGINT>`` (``lsn`` NULL when the change had none);
+:mod:`kafka_iceberg.cdc.upsert` applies a change only when it is newer than this."""
+POSITION_TYPE = "struct<lsn: bigint, partition: int, offset: bigint>"
+"""Spark SQL type of :data:`POSITION`."""
 DELETE = "_cdc_delete"
 """Column of a reduced change: True when the key's last change deletes it."""
 PROBLEM_KINDS = ("missing_key", "unknown_op", "malformed", "schema", "unknown_field")
 
 
 class CrossPartitionKeyError(LakeError):
-    """A key's changes in one micro-batch came from several Kafka partitions without a source
-    position to order them by; applying them in any order would be a guess."""
+    """A key's changes came from several Kafka partitions (in one micro-batch, or a change and the
+    row it would replace) without a source position to order them by; applying them in any order
+    would be a guess."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,12 @@ class Column:
     name: str
     type: str
     required: bool = False
+
+
+def value_columns(columns) -> list:
+    """``columns`` without :data:`POSITION` (the table's columns, read from its schema, include it;
+    a change never carries it)."""
+    return [c for c in columns if c.name != POSITION]
 
 
 def quote_ident(name: str) -> str:
@@ -87,7 +102,7 @@ def _struct_ddl(columns, extra: tuple[tuple[str, str], ...] = ()) -> str:
 
 
 def _envelope(raw: DataFrame, cdc: str, columns, key: list[str]) -> DataFrame:
-    """Adds ``_op`` (c/r/u/d, or NULL), ``_rowtext`` (the row's JSON), ``POSITION`` and ``_k``
+    """Adds ``_op`` (c/r/u/d, or NULL), ``_rowtext`` (the row's JSON), :data:`LSN` and ``_k``
     (the key columns from the Kafka key, ``cdc: none`` only)."""
     df = raw.withColumn("_v", F.expr(_unwrap("CAST(value AS STRING)")))
     if cdc == "debezium":
@@ -96,7 +111,7 @@ def _envelope(raw: DataFrame, cdc: str, columns, key: list[str]) -> DataFrame:
         return (
             df.withColumn("_op", F.expr("_env.op"))
             .withColumn("_rowtext", F.expr("CASE WHEN _env.op = 'd' THEN _env.before ELSE _env.after END"))
-            .withColumn(POSITION, F.expr("_env.source.lsn"))
+            .withColumn(LSN, F.expr("_env.source.lsn"))
             .withColumn("_k", F.lit(None))
         )
     by_name = {c.name: c for c in columns}
@@ -110,7 +125,7 @@ def _envelope(raw: DataFrame, cdc: str, columns, key: list[str]) -> DataFrame:
     return (
         df.withColumn("_op", F.expr("CASE WHEN value IS NULL THEN 'd' ELSE 'u' END"))
         .withColumn("_rowtext", F.col("_v"))
-        .withColumn(POSITION, F.lit(None).cast("bigint"))
+        .withColumn(LSN, F.lit(None).cast("bigint"))
         .withColumn("_k", F.expr(kjson))
     )
 
@@ -207,7 +222,7 @@ def parse_changes(raw: DataFrame, columns, key: list[str], cdc: str, reject_unkn
     """Parse raw Kafka records (``RAW_SCHEMA_DDL``: topic, partition, offset, timestamp_ms, key,
     value, headers) as change events for a table with ``columns`` keyed by ``key``.
 
-    Returns the raw columns plus :data:`ACTION` (``upsert``/``delete``/``skip``), :data:`POSITION`
+    ``columns`` may include :data:`POSITION`; it is left out. Returns the raw columns plus :data:`ACTION` (``upsert``/``delete``/``skip``), :data:`LSN`
     (bigint source position or NULL), ``_r`` (the row: a struct of ``columns``, key columns
     taken from the Kafka key with ``cdc: none``) and :data:`PROBLEM`. Lazy: no Spark job runs.
 
@@ -216,6 +231,7 @@ def parse_changes(raw: DataFrame, columns, key: list[str], cdc: str, reject_unkn
     """
     if cdc not in CDC_MODES:
         raise ConfigError(f"cdc: {cdc!r} is not one of {', '.join(CDC_MODES)}")
+    columns = value_columns(columns)
     missing = [k for k in key if k not in {c.name for c in columns}]
     if not key or missing:
         raise ConfigError(f"key column(s) {missing or '(none)'} are not columns of the table")
@@ -259,7 +275,7 @@ def check_partitions(parsed: DataFrame, key: list[str], table: str) -> None:
         good.groupBy(*keys)
         .agg(
             F.countDistinct("partition").alias("partitions"),
-            F.count(F.when(F.col(POSITION).isNull(), 1)).alias("unordered"),
+            F.count(F.when(F.col(LSN).isNull(), 1)).alias("unordered"),
         )
         .where("partitions > 1 AND unordered > 0")
         .limit(5)
@@ -278,20 +294,23 @@ def reduce_changes(
     parsed: DataFrame, columns, key: list[str], table: str = "?", extra: dict[str, str] | None = None
 ) -> DataFrame:
     """The last good change per key of a :func:`parse_changes` result, in source order
-    (:data:`POSITION`, then partition, then offset).
+    (:data:`LSN`, then partition, then offset).
 
     Returns one row per key: ``columns`` in order, then ``extra`` (table column name -> a SQL
-    expression over the raw columns, e.g. ``{"_kafka_offset": "offset"}``), then :data:`DELETE`.
+    expression over the raw columns, e.g. ``{"_kafka_offset": "offset"}``), then :data:`POSITION`
+    (the change's LSN, partition and offset) and :data:`DELETE`.
 
     Raises:
         CrossPartitionKeyError: see :func:`check_partitions` (runs one Spark job).
     """
     check_partitions(parsed, key, table)
+    columns = value_columns(columns)
     good = parsed.where(F.col(PROBLEM).isNull() & (F.col(ACTION) != "skip"))
     order = Window.partitionBy(*[F.col(f"_r.{quote_ident(k)}") for k in key]).orderBy(
-        F.col(POSITION).desc_nulls_last(), F.col("partition").desc(), F.col("offset").desc()
+        F.col(LSN).desc_nulls_last(), F.col("partition").desc(), F.col("offset").desc()
     )
     last = good.withColumn("_n", F.row_number().over(order)).where("_n = 1")
     out = [F.col(f"_r.{quote_ident(c.name)}").alias(c.name) for c in columns]
     out += [F.expr(sql).alias(name) for name, sql in (extra or {}).items()]
-    return last.select(*out, (F.col(ACTION) == "delete").alias(DELETE))
+    position = F.struct(F.col(LSN).alias("lsn"), F.col("partition").alias("partition"), F.col("offset").alias("offset"))
+    return last.select(*out, position.alias(POSITION), (F.col(ACTION) == "delete").alias(DELETE))

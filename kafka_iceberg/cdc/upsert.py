@@ -1,8 +1,10 @@
 """The commit of an upsert table: ``MERGE INTO`` the attempt branch, with the offsets on the snapshot.
 
 :func:`merge_changes` takes the reduced changes of :func:`kafka_iceberg.cdc.changes.reduce_changes` (one
-row per key, :data:`~kafka_iceberg.cdc.changes.DELETE` marking deletes) and merges them into
-``<catalog>.<db>.<table>.branch_<attempt>`` of a format-version 2 merge-on-read table, so
+row per key, :data:`~kafka_iceberg.cdc.changes.DELETE` marking deletes), keeps those newer than the
+table's row of their key by source position (:data:`~kafka_iceberg.cdc.changes.POSITION`, a column of
+the table) and merges them into ``<catalog>.<db>.<table>.branch_<attempt>`` of a format-version 2
+merge-on-read table, so
 updates and deletes write position delete files (deletion vectors on format version 3), never
 equality deletes. The snapshot's summary carries the batch's Kafka offsets, through Iceberg's
 ``CommitMetadata.withCommitProperties`` (``spark.sql.iceberg.snapshot-property.*`` is ignored by
@@ -15,8 +17,16 @@ from __future__ import annotations
 import uuid
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
-from kafka_iceberg.cdc.changes import DELETE, quote_ident, sql_string
+from kafka_iceberg.cdc.changes import (
+    DELETE,
+    POSITION,
+    POSITION_TYPE,
+    CrossPartitionKeyError,
+    quote_ident,
+    sql_string,
+)
 from kafka_iceberg.errors import ConfigError, LakeError
 
 UPSERT_TABLE_PROPERTIES = {
@@ -28,17 +38,105 @@ UPSERT_TABLE_PROPERTIES = {
 """Table properties of an upsert table: row-level changes write position delete files."""
 
 
+def newer_sql(change: str, row: str) -> str:
+    """SQL: the change position ``change`` is newer than the row position ``row`` (both
+    :data:`~kafka_iceberg.cdc.changes.POSITION` structs). A row without a position (written before
+    positions were kept, or absent) is older than any change; an LSN compares with an LSN; without
+    LSNs, offsets compare within one partition only. Equal positions are not newer (a re-sent change)."""
+    return (
+        f"({row} IS NULL OR ({change}.lsn IS NOT NULL AND {row}.lsn IS NOT NULL AND {change}.lsn > {row}.lsn) "
+        f"OR ({change}.lsn IS NULL AND {row}.lsn IS NULL AND {change}.`partition` = {row}.`partition` "
+        f"AND {change}.`offset` > {row}.`offset`))"
+    )
+
+
+def unorderable_sql(change: str, row: str) -> str:
+    """SQL: the order of ``change`` and ``row`` (positions as in :func:`newer_sql`) is unknown: one has
+    an LSN and the other not, or neither has one and they come from different partitions."""
+    return (
+        f"({row} IS NOT NULL AND (({change}.lsn IS NULL) <> ({row}.lsn IS NULL) "
+        f"OR ({change}.lsn IS NULL AND {row}.lsn IS NULL AND {change}.`partition` <> {row}.`partition`)))"
+    )
+
+
 def merge_sql(target: str, source_view: str, columns: list[str], key_columns: list[str]) -> str:
-    """``MERGE INTO target`` from ``source_view`` (``columns`` plus :data:`DELETE`) by ``key_columns``."""
+    """``MERGE INTO target`` from ``source_view`` (``columns``, :data:`POSITION` among them, plus
+    :data:`DELETE`) by ``key_columns``: a matched row is deleted or updated only by a newer change."""
     on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in key_columns)
     sets = ", ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}" for c in columns if c not in key_columns)
     names = ", ".join(quote_ident(c) for c in columns)
     values = ", ".join(f"s.{quote_ident(c)}" for c in columns)
-    update = f"WHEN MATCHED THEN UPDATE SET {sets} " if sets else ""
+    newer = newer_sql(f"s.{quote_ident(POSITION)}", f"t.{quote_ident(POSITION)}")
     return (
         f"MERGE INTO {target} t USING {source_view} s ON {on} "
-        f"WHEN MATCHED AND s.{DELETE} THEN DELETE {update}"
+        f"WHEN MATCHED AND s.{DELETE} AND {newer} THEN DELETE "
+        f"WHEN MATCHED AND {newer} THEN UPDATE SET {sets} "
         f"WHEN NOT MATCHED AND NOT s.{DELETE} THEN INSERT ({names}) VALUES ({values})"
+    )
+
+
+def ensure_position_column(spark, table: str) -> bool:
+    """Add :data:`POSITION` to ``table`` (``<catalog>.<db>.<table>``) when it lacks it: an Iceberg
+    schema update adding an optional column, which rows written before read as NULL (older than any
+    change). Returns True when this call added it."""
+    if POSITION in {f.name for f in spark.table(table).schema.fields}:
+        return False
+    try:
+        spark.sql(
+            f"ALTER TABLE {table} ADD COLUMN {quote_ident(POSITION)} {POSITION_TYPE} "
+            "COMMENT 'source position of the last applied change: source.lsn, else Kafka partition and offset'"
+        )
+    except Exception as exc:
+        if "already exists" not in str(exc).lower():
+            raise
+        return False  # another writer added it meanwhile
+    return True
+
+
+def positioned(spark, target: str, changes_df: DataFrame, key_columns: list[str], read_positions: bool = True):
+    """``changes_df`` left-joined with the :data:`POSITION` of ``target``'s rows by key, plus ``_newer``
+    (:func:`newer_sql`) and ``_unorderable`` (:func:`unorderable_sql`). ``read_positions=False``
+    treats every row as having none (the column was just added). Lazy."""
+    keys = ", ".join(quote_ident(k) for k in key_columns)
+    pos = quote_ident(POSITION) if read_positions else f"CAST(NULL AS {POSITION_TYPE})"
+    current = spark.sql(f"SELECT {keys}, {pos} AS {quote_ident(POSITION)} FROM {target}")
+    on = " AND ".join(f"s.{quote_ident(k)} = t.{quote_ident(k)}" for k in key_columns)
+    change, row = f"s.{quote_ident(POSITION)}", f"t.{quote_ident(POSITION)}"
+    return (
+        changes_df.alias("s")
+        .join(current.alias("t"), F.expr(on), "left")
+        .select(
+            "s.*",
+            F.expr(newer_sql(change, row)).alias("_newer"),
+            F.expr(unorderable_sql(change, row)).alias("_unorderable"),
+            F.expr(row).alias("_row_position"),
+        )
+    )
+
+
+def refuse_unorderable(joined: DataFrame, key_columns: list[str], table: str) -> None:
+    """Fail when a change of :func:`positioned` cannot be ordered against its row.
+
+    Raises:
+        CrossPartitionKeyError: naming up to 5 such keys with both positions.
+    """
+    bad = joined.where("_unorderable").limit(5).collect()
+    if not bad:
+        return
+
+    def where(p) -> str:
+        return f"lsn {p['lsn']}" if p["lsn"] is not None else f"partition {p['partition']} offset {p['offset']}"
+
+    shown = "; ".join(
+        ", ".join(f"{k}={r[k]!r}" for k in key_columns)
+        + f" (change at {where(r[POSITION])}, row at {where(r['_row_position'])})"
+        for r in bad
+    )
+    raise CrossPartitionKeyError(
+        f"table {table}: the order of the changes of key(s) {shown} and their rows is unknown: without a source "
+        "position (source.lsn) offsets order changes within one partition only. Nothing was committed. When every "
+        f"change of such a key in the row's partition is applied, clear the rows' position (UPDATE {table} SET "
+        f"{POSITION} = NULL WHERE ...) and the next micro-batch applies the change."
     )
 
 
@@ -102,56 +200,76 @@ def merge_changes(
     summary: dict[str, str],
     expected_rows: int | None = None,
 ) -> int:
-    """Merge reduced changes (:func:`reduce_changes`: one row per key, :data:`DELETE` marks deletes)
-    into branch ``branch`` of ``table`` (``<catalog>.<db>.<table>``) as one snapshot whose summary
-    carries ``summary`` (e.g. the Kafka offsets). Returns the branch's new head snapshot id.
+    """Merge reduced changes (:func:`reduce_changes`: one row per key with its :data:`POSITION`,
+    :data:`DELETE` marking deletes) into branch ``branch`` of ``table`` (``<catalog>.<db>.<table>``)
+    as one snapshot whose summary carries ``summary`` (e.g. the Kafka offsets). Returns the branch's
+    new head snapshot id.
 
-    Updates and deletes write position delete files (the table must have the
-    :data:`UPSERT_TABLE_PROPERTIES`). When the merge changes nothing (every change was a skipped
-    tombstone, or the batch deleted keys the table does not have), a zero-row append to the
+    Only changes newer than the branch's row of their key (:func:`newer_sql`) are applied, and the
+    row keeps the change's position; :data:`POSITION` is added to the table first when it lacks it
+    (:func:`ensure_position_column`). Updates and deletes write position delete files (the table
+    must have the :data:`UPSERT_TABLE_PROPERTIES`). When the merge changes nothing (every change was
+    a skipped tombstone, older than its row, or deleted an absent key), a zero-row append to the
     branch carries ``summary`` instead, so the offsets still advance. Idempotent per key state.
 
-    ``expected_rows``, when given, is the number of rows of ``changes_df`` that are not deletes
-    (records): each is inserted or rewritten, so the snapshot's ``added-records`` must equal it.
+    The snapshot's ``added-records`` must equal the changes applied that are not deletes (each is
+    inserted or rewritten), or ``expected_rows`` when given (records).
 
     Raises:
+        CrossPartitionKeyError: a change cannot be ordered against its row (:func:`refuse_unorderable`).
         LakeError: the branch does not exist, no snapshot carrying ``summary`` was made, or the
-            merge does not reconcile with ``expected_rows`` (nothing is published).
+            merge does not reconcile (nothing is published).
     """
     before = branch_head(spark, table, branch)
     if before is None:
         raise LakeError(f"table {table}: branch {branch} does not exist")
+    added = ensure_position_column(spark, table)
+    target = f"{table}.branch_{branch}"
+    joined = positioned(spark, target, changes_df, key_columns, read_positions=not added).persist()
     view = f"cdc_changes_{uuid.uuid4().hex}"
-    changes_df.createOrReplaceTempView(view)
-    columns = [c for c in changes_df.columns if c != DELETE]
     try:
-        sql = merge_sql(f"{table}.branch_{branch}", view, columns, key_columns)
+        refuse_unorderable(joined, key_columns, table)
+        applied = joined.where("_newer").drop("_newer", "_unorderable", "_row_position")
+        if expected_rows is None:
+            expected_rows = applied.where(f"NOT {DELETE}").count()
+        applied.createOrReplaceTempView(view)
+        sql = merge_sql(target, view, [c for c in applied.columns if c != DELETE], key_columns)
         with_commit_properties(spark, summary, lambda: spark.sql(sql))
+        head = branch_head(spark, table, branch)
+        if head == before:
+            writer = applied.limit(0).drop(DELETE).writeTo(target)
+            for k, v in summary.items():
+                writer = writer.option(f"snapshot-property.{k}", v)
+            writer.append()
+            head = branch_head(spark, table, branch)
     finally:
         spark.catalog.dropTempView(view)
-    head = branch_head(spark, table, branch)
-    if head == before:
-        writer = changes_df.limit(0).drop(DELETE).writeTo(f"{table}.branch_{branch}")
-        for k, v in summary.items():
-            writer = writer.option(f"snapshot-property.{k}", v)
-        writer.append()
-        head = branch_head(spark, table, branch)
+        joined.unpersist()
     if head is None or head == before:
         raise LakeError(f"table {table}: the merge into branch {branch} made no snapshot")
-    if expected_rows is not None:
-        summary_of = spark.sql(f"SELECT summary FROM {table}.snapshots WHERE snapshot_id = {head}").first()[0]
-        added = int(summary_of.get("added-records", "0"))
-        if added != expected_rows:
-            raise LakeError(
-                f"table {table}: micro-batch does not reconcile: snapshot {head} on branch {branch} added "
-                f"{added} rows but {expected_rows} keys were inserted or updated; nothing was published"
-            )
+    reconcile(spark, table, branch, head, expected_rows)
     return head
 
 
+def reconcile(spark, table: str, branch: str, head: int, expected_rows: int) -> None:
+    """Check that snapshot ``head`` added ``expected_rows`` records.
+
+    Raises:
+        LakeError: it did not (nothing is published).
+    """
+    summary_of = spark.sql(f"SELECT summary FROM {table}.snapshots WHERE snapshot_id = {head}").first()[0]
+    added = int(summary_of.get("added-records", "0"))
+    if added != expected_rows:
+        raise LakeError(
+            f"table {table}: micro-batch does not reconcile: snapshot {head} on branch {branch} added "
+            f"{added} rows but {expected_rows} keys were inserted or updated; nothing was published"
+        )
+
+
 def prepare_table(spark, table: str, key_columns: list[str]) -> None:
-    """Make ``table`` an upsert table: :data:`UPSERT_TABLE_PROPERTIES` and the key as its Iceberg
-    identifier fields. Run once when the write path creates the table (a commit on ``main``).
+    """Make ``table`` an upsert table: :data:`UPSERT_TABLE_PROPERTIES`, the key as its Iceberg
+    identifier fields, and the :data:`POSITION` column. Run once when the write path creates the
+    table (commits on ``main``).
 
     Raises:
         ConfigError: a key column is nullable (identifier fields must be NOT NULL).
@@ -163,3 +281,4 @@ def prepare_table(spark, table: str, key_columns: list[str]) -> None:
     props = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in UPSERT_TABLE_PROPERTIES.items())
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({props})")
     spark.sql(f"ALTER TABLE {table} SET IDENTIFIER FIELDS {', '.join(quote_ident(k) for k in key_columns)}")
+    ensure_position_column(spark, table)
