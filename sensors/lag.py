@@ -3,7 +3,7 @@
 Each evaluation reads the table's committed offsets and newest ingest snapshot time (its
 snapshot summary), the topic's high watermarks and the table's runs that failed since that
 snapshot, judges them with :class:`kafka_iceberg.ops.lag.LagHistory` (kept in the sensor cursor;
-rules over the table's commits and cadence, see docs/operations.md#lag) and records an
+rules over the table's commits and cadence, see docs/operations.md#lag-status) and records an
 ``AssetObservation`` on the table asset, so the asset page plots offset lag, time lag and
 status over time. A change of alert *level* (OK -> WARN, -> ERROR for STALL or STOP, and the
 recovery back to OK) posts one Slack message; a level that holds posts nothing.

@@ -278,12 +278,15 @@ def stage_publish(
     ref: str,
     ref_base: int | None,
     layout: tuple[int, int] | None = None,
+    rebased: bool = False,
 ) -> StagedPublish:
     """Prepare one catalog commit that appends ``files`` (pyiceberg ``DataFile`` s) as one snapshot
     carrying ``summary`` whose parent is ``branch_base`` (the attempt ``branch``'s head), points
     ``ref`` at it (keeping its retention settings) and removes ``branch``; the catalog refuses it unless
     ``branch`` is still at ``branch_base``, ``ref`` at ``ref_base`` (None: ``ref`` must not exist) and the
-    default partition spec is the one the files were written with. Writes the manifests and the
+    default partition spec is the one the files were written with. With ``rebased`` the snapshot's
+    parent is ``ref``'s head ``ref_base`` instead (main moved by a compaction since the attempt branched,
+    :class:`~kafka_iceberg.batch.publish` checks that it carries no ingest). Writes the manifests and the
     manifest list; commits nothing. ``table``: the commit's base (:func:`commit`). ``layout``: the
     (default spec id, format version) the files were written for (default: ``table``'s).
 
@@ -316,8 +319,9 @@ def stage_publish(
             f"{md.default_spec_id}, v{md.format_version}) while this micro-batch wrote its data files for spec "
             f"{spec_id}, v{format_version}; nothing was published; rerun to write them again"
         )
-    tx = _without_history(table, branch).transaction()
-    with tx.update_snapshot(snapshot_properties=dict(summary), branch=branch).merge_append() as append:
+    tx = _without_history(table, branch, ref).transaction()
+    parent = ref if rebased else branch
+    with tx.update_snapshot(snapshot_properties=dict(summary), branch=parent).merge_append() as append:
         for f in files:
             append.append_data_file(f)
     staged = staged_updates(tx)
@@ -355,7 +359,7 @@ def staged_files(tx) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _without_history(table, branch: str):
+def _without_history(table, branch: str, ref: str = "main"):
     """``table`` with metadata that keeps only the snapshots at ``branch`` and ``main`` (and refs
     to them); everything an append reads (schema, specs, properties, sequence number, the parent's
     manifest list and summary) is kept. Without a ``commit.manifest-merge.enabled`` property the
@@ -363,7 +367,7 @@ def _without_history(table, branch: str):
     from pyiceberg.table import Table
 
     md = table.metadata
-    refs = {name: ref for name, ref in md.refs.items() if name in (branch, "main")}
+    refs = {name: r for name, r in md.refs.items() if name in (branch, ref, "main")}
     heads = {ref.snapshot_id for ref in refs.values()}
     properties = {_MERGE_ENABLED: "true", **md.properties}  # Java's default; only this commit reads it
     slim = md.model_copy(

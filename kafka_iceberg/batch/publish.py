@@ -23,6 +23,7 @@ from kafka_iceberg.batch.files import discard
 from kafka_iceberg.batch.types import PublishedCommit, WritePlan, WrittenAttempt
 from kafka_iceberg.catalog.tables import TableMetadataView, metadata_view
 from kafka_iceberg.errors import CommitConflictError, LakeError
+from kafka_iceberg.state import ancestors
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class _FilesPublish:
 
     def __init__(self, lake: Lake, plan: WritePlan, attempt: WrittenAttempt):
         self.lake, self.plan, self.attempt, self.tries = lake, plan, attempt, []
+        self.rebased_on: int | None = None  # the ref's head, when compactions moved it since the plan
         self.layout = (attempt.table.metadata.default_spec_id, attempt.table.metadata.format_version)
 
     def check(self, view: TableMetadataView) -> int | None:
@@ -157,7 +159,9 @@ class _FilesPublish:
         if head in [t.snapshot_id for t in self.tries]:
             return head
         if head != plan.base_snapshot_id:
-            raise _moved(plan, head)
+            if not only_compactions_since(view, head, plan.base_snapshot_id):
+                raise _moved(plan, head)
+            self.rebased_on = head
         if view.refs.get(attempt.branch) != attempt.branch_base:
             raise LakeError(
                 f"table {plan.target.identifier}: attempt branch {attempt.branch} moved or vanished before its "
@@ -197,8 +201,9 @@ class _FilesPublish:
             branch=attempt.branch,
             branch_base=attempt.branch_base,
             ref=plan.target.ref,
-            ref_base=plan.base_snapshot_id,
+            ref_base=self.rebased_on or plan.base_snapshot_id,
             layout=self.layout,
+            rebased=self.rebased_on is not None,
         )
         self.tries.append(staged)
         try:
@@ -208,6 +213,22 @@ class _FilesPublish:
             staged.discard()  # refused: it did not land
             raise
         return staged.snapshot_id, dict(committed.summary.additional_properties)
+
+
+def only_compactions_since(view: TableMetadataView, head: int | None, base: int | None) -> bool:
+    """Whether every snapshot from ``head`` back to ``base`` (exclusive) only rewrote files
+    (operation ``replace``: ``rewrite_data_files``, ``rewrite_position_delete_files``): the data and
+    the ingest state at ``head`` are those at ``base``, so a micro-batch planned on ``base`` may append
+    on ``head``, as Iceberg's own appends commute with a compaction. Any other commit (an append, an
+    overwrite, a delete, another micro-batch) or an unknown ancestry is a conflict."""
+    if head is None or base is None:
+        return False
+    for snap in ancestors(view.snapshots, head):
+        if snap.snapshot_id == base:
+            return True
+        if snap.summary.get("operation") != "replace" or snap.is_ingest:
+            return False
+    return False
 
 
 def _discard_unless_committed(lake: Lake, identifier: str, files, tries: list) -> None:
