@@ -291,9 +291,10 @@ def _print_many(n, workers, steady, backlog, sampler, wall, runs) -> dict:
     exact = sum(r["rows"] == r["distinct"] == r["expected"] and r["missing"] == 0 for r in steady.values())
     p50s = sorted(r["p50"] for r in steady.values())
     worst = {k: max(r[k] for r in steady.values()) for k in ("p50", "p90", "max")}
+    goal = "p50 <= 5 s, p90 <= 15 s" if n <= 10 else "p50 <= 30 s, p90 <= 60 s, max <= 120 s"
     say(
         f"  per table freshness p50 {p50s[0]:.1f} .. {p50s[-1]:.1f} s (median {p50s[len(p50s) // 2]:.1f} s); "
-        f"worst p90 {worst['p90']:.1f} s; worst record {worst['max']:.1f} s"
+        f"worst p90 {worst['p90']:.1f} s; worst record {worst['max']:.1f} s  |  goal: every table {goal}"
     )
     if n <= 10:
         for name, r in steady.items():
@@ -301,11 +302,13 @@ def _print_many(n, workers, steady, backlog, sampler, wall, runs) -> dict:
     say(f"  exactly once: {exact} of {n} tables (count = distinct (partition, offset) = produced)")
     say(
         f"  runs launched {runs}; peak resident memory {sampler.peak_rss / 2**30:.2f} GiB "
-        f"(daemon, code server, runs, JVMs); CPU {sum(sampler.cpu_s.values()) / wall:.2f} cores on average"
+        f"(daemon, code server, runs, JVMs){'  |  goal <= 8 GiB' if n > 10 else ''}; "
+        f"CPU {sum(sampler.cpu_s.values()) / wall:.2f} cores on average"
     )
     say(
         f"  backlog {backlog['records']:,} records drained in {backlog['drain_s']:.1f} s = {backlog['rate']:,.0f} "
-        f"records/s against raw consume {backlog['raw_rate']:,.0f} records/s: ratio {backlog['ratio']:.3f}; "
+        f"records/s against raw consume {backlog['raw_rate']:,.0f} records/s: ratio {backlog['ratio']:.3f} "
+        f"(goal >= 0.25); "
         f"exactly once {backlog['exact_tables']} of {n} tables"
     )
     return {
