@@ -194,7 +194,7 @@ def _status(args) -> int:
 
     settings, specs = _settings_and_specs()
     kafka = quiet_kafka(settings)
-    catalog = load_catalog(settings.catalog)
+    catalog = load_catalog(settings.catalog, settings.catalog_retry_s)
     code, now_ms = OK, int(time.time() * 1000)
     for spec in specs:
         state = read_state(catalog, spec.identifier)
@@ -239,7 +239,9 @@ def _confirm_gap(args, settings, spec) -> bool:
     from kafka_iceberg.catalog.tables import load_catalog, read_state
 
     marks = quiet_kafka(settings).watermarks(spec.topic)  # fails fast (exit 3) before Spark when the broker is down
-    lost = lost_ranges(marks, read_state(load_catalog(settings.catalog), spec.identifier).offsets)
+    lost = lost_ranges(
+        marks, read_state(load_catalog(settings.catalog, settings.catalog_retry_s), spec.identifier).offsets
+    )
     ranges = ", ".join(f"partition {p} offsets {a}..{b - 1} ({b - a} records)" for p, (a, b) in lost.items())
     question = (
         f"{spec.identifier}: accept as lost {ranges or 'no records (nothing below the log start offsets now)'}, "
@@ -259,7 +261,7 @@ def _accept_gap(args) -> int:
         print("lake: not confirmed; nothing accepted", file=sys.stderr)
         return FINDING
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
-    catalog = load_catalog(settings.catalog)
+    catalog = load_catalog(settings.catalog, settings.catalog_retry_s)
     writer = TableWriter(get_spark(settings), settings, spec, kafka, catalog)
     try:
         result = writer.accept_gap(commit_id=f"accept-gap-{uuid.uuid4()}", reason=args.reason)
@@ -327,7 +329,7 @@ def _replay(args) -> int:
     settings, specs, spec = _find(args)
     quiet_kafka(settings).watermarks(spec.topic)  # fail fast (exit 3) before starting Spark when the broker is down
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
-    catalog = load_catalog(settings.catalog)
+    catalog = load_catalog(settings.catalog, settings.catalog_retry_s)
     try:
         request = ReplayRequest.from_strings(
             from_offsets=args.from_offsets,

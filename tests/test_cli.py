@@ -277,7 +277,14 @@ def test_ctrl_c_exits_130_without_a_traceback(offline_env):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(8)  # imports done, retrying the catalog
+    # wait until it is retrying the catalog: psycopg2 is loaded once the first connection is tried
+    # (a fixed sleep raced with the imports on a loaded machine)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if "psycopg2" in Path(f"/proc/{proc.pid}/maps").read_text():
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
