@@ -56,7 +56,6 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], pool: str, pyspa
     """Run the worker loop over ``specs`` inside an op; returns what it served per table."""
     settings = settings_for(kafka, catalog)
     metadata, pycatalog, sink = kafka.metadata(), catalog.load(), slack.sink()
-    is_alive = dagster_liveness(context)
 
     def on_commit(spec: TableSpec, result) -> None:
         if result.snapshot_id is not None:
@@ -76,7 +75,7 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], pool: str, pyspa
             commit_id=context.run_id,
             kafka=metadata,
             catalog=pycatalog,
-            is_alive=is_alive,
+            is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
         ),
         watermarks=metadata.watermarks_many,
         committed={s.identifier: read_state(pycatalog, s.identifier).offsets for s in specs},
