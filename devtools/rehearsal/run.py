@@ -906,7 +906,9 @@ class Rehearsal:
             fut.result(timeout=30)
         gap = {(0, o) for o in range(state.offsets[0], cut)}
         failed = self.lake.catch_up(decl)
-        accept = self._cli(decl, "accept-gap", "--table", spec.identifier, "--reason", "rehearsal: retention expired")
+        accept = self._cli(
+            decl, "accept-gap", "--table", spec.identifier, "--reason", "rehearsal: retention expired", "--yes"
+        )
         time.sleep(2)
         traffic.stop()
         checks = {
