@@ -961,6 +961,7 @@ class Rehearsal:
             "--into",
             target,
             "--validate",
+            "--json",
         )
         traffic.stop()
         report = json.loads(replay.stdout.strip().splitlines()[-1]) if replay.stdout.strip() else {}
