@@ -419,7 +419,7 @@ def test_cli_replay_prints_the_report_and_exits_by_verdict(
     for key, value in {**lake_env, "LAKE_TABLES_FILE": str(tables)}.items():
         monkeypatch.setenv(key, value)
     target = f"test.{unique}_cli"
-    argv = ["replay", "--table", unique, "--from", "0:0,1:0", "--into", target, "--validate"]
+    argv = ["replay", "--table", unique, "--from", "0:0,1:0", "--into", target, "--validate", "--json"]
 
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
