@@ -294,12 +294,14 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         before = {r["runId"] for r in _runs(url)}
         page.get_by_role("button", name="Execute all").click()
         deadline = time.monotonic() + 600  # one Spark run on a loaded machine
-        while not (checks_run := [r for r in _runs(url) if r["runId"] not in before]) or checks_run[0][
-            "status"
-        ] not in ("SUCCESS", "FAILURE", "CANCELED"):
+        # besides the checks run, the demo's downstream asset may refresh itself (lake_downstream_automation)
+        done = ("SUCCESS", "FAILURE", "CANCELED")
+        while not (checks_run := [r for r in _runs(url) if r["runId"] not in before]) or any(
+            r["status"] not in done for r in checks_run
+        ):
             assert time.monotonic() < deadline, f"the checks run did not finish in 600 s: {checks_run}"
             time.sleep(3)
-        assert len(checks_run) == 1 and checks_run[0]["status"] == "SUCCESS", checks_run
+        assert 1 <= len(checks_run) <= 2 and all(r["status"] == "SUCCESS" for r in checks_run), checks_run
         page.reload()
         expect(page.get_by_text("Passed", exact=True).first).to_be_visible()
         expect(page.get_by_text("Not evaluated", exact=True)).to_have_count(0)
