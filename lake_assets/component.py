@@ -16,6 +16,7 @@ run-failure and run-liveness sensors, the demo's downstream asset) are built onc
 tables must not share a name, identifier or topic (:func:`component_specs`).
 """
 
+import importlib
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,6 @@ from typing import Annotated, Any
 import dagster as dg
 from pydantic import BaseModel, ValidationError
 
-import kafka_iceberg.defs as shipped_defs
 from kafka_iceberg import schedules, sensors
 from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, Settings, load_settings
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
@@ -36,6 +36,8 @@ from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
 
 DEFS_FILE = "defs.yaml"
+SHIPPED_DEFS = "kafka_iceberg.defs"
+"""The defs folder shipped with the package: the demo's tables."""
 
 
 def _plain(context: dg.ResolutionContext, value: Any) -> Any:
@@ -128,11 +130,24 @@ def quiet_components() -> Iterator[None]:
         yield
 
 
-def defs_tree(defs_module=shipped_defs) -> dg.ComponentTree:
-    """The Component tree of the defs folder ``defs_module`` (default: the shipped
-    ``kafka_iceberg.defs``), rooted at the checkout or, installed, the package."""
-    root = CHECKOUT if (CHECKOUT / "pyproject.toml").exists() else PACKAGE_DIR
-    return dg.ComponentTree.from_module(defs_module=defs_module, project_root=root)
+def defs_tree(defs_module: str = SHIPPED_DEFS) -> dg.ComponentTree:
+    """The Component tree of the importable defs folder ``defs_module`` (``LAKE_DEFS_MODULE``; default
+    the shipped ``kafka_iceberg.defs``, rooted at the checkout or, installed, the package). Another
+    module is rooted at the folder that holds its top-level package.
+
+    Raises:
+        ConfigError: ``defs_module`` cannot be imported.
+    """
+    try:
+        module = importlib.import_module(defs_module)
+    except ImportError as exc:
+        raise ConfigError(f"LAKE_DEFS_MODULE {defs_module!r} cannot be imported: {exc}") from exc
+    if defs_module == SHIPPED_DEFS:
+        root = CHECKOUT if (CHECKOUT / "pyproject.toml").exists() else PACKAGE_DIR
+    else:
+        folder = Path(next(iter(getattr(module, "__path__", [])), module.__file__ or ".")).resolve()
+        root = folder.parents[defs_module.count(".")]
+    return dg.ComponentTree.from_module(defs_module=module, project_root=root)
 
 
 def component_specs(tree: dg.ComponentTree) -> list[TableSpec]:
@@ -148,12 +163,12 @@ def component_specs(tree: dg.ComponentTree) -> list[TableSpec]:
 
 
 def declared_specs(settings: Settings) -> list[TableSpec]:
-    """The declared tables: the file ``LAKE_TABLES_FILE`` when set, else the shipped defs folder's
-    Component instances. Raises ConfigError on an invalid declaration."""
+    """The declared tables: the file ``LAKE_TABLES_FILE`` when set, else the Component instances of
+    the defs folder ``LAKE_DEFS_MODULE``. Raises ConfigError on an invalid declaration."""
     if settings.tables_file is not None:
         return load_table_specs(settings.tables_file)
     try:
-        return component_specs(defs_tree())
+        return component_specs(defs_tree(settings.defs_module))
     except ConfigError:
         raise
     except Exception as exc:  # Dagster wraps a bad declaration; keep its own words (and file, line)

@@ -1,5 +1,5 @@
 """The composition root of the Dagster code location: the tables of the ``KafkaIcebergTables``
-Component instances in the defs folder ``kafka_iceberg.defs`` (or of the file
+Component instances in the defs folder ``LAKE_DEFS_MODULE`` (default ``kafka_iceberg.defs``; or of the file
 ``LAKE_TABLES_FILE``), with what a location has once: the demo's downstream asset and ``ingest_all``
 (when the demo's tables are declared), the replay job, the shared sensors, resources and executor.
 
@@ -124,16 +124,17 @@ def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions
 
 def load_definitions(settings: Settings) -> tuple[Definitions, list[TableSpec]]:
     """The code location and its declared tables: the tables of ``LAKE_TABLES_FILE`` when it is set,
-    else the ``KafkaIcebergTables`` instances of the defs folder ``kafka_iceberg.defs``
-    (each builds its tables' definitions), merged with the per-location definitions.
+    else the ``KafkaIcebergTables`` instances of the defs folder ``LAKE_DEFS_MODULE`` (default
+    ``kafka_iceberg.defs``; each builds its tables' definitions), merged with the per-location definitions.
 
     Raises:
-        ConfigError: a declaration is invalid, or two instances declare the same table.
+        ConfigError: a declaration is invalid, two instances declare the same table, or the defs
+            folder cannot be imported.
     """
     if settings.tables_file is not None:
         specs = load_table_specs(settings.tables_file, topic_lister(settings))
         return build_definitions(settings, specs), specs
-    tree = defs_tree()
+    tree = defs_tree(settings.defs_module)
     specs = component_specs(tree)
     with quiet_components():
         tables = tree.build_defs()

@@ -209,7 +209,7 @@ def test_commit_on_metadata_the_table_outgrew_retries_on_a_fresh_load(
             spark.sql(f"ALTER TABLE {table} CREATE BRANCH side")
             spark.sql(f"INSERT INTO {table}.branch_side SELECT * FROM {table} LIMIT 1")
 
-    caplog.set_level("INFO", logger="kafka_iceberg.batch.commit")
+    caplog.set_level("INFO", logger="kafka_iceberg.batch.commit_retry")
     second = run_micro_batch(
         spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog, crash_hook=commit_elsewhere
     )

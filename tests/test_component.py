@@ -131,8 +131,6 @@ def test_dg_check_yaml_reports_a_bad_declaration_with_its_line(tmp_path):
 
 def _load(project: Path, monkeypatch):
     """The definitions and tables of ``project``'s defs folder, as the code location merges them."""
-    import importlib
-
     from dagster import Definitions
 
     from kafka_iceberg.lake_assets.component import component_specs, defs_tree, quiet_components
@@ -141,7 +139,7 @@ def _load(project: Path, monkeypatch):
     monkeypatch.syspath_prepend(str(project))
     for name in [m for m in sys.modules if m.startswith("compproj")]:
         del sys.modules[name]
-    tree = defs_tree(importlib.import_module("compproj.defs"))
+    tree = defs_tree("compproj.defs")
     specs = component_specs(tree)
     with quiet_components():
         tables = tree.build_defs()
@@ -191,6 +189,25 @@ def test_the_code_location_loads_the_defs_folder_or_a_tables_file(tmp_path):
     defs, specs = load_definitions(load_settings({"LAKE_HOME": str(tmp_path), "LAKE_TABLES_FILE": str(tables)}))
     assert [s.identifier for s in specs] == ["comp.solo"]
     assert AssetKey(["lake", "nyc", "flights"]) not in defs.resolve_asset_graph().get_all_asset_keys()
+
+
+def test_lake_defs_module_names_a_teams_own_defs_folder(tmp_path, monkeypatch):
+    """``LAKE_DEFS_MODULE``: the code location is the instances of that importable defs folder, whose
+    code references point at its ``defs.yaml``; a module that cannot be imported is a ConfigError."""
+    from kafka_iceberg.lake_assets.definitions import load_definitions
+
+    project = _project(tmp_path / "own", {"web": _instance([_table("clicks", "clicks.v1")])})
+    monkeypatch.syspath_prepend(str(project))
+    for name in [m for m in sys.modules if m.startswith("compproj")]:
+        del sys.modules[name]
+    env = {"LAKE_HOME": str(tmp_path / "lake"), "LAKE_DEFS_MODULE": "compproj.defs"}
+    defs, specs = load_definitions(load_settings(env))
+    assert [s.identifier for s in specs] == ["comp.clicks"]
+    node = defs.resolve_asset_graph().get(AssetKey(["lake", "comp", "clicks"]))
+    references = node.metadata["dagster/code_references"].code_references
+    assert str(project / "compproj" / "defs" / "web" / "defs.yaml") in {r.file_path for r in references}, references
+    with pytest.raises(ConfigError, match="LAKE_DEFS_MODULE 'compproj.nope' cannot be imported"):
+        load_definitions(load_settings({**env, "LAKE_DEFS_MODULE": "compproj.nope"}))
 
 
 def test_a_table_invalid_beyond_its_field_types_is_named_with_its_file(tmp_path, monkeypatch):

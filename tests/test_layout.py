@@ -267,17 +267,9 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 
-def _docstring_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    first = node.body[0]
-    is_doc = (
-        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
-    )
-    return first.end_lineno - first.lineno + 1 if is_doc else 0
-
-
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:
-    """Lines per production module, and lines per function (``module:qualname``, decorators included,
-    the docstring not: ruff format lays code out, the docstring is prose)."""
+    """Lines per production module, and lines per function (``module:name@line``, decorators and
+    docstring included)."""
     modules, functions = {}, {}
     for package in PRODUCT:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -287,9 +279,7 @@ def _sizes() -> tuple[dict[str, int], dict[str, int]]:
             for node in ast.walk(ast.parse(text, name)):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                    functions[f"{name}:{node.name}@{node.lineno}"] = (
-                        node.end_lineno - first + 1 - _docstring_lines(node)
-                    )
+                    functions[f"{name}:{node.name}@{node.lineno}"] = node.end_lineno - first + 1
     return modules, functions
 
 

@@ -131,7 +131,7 @@ def test_a_publish_survives_concurrent_commits_in_a_row_and_stays_exactly_once(
         return real_write(catalog_, metadata, base_location)
 
     monkeypatch.setattr(commit_module, "_write", write_after_another_commit)
-    caplog.set_level("INFO", logger="kafka_iceberg.batch.commit")
+    caplog.set_level("INFO", logger="kafka_iceberg.batch.commit_retry")
     result = _run(
         spark, settings, spec, kafka, catalog, crash_hook=lambda p: p == "after_write" and publishing.append(p)
     )

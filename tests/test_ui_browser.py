@@ -5,12 +5,15 @@ It checks what a user sees: the lineage from Kafka topics to tables to the downs
 a table's checks with their results, the lag sensor's ticks, a backfill of micro-batches the
 lag sensor launched on its own, and a backfill of two new micro-batch slots launched from the
 asset's Materialize dialog, both under Runs -> Backfills; a table's freshness policy badge, its
-column schema with column docs, and the resources without their secrets (the test sets a Kafka
+column schema with column docs, the Component's ``defs.yaml`` as the table's code reference, the
+downstream asset's source snapshots, and the resources without their secrets (the test sets a Kafka
 SASL password and a Slack bot token it then looks for in the Resources pages).
 
-The weather table is declared here with ``max_records_per_partition: 150`` (a copy of
-tables.yaml through ``LAKE_TABLES_FILE``), so its 300 records are a backlog of two
-micro-batches and the lag sensor launches a backfill of two runs at its first tick.
+The tables are declared by a ``KafkaIcebergTables`` Component instance in a defs folder of the
+test's own (``LAKE_DEFS_MODULE``), a copy of the demo's flights and weather with the weather table's
+``max_records_per_partition: 150``, so its 300 records are a backlog of two micro-batches and the
+lag sensor launches a backfill of two runs at its first tick. The demo's downstream asset is never
+launched by the test: it refreshes itself (its AutomationCondition) and shows the snapshots it read.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ CHROMIUM = "/usr/bin/chromium"
 WEATHER_BOUND = 150
 """Records per partition per micro-batch of the weather table in this test (300 records: two)."""
 SHOTS = CHECKOUT / "docs" / "screenshots"
+COMPONENT = "kafka_iceberg.lake_assets.component.KafkaIcebergTables"
+LOCATION = "kafka_iceberg.lake_assets.definitions"  # workspace.yaml's module, the code location's name
 SASL_PASSWORD = "sasl-pw-Zq81vX"
 """A recognisable secret in ``KAFKA_CLIENT_CONFIG`` (``sasl.password``): the UI must never show it."""
 SLACK_TOKEN = "xoxb-ui-test-7Hk2Lp"
@@ -79,14 +84,17 @@ def dagster_ui(tmp_path, broker, kafka_config, slack):
         if table["name"] == "weather":
             table["max_records_per_partition"] = WEATHER_BOUND
             table["format"] = {"type": "json"}
-    tables_file = tmp_path / "tables.yaml"
-    tables_file.write_text(yaml.safe_dump(declared, sort_keys=False))
+    # a team's own defs folder (LAKE_DEFS_MODULE) with one KafkaIcebergTables instance: Component-defined tables
+    defs_folder = tmp_path / "uiproject" / "ui_defs" / "nyc"
+    defs_folder.mkdir(parents=True)
+    (defs_folder / "defs.yaml").write_text(yaml.safe_dump({"type": COMPONENT, "attributes": declared}, sort_keys=False))
     port = devbroker.free_port()
     env = {
         **os.environ,
         "LAKE_HOME": str(lake_home),
         "DAGSTER_HOME": str(dagster_home),
-        "LAKE_TABLES_FILE": str(tables_file),
+        "LAKE_DEFS_MODULE": "ui_defs",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "uiproject"), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "KAFKA_BOOTSTRAP_SERVERS": broker,
         "SPARK_MASTER": "local[1]",
         "LAKE_SPARK_DRIVER_MEMORY": "1g",
@@ -308,13 +316,13 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         page.screenshot(path=str(SHOTS / "checks.png"))
 
         # 7. the lag sensor and its ticks (the first requested the backfill)
-        page.goto(f"{url}/locations/lake_assets.definitions/sensors/weather_lag")
+        page.goto(f"{url}/locations/{LOCATION}/sensors/weather_lag")
         expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
         ticks = _graphql(
             url,
-            '{ sensorOrError(sensorSelector: {repositoryLocationName: "kafka_iceberg.lake_assets.definitions", '
+            '{ sensorOrError(sensorSelector: {repositoryLocationName: "%s", '
             'repositoryName: "__repository__", sensorName: "weather_lag"}) '
-            "{ ... on Sensor { sensorState { ticks(limit: 1000) { status } } } } }",
+            "{ ... on Sensor { sensorState { ticks(limit: 1000) { status } } } } }" % LOCATION,
         )
         statuses = [t["status"] for t in ticks["sensorOrError"]["sensorState"]["ticks"]]
         assert "SUCCESS" in statuses, statuses
@@ -325,6 +333,7 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
 
         _asset_health_and_schema(page, url)
         _resources_without_secrets(page, url)
+        _downstream_refreshed_itself(page, url)
         browser.close()
     for name in SCREENSHOTS:
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000
@@ -341,12 +350,13 @@ SCREENSHOTS = (
     "column-schema",
     "resources",
     "resources-slack",
+    "downstream",
 )
 
 
 def _asset_health_and_schema(page, url: str) -> None:
     """8. the weather table's FreshnessPolicy badge (Passing: it was just materialized) and its
-    definition; 9. its column schema (dagster/column_schema) with the declared and Kafka column docs."""
+    definition, declared in the Component instance's ``defs.yaml``; 9. its column schema (dagster/column_schema) with the declared and Kafka column docs."""
     from playwright.sync_api import expect
 
     page.goto(f"{url}/assets/lake/nyc/weather")
@@ -366,6 +376,9 @@ def _asset_health_and_schema(page, url: str) -> None:
         expect(policy).to_be_visible(timeout=60_000)
     body = page.inner_text("body")
     assert passing.search(body), body[body.find("Freshness policy") :][:300]
+    # a Component-defined table: its declaration's code reference is the instance's defs.yaml
+    declaration = page.get_by_role("link", name=re.compile("declaration of weather"))
+    expect(declaration).to_have_attribute("href", re.compile(r"ui_defs/nyc/defs\.yaml"))
     policy.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)
     page.screenshot(path=str(SHOTS / "freshness.png"))
@@ -380,12 +393,56 @@ def _asset_health_and_schema(page, url: str) -> None:
     page.screenshot(path=str(SHOTS / "column-schema.png"))
 
 
+MATERIALIZATIONS = (
+    "{ assetOrError(assetKey: {path: %s}) { ... on Asset { assetMaterializations(limit: 50) "
+    "{ runId metadataEntries { label ... on JsonMetadataEntry { jsonString } ... on TextMetadataEntry { text } } } } } }"
+)
+
+
+def _materializations(url: str, key: list[str]) -> list[dict]:
+    """The asset ``key``'s materializations, newest first: ``runId`` and ``metadata`` (label -> JSON or text)."""
+    found = _graphql(url, MATERIALIZATIONS % json.dumps(key))["assetOrError"].get("assetMaterializations", [])
+    return [
+        {
+            "runId": m["runId"],
+            "metadata": {e["label"]: e.get("jsonString", e.get("text")) for e in m["metadataEntries"]},
+        }
+        for m in found
+    ]
+
+
+def _downstream_refreshed_itself(page, url: str) -> None:
+    """11. the demo's downstream asset, never launched by the test: its AutomationCondition sensor
+    materialized it after the tables committed, it read them through the ``lake_reader`` resource at
+    snapshots their materializations recorded, and its page shows those snapshot ids."""
+    from playwright.sync_api import expect
+
+    downstream = ["lake", "analytics", "hourly_departure_delay"]
+    deadline = time.monotonic() + 600  # the sensor evaluates every 30 s; one Spark run on a loaded machine
+    while not (refreshes := _materializations(url, downstream)):
+        assert time.monotonic() < deadline, "lake_downstream_automation did not refresh the downstream asset in 600 s"
+        time.sleep(5)
+    run = _graphql(url, '{ runOrError(runId: "%s") { ... on Run { tags { key value } } } }' % refreshes[0]["runId"])
+    tags = {t["key"]: t["value"] for t in run["runOrError"]["tags"]}
+    assert tags.get("dagster/sensor_name") == "lake_downstream_automation", tags
+    assert tags.get("dagster/from_automation_condition") == "true", tags
+    read = json.loads(refreshes[0]["metadata"]["lake/source_snapshots"])
+    for table in ("flights", "weather"):
+        recorded = {m["metadata"].get("snapshot_id") for m in _materializations(url, ["lake", "nyc", table])}
+        assert read[f"nyc.{table}"] in recorded, (table, read, recorded)
+    page.goto(f"{url}/assets/{'/'.join(downstream)}")
+    expect(page.get_by_text("lake/source_snapshots", exact=True).first).to_be_visible()
+    expect(page.get_by_text(read["nyc.weather"], exact=False).first).to_be_visible()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(SHOTS / "downstream.png"))
+
+
 def _resources_without_secrets(page, url: str) -> None:
     """10. Deployment -> the code location's resources: every resource page names the secret's
     environment variable (an ``EnvVar``) and shows neither secret, in its text or its HTML."""
     from playwright.sync_api import expect
 
-    base = f"{url}/locations/lake_assets.definitions/resources"
+    base = f"{url}/locations/{LOCATION}/resources"
     page.goto(base)
     for name in ("kafka", "catalog", "pyspark", "slack"):
         expect(page.get_by_text(name, exact=True).first).to_be_visible()

@@ -18,9 +18,9 @@ PANELS = [
         "ratio (goal 0.30)",
         [
             ("issue baseline", 0.118, "37,782 / 319,813 records/s"),
-            ("session start (ce5abf7)", 0.247, "2026-11-23 18:17"),
+            ("before (ce5abf7)", 0.247, "2026-11-23 18:17"),
             ("after (e3afd9f), first batch", 0.274, "19:09"),
-            ("after (e3afd9f), warm session", 0.314, "19:09, same run"),
+            ("after (e3afd9f), warm Spark session", 0.314, "19:09, same run"),
             ("arrow writer (ec2d917), first batch", 0.480, "22:09"),
             ("arrow writer (e0b82e5), first batch", 0.398, "23:45"),
             ("read-task slice (56ec855), first batch", 0.374, "2026-11-25 10:36; (a) read 469,905/s"),
@@ -33,7 +33,7 @@ PANELS = [
         "seconds, median (goal 1.5)",
         [
             ("issue baseline (execute at 10 snapshots)", 2.65, ""),
-            ("session start (ce5abf7)", 2.58, "4 Spark jobs, right after warm-up"),
+            ("before (ce5abf7)", 2.58, "4 Spark jobs, right after warm-up"),
             ("after (e3afd9f)", 1.24, "3 Spark jobs, after (1b)"),
             ("arrow writer (e0b82e5)", 0.90, "2 Spark jobs, 23:45"),
             ("read-task slice (56ec855)", 0.61, "2 Spark jobs, 2026-11-25 10:36"),
@@ -47,7 +47,7 @@ PANELS = [
         [
             ("three commits (Phase F, 56ec855)", 0.09, "0.08-0.10 s"),
             ("append and publish in one (Phase G, a74a2c9)", 0.07, "run 5"),
-            ("same code, this session (a084fa7)", 0.08, "0.04 -> 0.12 s, 2026-11-25 17:47"),
+            ("same code, later run (a084fa7)", 0.08, "0.04 -> 0.12 s, 2026-11-25 17:47"),
             ("commits on metadata in hand (342ed8c)", 0.02, "0.03 -> 0.05 s, 17:51"),
             ("commits on metadata in hand (c3a3b6a)", 0.0, "0.04 -> 0.04 s, full run 19:22; 4a ratio 0.88"),
         ],

@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
 from kafka_iceberg.errors import CommitConflictError
 
@@ -189,42 +188,6 @@ def _delete_quietly(io, location: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how long a commit refused for a stale base is tried again on a fresh load: the
-    table's ``commit.retry.num-retries`` (retries after the first try), ``commit.retry.min-wait-ms``,
-    ``commit.retry.max-wait-ms`` (the wait doubles from min to max) and ``commit.retry.total-timeout-ms``,
-    with Iceberg's defaults, as Java's and pyiceberg's commits read them."""
-
-    num_retries: int = 4
-    min_wait_ms: int = 100
-    max_wait_ms: int = 60_000
-    total_timeout_ms: int = 1_800_000
-
-    @classmethod
-    def of(cls, properties: Mapping[str, str]) -> RetryPolicy:
-        """The policy a table's ``properties`` set (negative values count as 0)."""
-        names = ("num-retries", "min-wait-ms", "max-wait-ms", "total-timeout-ms")
-        given = {n: properties.get(f"commit.retry.{n}") for n in names}
-        values = {n.replace("-", "_"): max(0, int(v)) for n, v in given.items() if v not in (None, "")}
-        return cls(**values)
-
-    def retrying(self, *exceptions: type[BaseException]) -> Retrying:
-        """A tenacity ``Retrying`` that tries again on ``exceptions`` (default :class:`StaleBaseError`)
-        within this policy, re-raising the last error when it runs out."""
-        return Retrying(
-            stop=stop_after_attempt(self.num_retries + 1) | stop_after_delay(self.total_timeout_ms / 1000),
-            wait=wait_exponential(
-                multiplier=self.min_wait_ms / 1000, min=self.min_wait_ms / 1000, max=self.max_wait_ms / 1000
-            ),
-            retry=retry_if_exception_type(exceptions or (StaleBaseError,)),
-            before_sleep=lambda state: log.info(
-                "commit refused (%s); try %d on a fresh load", state.outcome.exception(), state.attempt_number + 1
-            ),
-            reraise=True,
-        )
-
-
 def commit_branch(base, branch: str, at_snapshot: int):
     """Create ``branch`` at ``at_snapshot`` on ``base`` (a pyiceberg ``Table`` holding that snapshot):
     one commit requiring that the branch does not exist. Returns the committed ``Table``.
@@ -301,16 +264,48 @@ def stage_publish(
         CommitConflictError: ``table``'s default spec or format version is not ``layout``'s (a
             concurrent change; the files would be labelled wrongly). Nothing is written.
     """
+    from pyiceberg.table.update import AddSnapshotUpdate, AssertDefaultSpecId, AssertRefSnapshotId, AssertTableUUID
+
+    md = table.metadata
+    spec_id = _layout_unchanged(table, layout)
+    tx = _without_history(table, branch, ref).transaction()
+    parent = ref if rebased else branch
+    with tx.update_snapshot(snapshot_properties=dict(summary), branch=parent).merge_append() as append:
+        for f in files:
+            append.append_data_file(f)
+    staged = staged_updates(tx)
+    snapshot_id = next(u.snapshot.snapshot_id for u in staged if isinstance(u, AddSnapshotUpdate))
+    updates = (*staged, *_move_ref(md, ref, snapshot_id, drop=branch))
+    requirements = (
+        AssertTableUUID(uuid=md.table_uuid),
+        AssertDefaultSpecId(default_spec_id=spec_id),
+        AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
+        AssertRefSnapshotId(ref=ref, snapshot_id=ref_base),
+    )
+    return StagedPublish(snapshot_id, table, requirements, updates, staged_files(tx))
+
+
+def _move_ref(md, ref: str, snapshot_id: int, drop: str) -> tuple:
+    """The updates that point branch ``ref`` at ``snapshot_id`` (keeping its retention settings, as
+    Java's fast-forward does) and remove the ref ``drop``."""
     from pyiceberg.table.refs import SnapshotRefType
-    from pyiceberg.table.update import (
-        AddSnapshotUpdate,
-        AssertDefaultSpecId,
-        AssertRefSnapshotId,
-        AssertTableUUID,
-        RemoveSnapshotRefUpdate,
-        SetSnapshotRefUpdate,
+    from pyiceberg.table.update import RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
+
+    kept = md.refs.get(ref)
+    retention = {k: getattr(kept, k, None) for k in ("max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep")}
+    return (
+        SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id, **retention),
+        RemoveSnapshotRefUpdate(ref_name=drop),
     )
 
+
+def _layout_unchanged(table, layout: tuple[int, int] | None) -> int:
+    """``table``'s default partition spec id, after checking that it and the format version are
+    ``layout``'s (default spec id, format version); None: ``table``'s own.
+
+    Raises:
+        CommitConflictError: they changed since the data files were written for ``layout``.
+    """
     md = table.metadata
     spec_id, format_version = layout or (md.default_spec_id, md.format_version)
     if (md.default_spec_id, md.format_version) != (spec_id, format_version):
@@ -319,27 +314,7 @@ def stage_publish(
             f"{md.default_spec_id}, v{md.format_version}) while this micro-batch wrote its data files for spec "
             f"{spec_id}, v{format_version}; nothing was published; rerun to write them again"
         )
-    tx = _without_history(table, branch, ref).transaction()
-    parent = ref if rebased else branch
-    with tx.update_snapshot(snapshot_properties=dict(summary), branch=parent).merge_append() as append:
-        for f in files:
-            append.append_data_file(f)
-    staged = staged_updates(tx)
-    snapshot_id = next(u.snapshot.snapshot_id for u in staged if isinstance(u, AddSnapshotUpdate))
-    kept = md.refs.get(ref)  # its retention settings stay, as Java's fast-forward keeps them
-    retention = {k: getattr(kept, k, None) for k in ("max_ref_age_ms", "max_snapshot_age_ms", "min_snapshots_to_keep")}
-    updates = (
-        *staged,
-        SetSnapshotRefUpdate(ref_name=ref, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id, **retention),
-        RemoveSnapshotRefUpdate(ref_name=branch),
-    )
-    requirements = (
-        AssertTableUUID(uuid=md.table_uuid),
-        AssertDefaultSpecId(default_spec_id=spec_id),
-        AssertRefSnapshotId(ref=branch, snapshot_id=branch_base),
-        AssertRefSnapshotId(ref=ref, snapshot_id=ref_base),
-    )
-    return StagedPublish(snapshot_id, table, requirements, updates, staged_files(tx))
+    return spec_id
 
 
 def staged_updates(tx) -> tuple:
@@ -386,7 +361,6 @@ def _without_history(table, branch: str, ref: str = "main"):
 
 __all__ = [
     "WRITTEN_FOR",
-    "RetryPolicy",
     "StagedPublish",
     "StaleBaseError",
     "apply_updates",

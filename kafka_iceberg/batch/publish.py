@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 from pyiceberg.exceptions import CommitFailedException
 
-from kafka_iceberg.batch.commit import RetryPolicy, stage_publish
+from kafka_iceberg.batch.commit import stage_publish
+from kafka_iceberg.batch.commit_retry import CommitRetry
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard
 from kafka_iceberg.batch.types import PublishedCommit, WritePlan, WrittenAttempt
@@ -114,7 +115,7 @@ def _publish_files(lake: Lake, plan: WritePlan, attempt: WrittenAttempt) -> tupl
     The first try commits on ``attempt.table`` (the table as the branch commit returned it). A try
     refused while the table moved (another commit landed: a compaction, an expiry, another branch) is
     made again on a fresh load, with backoff, as the table's ``commit.retry.*`` properties say
-    (:class:`~kafka_iceberg.batch.commit.RetryPolicy`), each after checking that both refs are still
+    (:class:`~kafka_iceberg.batch.commit_retry.CommitRetry`), each after checking that both refs are still
     where the commit needs them; a transient catalog error is retried likewise after re-reading the
     refs. A refused try deletes the manifests and manifest list it wrote; a publish that did not land
     deletes the data files too.
@@ -180,7 +181,7 @@ class _FilesPublish:
         """Try on ``attempt.table`` (after a transient error: on a fresh load), then on fresh loads
         while tries are refused, within the table's retry policy."""
         table = self.attempt.table if not self.tries else None
-        for tried in RetryPolicy.of(self.attempt.table.metadata.properties).retrying(CommitFailedException):
+        for tried in CommitRetry.of(self.attempt.table.metadata.properties).retrying(CommitFailedException):
             with tried:
                 if table is None:
                     table = self.lake.load(self.plan.target.identifier)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from kafka_iceberg.batch.commit import RetryPolicy, commit_branch
+from kafka_iceberg.batch.commit import commit_branch
+from kafka_iceberg.batch.commit_retry import CommitRetry
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import discard, file_writer, write_rows
 from kafka_iceberg.batch.types import AttemptBranch, ReadBatch, WritePlan, WrittenAttempt
@@ -100,7 +101,7 @@ def create_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int | N
 def _commit_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int, base):
     """The branch commit (:func:`kafka_iceberg.batch.commit.commit_branch`) on ``base``, or on a fresh load
     when ``base`` is None or lacks ``at_snapshot``; a stale base is tried again on a fresh load as the
-    table's ``commit.retry.*`` properties say (:class:`~kafka_iceberg.batch.commit.RetryPolicy`).
+    table's ``commit.retry.*`` properties say (:class:`~kafka_iceberg.batch.commit_retry.CommitRetry`).
     Returns the committed pyiceberg ``Table``.
 
     Raises:
@@ -108,7 +109,7 @@ def _commit_branch(lake: Lake, identifier: str, branch: str, at_snapshot: int, b
             under every try.
     """
     table = base if base is not None and base.snapshot_by_id(at_snapshot) is not None else lake.load(identifier)
-    for tried in RetryPolicy.of(table.metadata.properties).retrying():
+    for tried in CommitRetry.of(table.metadata.properties).retrying():
         with tried:
             if tried.retry_state.attempt_number > 1:
                 table = lake.load(identifier)

@@ -58,6 +58,12 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_TABLES_FILE",
         description="LAKE_TABLES_FILE: a table declarations file; unset: the Component instances of the defs folder.",
     )
+    defs_module: str = Field(
+        "kafka_iceberg.defs",
+        validation_alias="LAKE_DEFS_MODULE",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        description="LAKE_DEFS_MODULE: the importable defs folder whose KafkaIcebergTables instances declare the tables.",
+    )
     kafka_bootstrap_servers: str = Field(
         "",
         validation_alias="KAFKA_BOOTSTRAP_SERVERS",

@@ -161,6 +161,7 @@ class Settings:
 
     lake_home: Path
     tables_file: Path | None  # LAKE_TABLES_FILE; None: the tables are the Component instances of the defs folder
+    defs_module: str  # LAKE_DEFS_MODULE: that defs folder, an importable module name
     kafka_bootstrap_servers: str
     kafka_client_config: dict[str, str]
     use_dev_broker: bool
@@ -306,6 +307,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
     return Settings(
         lake_home=lake_home,
         tables_file=run.tables_file.resolve() if run.tables_file else None,
+        defs_module=run.defs_module,
         kafka_bootstrap_servers=bootstrap or f"127.0.0.1:{DEV_BROKER_PORT}",
         kafka_client_config=dict(run.kafka_client_config),
         use_dev_broker=not bootstrap,

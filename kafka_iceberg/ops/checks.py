@@ -93,18 +93,7 @@ def duplicate_free(
         "overlapping_snapshot_pairs": len(overlaps),
         "duplicate_offsets": int(dup_rows),
         "duplicate_data_files": len(files),
-        "overlap_examples": [
-            {
-                "partition": o.partition,
-                "snapshot": o.first[0],
-                "range": list(o.first[1]),
-                "other_snapshot": o.second[0],
-                "other_range": list(o.second[1]),
-            }
-            for o in overlaps[:sample]
-        ],
-        "duplicate_offset_examples": [{"partition": p, "offset": o, "copies": n} for p, o, n in dup_examples],
-        "duplicate_file_examples": [r["file_path"] for r in files[:sample]],
+        **_examples(overlaps, dup_examples, files, sample),
         "duplicate_keys": dup_keys,
     }
     problems = [
@@ -120,6 +109,24 @@ def duplicate_free(
     if problems:
         return CheckOutcome(False, f"table {spec.identifier} has duplicates: " + "; ".join(problems), figures)
     return CheckOutcome(True, f"no duplicates over {len(history)} snapshots", figures)
+
+
+def _examples(overlaps: list, dup_examples: list[tuple], files: list, sample: int) -> dict[str, list]:
+    """Up to ``sample`` examples of each kind of duplicate, for a check's metadata."""
+    return {
+        "overlap_examples": [
+            {
+                "partition": o.partition,
+                "snapshot": o.first[0],
+                "range": list(o.first[1]),
+                "other_snapshot": o.second[0],
+                "other_range": list(o.second[1]),
+            }
+            for o in overlaps[:sample]
+        ],
+        "duplicate_offset_examples": [{"partition": p, "offset": o, "copies": n} for p, o, n in dup_examples],
+        "duplicate_file_examples": [r["file_path"] for r in files[:sample]],
+    }
 
 
 def _duplicate_offsets(spark, qualified_table: str, spec: TableSpec, sample: int) -> tuple[int, list[tuple]]:
@@ -208,14 +215,7 @@ def quarantine(
     ``duplicate_dead_letters``, ``snapshot_id``.
     """
     policy = spec.bad_records
-    latest = next(
-        (
-            s
-            for s in ancestors(view.snapshots, view.main)
-            if KEY_READ in s.summary and sum(int_map(s, KEY_READ).values()) > 0
-        ),
-        None,
-    )
+    latest = _latest_reading_batch(view)
     figures: dict[str, Any] = {
         "max_quarantine_rate": policy.max_quarantine_rate,
         "dead_letter_table": policy.dead_letter_identifier,
@@ -246,19 +246,41 @@ def quarantine(
         problems += unpublished
     figures["dead_letter_rows_in_batch"] = sum(in_batch.values())
     figures["duplicate_dead_letters"] = dup
+    problems += _quarantine_problems(policy.max_quarantine_rate, n_read, in_batch, bad, dup, kinds)
+    if problems:
+        return CheckOutcome(False, f"table {spec.identifier}: " + "; ".join(problems), figures)
+    return CheckOutcome(True, f"{n_bad} of {n_read} records quarantined ({rate:.2%}); accounting reconciles", figures)
+
+
+def _quarantine_problems(
+    max_rate: float, n_read: int, in_batch: dict[int, int], bad: dict[int, int], dup: int, kinds: dict[str, int]
+) -> list[str]:
+    """What fails the quarantine check of a batch that read ``n_read`` records, given the dead-letter
+    rows per partition ``in_batch``, its quarantined records per partition ``bad``, records
+    quarantined twice ``dup`` and its quarantined records per kind ``kinds``."""
+    problems = []
+    n_bad = sum(bad.values())
     if {p: n for p, n in in_batch.items() if n} != {p: n for p, n in bad.items() if n}:
         problems.append(f"dead-letter rows per partition {in_batch} != quarantined per partition {bad}")
     if dup:
         problems.append(f"{dup} records quarantined twice")
-    if rate > policy.max_quarantine_rate:
-        problems.append(
-            f"quarantine rate {rate:.2%} is above {policy.max_quarantine_rate:.2%} ({n_bad} of {n_read} records)"
-        )
+    if n_bad / n_read > max_rate:
+        problems.append(f"quarantine rate {n_bad / n_read:.2%} is above {max_rate:.2%} ({n_bad} of {n_read} records)")
     if kinds.get("schema"):
         problems.append(f"{kinds['schema']} records blocked by the table schema (a producer schema change?)")
-    if problems:
-        return CheckOutcome(False, f"table {spec.identifier}: " + "; ".join(problems), figures)
-    return CheckOutcome(True, f"{n_bad} of {n_read} records quarantined ({rate:.2%}); accounting reconciles", figures)
+    return problems
+
+
+def _latest_reading_batch(view: TableMetadataView):
+    """The newest snapshot of ``main``'s ancestry whose micro-batch read records, or None."""
+    return next(
+        (
+            s
+            for s in ancestors(view.snapshots, view.main)
+            if KEY_READ in s.summary and sum(int_map(s, KEY_READ).values()) > 0
+        ),
+        None,
+    )
 
 
 def _dead_letters_of(spark, catalog_name: str, spec: TableSpec, latest, dead_letter_view: TableMetadataView):

@@ -163,20 +163,26 @@ def run_replay(
         result = _replay_to_table(lake, spec, request, commit_id, is_alive, declared, say, original)
         version, check_outside = TableVersion(result.target, result.snapshot_id), True
     if request.validate and result.complete:
-        original = lake.history(spec.identifier)
-        result.validation = validate_replay(
-            spark,
-            settings,
-            spec,
-            original=TableVersion(spec.identifier, original.main),
-            replay=version,
-            ranges=result.range.ranges,
-            excluded=state_at(original.snapshots, original.main).accepted_gaps,
-            check_outside_range=check_outside,
-        )
+        result.validation = _validate(lake, spec, result, version, check_outside)
         say(result.validation.summary())
     result.seconds = round(time.perf_counter() - t0, 3)
     return result
+
+
+def _validate(lake: Lake, spec: TableSpec, result: ReplayResult, version: TableVersion, check_outside: bool):
+    """:func:`validate_replay` of the replayed ``version`` against the original table's current
+    ``main``, over ``result``'s range minus the original's accepted gaps."""
+    original = lake.history(spec.identifier)
+    return validate_replay(
+        lake.spark,
+        lake.settings,
+        spec,
+        original=TableVersion(spec.identifier, original.main),
+        replay=version,
+        ranges=result.range.ranges,
+        excluded=state_at(original.snapshots, original.main).accepted_gaps,
+        check_outside_range=check_outside,
+    )
 
 
 def _same_replay(recorded: dict | None, params: dict, where: str, advice: str) -> None:

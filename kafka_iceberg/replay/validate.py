@@ -188,6 +188,21 @@ def _read_version(spark, catalog_name: str, version: TableVersion):
     return spark.read.option("snapshot-id", str(version.snapshot_id)).table(table)
 
 
+def _columns_and_uncompared(orig_all, rep_all, scope: str) -> tuple[list[str], list[str], list[str], int]:
+    """The columns both DataFrames have, those only the original has, those only the replay has,
+    and how many rows in ``scope`` hold a non-null value in a one-sided column (Spark counts)."""
+    rep_cols = set(rep_all.columns)
+    columns = [c for c in orig_all.columns if c in rep_cols]
+    only_o = [c for c in orig_all.columns if c not in rep_cols]
+    only_r = [c for c in rep_all.columns if c not in set(orig_all.columns)]
+    uncompared = sum(
+        df.where(scope).where(" OR ".join(f"`{c}` IS NOT NULL" for c in cols)).count()
+        for df, cols in ((orig_all, only_o), (rep_all, only_r))
+        if cols
+    )
+    return columns, only_o, only_r, uncompared
+
+
 def validate_replay(
     spark,
     settings: Settings,
@@ -226,15 +241,7 @@ def validate_replay(
     where, scope = _range_predicate(P, O, ranges), _scope(P, O, ranges, excluded)
     orig_all = _read_version(spark, cat, original)
     rep_all = _read_version(spark, cat, replay)
-    rep_cols = set(rep_all.columns)
-    columns = [c for c in orig_all.columns if c in rep_cols]
-    only_o = [c for c in orig_all.columns if c not in rep_cols]
-    only_r = [c for c in rep_all.columns if c not in set(orig_all.columns)]
-    uncompared = sum(
-        df.where(scope).where(" OR ".join(f"`{c}` IS NOT NULL" for c in cols)).count()
-        for df, cols in ((orig_all, only_o), (rep_all, only_r))
-        if cols
-    )
+    columns, only_o, only_r, uncompared = _columns_and_uncompared(orig_all, rep_all, scope)
     comps = {p: PartitionComparison(p, s, e) for p, (s, e) in sorted(ranges.items())}
     mismatched, examples = _compare(
         orig_all.where(scope).select(*columns), rep_all.where(scope).select(*columns), P, O, comps, sample
