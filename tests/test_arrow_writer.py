@@ -238,3 +238,52 @@ def test_value_columns_from_the_loaded_table_are_those_spark_reports(spark, sett
     assert [c.name for c in from_iceberg] == ["i", "l", "d", "s", "b", "t"] and from_iceberg[0].required
     spark.sql(f"ALTER TABLE {qualified} ADD COLUMN amount DECIMAL(10, 2)")
     assert iceberg_value_columns(load_table(catalog, f"test.cols_{unique}").schema()) is None, "ask Spark"
+
+
+def _send(kafka_config, topic: str, values: list) -> None:
+    producer = Producer(kafka_config.client_conf())
+    for n, value in enumerate(values):
+        producer.produce(topic, key=f"k{n}".encode(), value=value, partition=n % 2, timestamp=BASE_TS_MS + n)
+    assert producer.flush(30) == 0
+
+
+def _spark_jobs(spark, settings, spec, kafka, catalog, group: str):
+    """One micro-batch of ``spec`` with its Spark jobs tagged ``group``: its result and the jobs' ids."""
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        result = run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    return result, spark.sparkContext.statusTracker().getJobIdsForGroup(group)
+
+
+def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    """``LAKE_DRIVER_READ_MAX_RECORDS``: a micro-batch of good records runs no Spark job and makes the
+    table the Spark job makes; one with a bad record is read again by Spark (the driver's files
+    deleted), quarantines it, and keeps every good record once."""
+    topic = topic_factory(unique, partitions=2)
+    _send(kafka_config, topic, GOOD[:20])
+    driver, by_spark = make_spec(f"{unique}_driver", topic), make_spec(f"{unique}_spark", topic)
+    no_driver = dataclasses.replace(settings, driver_read_max_records=0)
+    for spec, conf in ((driver, settings), (by_spark, no_driver)):  # the first batch creates the tables
+        run_micro_batch(spark, conf, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    _send(kafka_config, topic, GOOD[20:])
+    result, jobs = _spark_jobs(spark, settings, driver, kafka, catalog, f"{unique}-driver")
+    assert result.records == 20 and jobs == [], jobs
+    result, jobs = _spark_jobs(spark, no_driver, by_spark, kafka, catalog, f"{unique}-spark")
+    assert result.records == 20 and jobs, "the same batch through Spark runs jobs (the check can fail)"
+    assert _rows(spark, settings, driver.identifier) == _rows(spark, settings, by_spark.identifier)
+
+    _send(kafka_config, topic, [GOOD[0], BAD[0], GOOD[1]])
+    result, jobs = _spark_jobs(spark, settings, driver, kafka, catalog, f"{unique}-fallback")
+    assert jobs and result.records == 2 and result.quarantined == 1
+    offsets = [
+        (r[-2], r[-1])
+        for r in spark.sql(
+            f"SELECT _kafka_partition, _kafka_offset FROM {settings.catalog.name}.{driver.identifier}"
+        ).collect()
+    ]
+    assert len(offsets) == len(set(offsets)) == 42, "every good record once"
+    assert data_files_on_disk(settings, driver) == referenced_data_files(spark, settings, driver)

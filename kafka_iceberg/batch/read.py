@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 
 from kafka_iceberg.batch.context import Lake
@@ -31,6 +32,11 @@ from kafka_iceberg.formats.transform import (
     value_columns,
 )
 from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
+
+RANGE_SCHEMA = pa.schema(
+    [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
+)
+"""The read task's input: one row per range piece (the ``mapInArrow`` input of :func:`raw_records`)."""
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +99,10 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
     With ``LAKE_WRITER=arrow`` the tasks write the records pyarrow claimed as data files
     (:mod:`kafka_iceberg.batch.files`) and only the others are cached."""
     parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
+    if lake.settings.writer == "arrow" and plan.offsets.offsets_planned <= lake.settings.driver_read_max_records:
+        in_driver = _read_in_driver(lake, spec, plan, columns, parser, file_writer(table, spec, columns))
+        if in_driver is not None:
+            return in_driver
     stats = stats_accumulator(lake.spark)
     writer = written = None
     if lake.settings.writer == "arrow":
@@ -127,6 +137,43 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
         if writer is not None and isinstance(exc, Exception):  # a crash leaves them to recovery
             discard(writer.io(), [f for task_files in written.value.values() for f in task_files])
         raise
+
+
+class _Collected(dict):
+    """The driver's stand-in for a Spark accumulator of :func:`make_task_reader`: ``add`` merges a dict."""
+
+    add = dict.update
+
+    @property
+    def value(self) -> dict:
+        return self
+
+
+def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, parser, writer) -> ReadBatch | None:
+    """A small micro-batch (``LAKE_DRIVER_READ_MAX_RECORDS``) read by the driver: the read task's own
+    function (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s on a warm session).
+    When pyarrow claims every record as good, returns the batch with its data files and an empty
+    ``classified`` frame; otherwise deletes the files it wrote and returns None, and the Spark job
+    reads the batch again and classifies the rest.
+
+    Raises:
+        DataLossError, ReadTimeoutError, BrokerUnavailableError: as the read task would.
+    """
+    stats, written = _Collected(), _Collected()
+    reader = make_task_reader(
+        lake.kafka.config.client_conf(), spec.identifier, lake.settings.read_timeout_s, parser, stats, writer, written
+    )
+    ranges = [
+        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+        for r in split_ranges(plan.offsets.ranges, lake.settings.max_records_per_task)
+    ]
+    leftovers = sum(out.num_rows for out in reader(iter([pa.RecordBatch.from_pylist(ranges, RANGE_SCHEMA)])))
+    files = tuple(f for task_files in written.values() for f in task_files)
+    if leftovers:
+        discard(writer.io(), files)
+        return None
+    empty = lake.spark.createDataFrame([], f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}")
+    return _with_leftovers(spec, plan, empty, columns, piece_totals(stats.values()), files, 0)
 
 
 def _with_leftovers(

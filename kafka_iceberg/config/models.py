@@ -137,6 +137,12 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_WRITER",
         description="LAKE_WRITER: arrow (the read task writes what pyarrow parsed) or spark.",
     )
+    driver_read_max_records: int = Field(
+        20_000,
+        ge=0,
+        validation_alias="LAKE_DRIVER_READ_MAX_RECORDS",
+        description="LAKE_DRIVER_READ_MAX_RECORDS: offsets up to which the driver reads a micro-batch (0: always Spark).",
+    )
     attempt_timeout_s: float = Field(
         3600.0,
         ge=0,

@@ -176,6 +176,7 @@ class Settings:
     max_records_per_task: int
     json_parser: str  # LAKE_JSON_PARSER: "arrow" (pyarrow in the read task) or "spark" (from_json)
     writer: str  # LAKE_WRITER: "arrow" (the read task writes what pyarrow parsed) or "spark"
+    driver_read_max_records: int  # LAKE_DRIVER_READ_MAX_RECORDS: smaller arrow-writer batches skip the Spark job
     attempt_timeout_s: float
     orphan_clock_skew_s: float
     catalog_retry_s: float
@@ -322,6 +323,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         max_records_per_task=run.max_records_per_task,
         json_parser=run.json_parser,
         writer=run.writer,
+        driver_read_max_records=run.driver_read_max_records,
         attempt_timeout_s=run.attempt_timeout_s,
         orphan_clock_skew_s=run.orphan_clock_skew_s,
         catalog_retry_s=run.catalog_retry_s,
