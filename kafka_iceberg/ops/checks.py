@@ -13,7 +13,7 @@ from typing import Any
 
 from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.ops.incremental_check import duplicate_free_since, outcome_figures
+from kafka_iceberg.ops.incremental_check import duplicate_free_since, outcome_figures, overlap_examples
 from kafka_iceberg.state import (
     KEY_QUARANTINE_KINDS,
     KEY_QUARANTINED,
@@ -114,16 +114,7 @@ def duplicate_free(
 def _examples(overlaps: list, dup_examples: list[tuple], files: list, sample: int) -> dict[str, list]:
     """Up to ``sample`` examples of each kind of duplicate, for a check's metadata."""
     return {
-        "overlap_examples": [
-            {
-                "partition": o.partition,
-                "snapshot": o.first[0],
-                "range": list(o.first[1]),
-                "other_snapshot": o.second[0],
-                "other_range": list(o.second[1]),
-            }
-            for o in overlaps[:sample]
-        ],
+        "overlap_examples": overlap_examples(overlaps, sample),
         "duplicate_offset_examples": [{"partition": p, "offset": o, "copies": n} for p, o, n in dup_examples],
         "duplicate_file_examples": [r["file_path"] for r in files[:sample]],
     }

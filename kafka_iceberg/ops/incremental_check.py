@@ -97,10 +97,9 @@ def duplicate_free_since(
     }
 
 
-def outcome_figures(figures: dict, sample: int = 10) -> tuple[bool, str, dict]:
-    """(passed, summary, figures for the UI) of :func:`duplicate_free_since`'s figures."""
-    overlaps = figures.pop("overlaps")
-    figures["overlap_examples"] = [
+def overlap_examples(overlaps: list, sample: int) -> list[dict]:
+    """Up to ``sample`` overlapping offset ranges of two snapshots, for a check's metadata."""
+    return [
         {
             "partition": o.partition,
             "snapshot": o.first[0],
@@ -110,6 +109,12 @@ def outcome_figures(figures: dict, sample: int = 10) -> tuple[bool, str, dict]:
         }
         for o in overlaps[:sample]
     ]
+
+
+def outcome_figures(figures: dict, sample: int = 10) -> tuple[bool, str, dict]:
+    """(passed, summary, figures for the UI) of :func:`duplicate_free_since`'s figures."""
+    overlaps = figures.pop("overlaps")
+    figures["overlap_examples"] = overlap_examples(overlaps, sample)
     figures["scope"] = "incremental"
     problems = [
         f"{figures[k]} {what}"
@@ -132,4 +137,4 @@ def outcome_figures(figures: dict, sample: int = 10) -> tuple[bool, str, dict]:
     )
 
 
-__all__ = ["duplicate_free_since", "merged_ranges", "outcome_figures", "run_snapshots"]
+__all__ = ["duplicate_free_since", "merged_ranges", "outcome_figures", "overlap_examples", "run_snapshots"]
