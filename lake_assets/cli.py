@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--file",
         type=Path,
-        help="tables file (default: LAKE_TABLES_FILE, else the Component instances of kafka_iceberg/defs)",
+        help="tables file (default: LAKE_TABLES_FILE, else the Component instances of LAKE_DEFS_MODULE)",
     )
     val.add_argument(
         "--json-schema",
@@ -158,7 +158,7 @@ def _validate(args) -> int:
                 emit({"json_schema": args.json_schema})
         return OK
     settings, specs = _settings_and_specs(args.file)
-    where = args.file or settings.tables_file or "the KafkaIcebergTables instances of kafka_iceberg.defs"
+    where = args.file or settings.tables_file or f"the KafkaIcebergTables instances of {settings.defs_module}"
     if args.json:
         emit({"file": str(where), "valid": True, "tables": [s.name for s in specs]})
     else:
