@@ -84,6 +84,23 @@ class SteadyProducer(threading.Thread):
         producer.flush(60)
 
 
+def daemon_env(settings: Settings, home: Path, tables: Path, tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's ``dagster-daemon``: this process's minus every ``LAKE_`` and
+    ``DAGSTER_`` variable, then the benchmark's own lake, tables file, broker and Spark scratch, and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKE_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_HOME=str(home),
+        LAKE_HOME=str(settings.lake_home),
+        LAKE_TABLES_FILE=str(tables),
+        KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
+        PYTHONPATH=str(CHECKOUT),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOCAL_DIRS=str(tmp / "spark-local"),
+        **extra,
+    )
+    return env
+
+
 def start_daemon(home: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     """``dagster-daemon run`` on this checkout's workspace.yaml, in its own process group."""
     exe = Path(sys.executable).with_name("dagster-daemon")
@@ -157,16 +174,8 @@ def run_freshness(args, tmp: Path, settings: Settings) -> dict:
     shutil.copy(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
     tables = tmp / "tables.yaml"
     write_tables_file(tables)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKE_", "DAGSTER_"))}
-    env.update(
-        DAGSTER_HOME=str(home),
-        LAKE_HOME=str(settings.lake_home),
-        LAKE_TABLES_FILE=str(tables),
-        KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
-        PYTHONPATH=str(CHECKOUT),
-        SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_LOCAL_DIRS=str(tmp / "spark-local"),
-        **{k: v for k, v in os.environ.items() if k.startswith("LAKE_STREAM_")},
+    env = daemon_env(
+        settings, home, tables, tmp, **{k: v for k, v in os.environ.items() if k.startswith("LAKE_STREAM_")}
     )
     say(
         f"table {IDENTIFIER} (flights declaration) on topic {TOPIC}; lag sensor {LAG}; "

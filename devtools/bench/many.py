@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 
 from devtools import duck
 from devtools.bench.common import CHECKOUT, flights_records, raw_consume, say, section
-from devtools.bench.freshness import pct, start_daemon, stop_daemon
+from devtools.bench.freshness import daemon_env, pct, start_daemon, stop_daemon
 from devtools.demo import data as demo_data
 from kafka_iceberg.catalog.tables import load_catalog, metadata_view
 from kafka_iceberg.config.settings import Settings
@@ -177,20 +177,15 @@ def table_report(settings: Settings, name: str, delivered: dict[tuple[int, int],
 
 
 def _env(settings: Settings, home: Path, tables: Path, tmp: Path, workers: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKE_", "DAGSTER_"))}
-    env.update(
-        DAGSTER_HOME=str(home),
-        LAKE_HOME=str(settings.lake_home),
-        LAKE_TABLES_FILE=str(tables),
-        KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
-        PYTHONPATH=str(CHECKOUT),
-        SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_LOCAL_DIRS=str(tmp / "spark-local"),
+    return daemon_env(
+        settings,
+        home,
+        tables,
+        tmp,
         LAKE_WORKERS=str(workers),
         LAKE_STREAM_BUDGET_S=os.environ.get("LAKE_STREAM_BUDGET_S", "1800"),
         LAKE_STREAM_IDLE_S=os.environ.get("LAKE_STREAM_IDLE_S", "60"),
     )
-    return env
 
 
 def _produce_backlog(config: KafkaConfig, df, topics: list[str], per_topic: int, offset: int) -> None:
