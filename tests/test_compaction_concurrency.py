@@ -87,13 +87,19 @@ def test_compaction_and_expiry_in_a_loop_fail_no_micro_batch(
 
     thread = threading.Thread(target=maintenance, daemon=True)
     thread.start()
-    try:
-        results = [_run(spark, settings, spec, kafka, catalog)]
-        while results[-1].committed and len(results) < 20:  # no micro-batch may fail
+    produced, deadline = 360, time.monotonic() + 600
+    try:  # a micro-batch of a few records takes about 0.15 s, a compaction seconds: keep records coming
+        results = [_run(spark, settings, spec, kafka, catalog)]  # no micro-batch may fail (it would raise)
+        while len(done) < 3 or len(results) < 20:
+            assert time.monotonic() < deadline, f"maintenance ran {len(done)} times in 600 s: {refused[:3]}"
+            produce(kafka_config, topic, event_records(range(produced, produced + 10)))
+            produced += 10
             results.append(_run(spark, settings, spec, kafka, catalog))
+            assert results[-1].committed
     finally:
         stop.set()
         thread.join()
-    assert results[-1].total_lag == 0
-    assert len(done) >= 2, f"maintenance ran while micro-batches committed (the test can fail): {refused[:3]}"
-    _exactly(spark, settings, spec, 360)
+    while results[-1].total_lag:
+        results.append(_run(spark, settings, spec, kafka, catalog))
+    assert len(done) >= 3, f"maintenance ran while micro-batches committed (the test can fail): {refused[:3]}"
+    _exactly(spark, settings, spec, produced)
