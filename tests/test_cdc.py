@@ -417,8 +417,14 @@ def wait_for_key(bootstrap: str, topic: str, key: str, timeout_s: float = 120) -
     while time.monotonic() < deadline:
         records = read_topic(bootstrap, topic)
         if any(k and json.loads(k).get("payload", json.loads(k)).get("tailnum") == key for _, _, k, _ in records):
-            time.sleep(1.0)  # the rest of Debezium's batch, flushed together, to the other partition
-            return read_topic(bootstrap, topic)
+            # the rest of Debezium's batch goes to the other partition and may land later (seconds on a
+            # loaded machine, the fresh-clone run of 2026-11-26): wait until the topic stays unchanged for 3 s
+            quiet_until = time.monotonic() + 3.0
+            while time.monotonic() < quiet_until and time.monotonic() < deadline + 60:
+                time.sleep(0.5)
+                if len(now := read_topic(bootstrap, topic)) != len(records):
+                    records, quiet_until = now, time.monotonic() + 3.0
+            return records
         time.sleep(0.5)
     raise AssertionError(f"Debezium did not deliver {key} to {topic} within {timeout_s} s")
 
