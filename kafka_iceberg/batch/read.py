@@ -36,7 +36,8 @@ from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_a
 RANGE_SCHEMA = pa.schema(
     [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
 )
-"""The read task's input: one row per range piece (the ``mapInArrow`` input of :func:`raw_records`)."""
+RANGE_DDL = "topic STRING, partition INT, start BIGINT, end BIGINT"
+"""The read task's input: one row per range piece (:data:`RANGE_SCHEMA` in the driver, this in Spark)."""
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +161,8 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
         DataLossError, ReadTimeoutError, BrokerUnavailableError: as the read task would.
     """
     stats, written = _Collected(), _Collected()
-    reader = make_task_reader(
-        lake.kafka.config.client_conf(), spec.identifier, lake.settings.read_timeout_s, parser, stats, writer, written
-    )
-    ranges = [
-        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-        for r in split_ranges(plan.offsets.ranges, lake.settings.max_records_per_task)
-    ]
+    reader = _task_reader(lake, spec.identifier, parser, stats, writer, written)
+    ranges = [dict(zip(RANGE_SCHEMA.names, row)) for row in _range_pieces(lake, plan.offsets)]
     leftovers = sum(out.num_rows for out in reader(iter([pa.RecordBatch.from_pylist(ranges, RANGE_SCHEMA)])))
     files = tuple(f for task_files in written.values() for f in task_files)
     if leftovers:
@@ -250,16 +246,28 @@ def raw_records(
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
     :meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see
     :func:`~kafka_iceberg.kafka.reader.make_task_reader`."""
-    pieces = split_ranges(offsets.ranges, lake.settings.max_records_per_task)
-    rows = [(r.topic, r.partition, r.start, r.end) for r in pieces]
+    rows = _range_pieces(lake, offsets)
     one_task = offsets.one_read_task(lake.settings.max_records_per_task)
     ranges = lake.spark.sparkContext.parallelize(rows, 1 if one_task else max(1, len(rows)))
-    ranges_df = lake.spark.createDataFrame(ranges, "topic STRING, partition INT, start BIGINT, end BIGINT")
-    reader = make_task_reader(
-        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written
-    )
+    ranges_df = lake.spark.createDataFrame(ranges, RANGE_DDL)
+    reader = _task_reader(lake, table, parser, stats, writer, written)
     ddl = RAW_SCHEMA_DDL if parser is None else f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}"
     return ranges_df.mapInArrow(reader, ddl)
+
+
+def _range_pieces(lake: Lake, offsets: BatchPlan) -> list[tuple[str, int, int, int]]:
+    """The read task's input rows (topic, partition, start, end): the planned ranges cut into pieces of
+    at most ``LAKE_MAX_RECORDS_PER_TASK`` offsets."""
+    return [
+        (r.topic, r.partition, r.start, r.end) for r in split_ranges(offsets.ranges, lake.settings.max_records_per_task)
+    ]
+
+
+def _task_reader(lake: Lake, table: str, parser, stats, writer, written):
+    """:func:`make_task_reader` with this lake's Kafka client configuration and read timeout."""
+    return make_task_reader(
+        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written
+    )
 
 
 def partition_stats(classified) -> tuple[PartitionStats, ...]:

@@ -237,26 +237,32 @@ def quarantine(
         problems += unpublished
     figures["dead_letter_rows_in_batch"] = sum(in_batch.values())
     figures["duplicate_dead_letters"] = dup
-    problems += _quarantine_problems(policy.max_quarantine_rate, n_read, in_batch, bad, dup, kinds)
+    problems += _quarantine_problems(policy.max_quarantine_rate, rate, n_read, in_batch, bad, dup, kinds)
     if problems:
         return CheckOutcome(False, f"table {spec.identifier}: " + "; ".join(problems), figures)
     return CheckOutcome(True, f"{n_bad} of {n_read} records quarantined ({rate:.2%}); accounting reconciles", figures)
 
 
 def _quarantine_problems(
-    max_rate: float, n_read: int, in_batch: dict[int, int], bad: dict[int, int], dup: int, kinds: dict[str, int]
+    max_rate: float,
+    rate: float,
+    n_read: int,
+    in_batch: dict[int, int],
+    bad: dict[int, int],
+    dup: int,
+    kinds: dict[str, int],
 ) -> list[str]:
-    """What fails the quarantine check of a batch that read ``n_read`` records, given the dead-letter
-    rows per partition ``in_batch``, its quarantined records per partition ``bad``, records
-    quarantined twice ``dup`` and its quarantined records per kind ``kinds``."""
+    """What fails the quarantine check of a batch that read ``n_read`` records and quarantined
+    ``rate`` of them, given the dead-letter rows per partition ``in_batch``, its quarantined records
+    per partition ``bad``, records quarantined twice ``dup`` and its quarantined records per kind ``kinds``."""
     problems = []
     n_bad = sum(bad.values())
     if {p: n for p, n in in_batch.items() if n} != {p: n for p, n in bad.items() if n}:
         problems.append(f"dead-letter rows per partition {in_batch} != quarantined per partition {bad}")
     if dup:
         problems.append(f"{dup} records quarantined twice")
-    if n_bad / n_read > max_rate:
-        problems.append(f"quarantine rate {n_bad / n_read:.2%} is above {max_rate:.2%} ({n_bad} of {n_read} records)")
+    if rate > max_rate:
+        problems.append(f"quarantine rate {rate:.2%} is above {max_rate:.2%} ({n_bad} of {n_read} records)")
     if kinds.get("schema"):
         problems.append(f"{kinds['schema']} records blocked by the table schema (a producer schema change?)")
     return problems
