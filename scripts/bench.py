@@ -34,7 +34,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -59,6 +58,7 @@ from devtools.bench.common import (  # noqa: E402
     say,
     section,
     timed_batch,
+    warm_up,
 )
 from devtools.bench.goals import RssSampler, dup_free_scaling, fixed_cost, single_core_reference  # noqa: E402
 from devtools.bench.history import part_c  # noqa: E402
@@ -116,24 +116,6 @@ def part_a(config: KafkaConfig, kafka: KafkaMetadata, df, n: int) -> dict:
         say(f"  WARNING: consumed {res['records']:,} records, expected {n:,}")
     res["rps"], res["mbps"] = rps, mbps
     return res
-
-
-def warm_up(spark, settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, catalog, df) -> float:
-    t0 = time.perf_counter()
-    demo_data.create_topic(config, WARMUP_TOPIC, PARTITIONS, TOPIC_CONFIG)
-    demo_data.produce(config, WARMUP_TOPIC, flights_records(df, 0, WARMUP_RECORDS))
-    spec = flights_spec("bench_warmup", "bench.warmup", WARMUP_TOPIC, WARMUP_RECORDS)
-    writer = TableWriter(spark, settings, spec, kafka, catalog)
-    writer.ensure_table()
-    writer.recover()
-    result = writer.execute(writer.plan(), str(uuid.uuid4()))
-    seconds = time.perf_counter() - t0
-    say(
-        f"warm-up: table bench.warmup ({WARMUP_RECORDS:,} records, its own topic) run end to end "
-        f"(create, recover, plan, execute) in {seconds:.1f} s: committed={result.committed}, "
-        f"records={result.records:,}. JVM, Iceberg classes and Python workers are now warm."
-    )
-    return seconds
 
 
 def part_b(

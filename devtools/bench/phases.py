@@ -36,6 +36,7 @@ from devtools.bench.common import (
     say,
     section,
     timed_batch,
+    warm_up,
 )
 from devtools.demo import data as demo_data
 from devtools.services import devbroker
@@ -134,7 +135,6 @@ def run(args, tmp: Path) -> None:
     from kafka_iceberg.catalog.spark import get_spark
     from kafka_iceberg.catalog.tables import load_catalog
     from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
-    from scripts.bench import warm_up
 
     bootstrap = devbroker.start(tmp / "kafka", devbroker.free_port())
     spark = None
