@@ -52,6 +52,7 @@ from kafka_iceberg.lake_assets.cli_support import (
     emit,
     exit_code_for,
     fail,
+    log_warnings_as_lines,
     version,
 )
 
@@ -115,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see the module docstring)."""
     args = parser().parse_args(argv)
+    log_warnings_as_lines()
     as_json = getattr(args, "json", False)
     try:
         return COMMANDS[args.command](args)

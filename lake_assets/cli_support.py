@@ -5,6 +5,7 @@ output, ``--version`` and confirmations (the commands themselves are in
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -100,6 +101,21 @@ def fail(exc: BaseException, code: int, as_json: bool = False) -> int:
     if as_json:
         emit({"error": kind, "message": first, "exit_code": code, **({"log": str(log)} if log else {})})
     return code
+
+
+def log_warnings_as_lines() -> None:
+    """Print the product's warnings (``kafka_iceberg`` loggers, such as a catalog retry) on stderr
+    as ``lake: warning: <message>`` lines, so the last stderr line is still the command's outcome."""
+    product = logging.getLogger("kafka_iceberg")
+    if not any(isinstance(h, _StderrLines) for h in product.handlers):
+        product.addHandler(_StderrLines(logging.WARNING))
+
+
+class _StderrLines(logging.Handler):
+    """Writes ``lake: warning: <message>`` to the ``sys.stderr`` of the moment (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"lake: warning: {record.getMessage()}", file=sys.stderr)
 
 
 def emit(payload: dict) -> None:

@@ -125,16 +125,27 @@ def test_broker_down_exits_3_with_one_line(offline_env, args):
     done = lake(*args, env=offline_env)
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = _outcome_line(done.stderr)
     assert line.startswith("lake: unreachable: ") and offline_env["KAFKA_BOOTSTRAP_SERVERS"] in line
 
 
-def test_catalog_down_exits_3(offline_env):
-    env = {**offline_env, "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{devbroker.free_port()}/lake"}
+def _outcome_line(stderr: str) -> str:
+    """The last stderr line (the outcome); every line before it must be a ``lake: warning:`` line."""
+    *warnings, line = stderr.strip().splitlines()
+    assert all(w.startswith("lake: warning: ") for w in warnings), stderr
+    return line
+
+
+def test_catalog_down_exits_3_after_warning_of_each_retry(offline_env):
+    """Catalog retries (a budget of 3 s) are announced as ``lake: warning:`` lines, then one outcome line."""
+    port = devbroker.free_port()
+    env = {**offline_env, "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{port}/lake", "LAKE_CATALOG_RETRY_S": "3"}
     done = lake("status", env=env)
     assert done.returncode == 3 and "Traceback" not in done.stderr
-    (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("lake: unreachable: ") and "catalog" in line
+    line = _outcome_line(done.stderr)
+    assert line.startswith("lake: unreachable: ") and "catalog" in line and "secret" not in done.stderr
+    warnings = done.stderr.strip().splitlines()[:-1]
+    assert warnings and all("transient catalog error" in w for w in warnings), done.stderr
 
 
 def test_unknown_table_and_bad_settings_exit_2(offline_env):
