@@ -139,7 +139,11 @@ def _outcome_line(stderr: str) -> str:
 def test_catalog_down_exits_3_after_warning_of_each_retry(offline_env):
     """Catalog retries (a budget of 3 s) are announced as ``lake: warning:`` lines, then one outcome line."""
     port = devbroker.free_port()
-    env = {**offline_env, "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{port}/lake", "LAKE_CATALOG_RETRY_S": "3"}
+    env = {
+        **offline_env,
+        "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{port}/lake",
+        "LAKE_CATALOG_RETRY_S": "3",
+    }
     done = lake("status", env=env)
     assert done.returncode == 3 and "Traceback" not in done.stderr
     line = _outcome_line(done.stderr)
