@@ -116,7 +116,7 @@ def table_definitions(settings: Settings, specs: list[TableSpec], declared_in: P
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
         sensors=sensors.table_sensors(specs, settings.stream.workers),
-        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite),
+        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=settings.stream.workers),
     )
 
 

@@ -39,6 +39,7 @@ from kafka_iceberg.lake_assets.component import component_specs, defs_tree, quie
 from kafka_iceberg.lake_assets.liveness import liveness_executor
 from kafka_iceberg.lake_assets.replay import replay_job
 from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import default_resources
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ def location_definitions(settings: Settings, specs: list[TableSpec]) -> Definiti
     demo = SOURCE_TABLES <= {s.identifier for s in specs}
     workers = settings.stream.workers
     groups = assign_workers(specs, workers) if workers else {}
-    workers_jobs = [worker_job(k, group, sqlite) for k, group in groups.items() if group]
+    crons = maintenance_crons(specs)  # spread over every table, as the schedules would be
+    workers_jobs = [worker_job(k, group, sqlite, crons) for k, group in groups.items() if group]
     return Definitions(
         assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],
         jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite), *workers_jobs],

@@ -61,11 +61,16 @@ def others_waiting(context, pool: str | None = None) -> bool:
     queued = context.instance.get_run_ids(filters=RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=2)
     if any(run_id != context.run_id for run_id in queued):
         return True
+    return pool is not None and pool_waiting(context, pool)
+
+
+def pool_waiting(context, pool: str) -> bool:
+    """Whether another run's step waits inside its run for a slot of ``pool`` (Dagster's pool
+    concurrency info; False on a storage without pools)."""
     storage = context.instance.event_log_storage
-    if pool is None or not storage.supports_global_concurrency_limits:
+    if not storage.supports_global_concurrency_limits:
         return False
-    info = storage.get_concurrency_info(pool)
-    return bool(info.pending_run_ids - {context.run_id})
+    return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
 
 
 def committed_offsets(result: MaterializeResult) -> dict[int, int]:

@@ -4,8 +4,10 @@ Each worker is a job (``lake_worker_<k>``) of one op that keeps one process and 
 and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
-that table's asset, with the same metadata as a table asset's run; at the end of the run each table
-it committed to gets its ``duplicate_free`` evaluation over the rows the run added. A table whose micro-batch fails is
+that table's asset, with the same metadata as a table asset's run. Between micro-batches the run does
+its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
+``duplicate_free`` check of each table it committed to; the checks still pending run at its end. It
+hands over only when another run's step waits for its pool. A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
@@ -14,8 +16,6 @@ run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand
 from __future__ import annotations
 
 from dagster import (
-    AssetCheckEvaluation,
-    AssetCheckSeverity,
     AssetMaterialization,
     Failure,
     JobDefinition,
@@ -27,14 +27,14 @@ from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.worker import Worker
-from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified, read_state
+from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.check_alerts import alert_check
-from kafka_iceberg.lake_assets.streaming import others_waiting, stream_budget_s
-from kafka_iceberg.lake_assets.tables import check_result, dagster_liveness, materialization_metadata
+from kafka_iceberg.lake_assets.streaming import pool_waiting, stream_budget_s
+from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
-from kafka_iceberg.ops import checks
+from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for
 from kafka_iceberg.ops.alerts import Alert
+from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
 
@@ -52,15 +52,21 @@ def _alert_failure(spec: TableSpec, error: BaseException, sink, run_id: str) -> 
     )
 
 
-def _serve(context: OpExecutionContext, specs: list[TableSpec], pool: str, pyspark, kafka, catalog, slack) -> dict:
-    """Run the worker loop over ``specs`` inside an op; returns what it served per table."""
+def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict) -> dict:
+    """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
+    ``crons``, checks) between micro-batches; returns what it served per table."""
+    pyspark, kafka, catalog, slack = (resources[k] for k in ("pyspark", "kafka", "catalog", "slack"))
     settings = settings_for(kafka, catalog)
     metadata, pycatalog, sink = kafka.metadata(), catalog.load(), slack.sink()
+    tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
+    env = {"spark": pyspark.spark_session, "settings": settings, "catalog": pycatalog, "slack": slack}
+    chores = WorkerChores(context, specs, rota_for(tables, crons), env)
 
     def on_commit(spec: TableSpec, result) -> None:
         if result.snapshot_id is not None:
             md = materialization_metadata(result)
             context.log_event(AssetMaterialization(asset_key=table_key(spec), metadata=md))
+            chores.committed(spec)
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
@@ -78,46 +84,28 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], pool: str, pyspa
             is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
         ),
         watermarks=metadata.watermarks_many,
-        committed={s.identifier: read_state(pycatalog, s.identifier).offsets for s in specs},
+        committed={i: table_state(t).offsets for i, t in tables.items()},
         on_commit=on_commit,
         on_failure=on_failure,
         budget_s=stream_budget_s(dict(context.run.tags), settings.stream.budget_s),
         idle_s=settings.stream.idle_s,
-        should_stop=lambda: others_waiting(context, pool),
+        should_stop=lambda: pool_waiting(context, pool),
+        chores=chores,
     )
-    return worker.run()
+    served = worker.run()
+    chores.finish()
+    return served
 
 
-def _check_commits(context, specs: list[TableSpec], served: dict, pyspark, kafka, catalog, slack) -> None:
-    """The ``duplicate_free`` check of every table this run committed to, over the rows its commits
-    added (the run id is their commit id), logged as that table's check evaluation and alerted on a
-    change of status."""
-    settings, pycatalog = settings_for(kafka, catalog), catalog.load()
-    for spec in specs:
-        if not any(r.snapshot_id is not None for r in served[spec.identifier].results):
-            continue
-        table = load_table(pycatalog, spec.identifier)
-        outcome = checks.duplicate_free(
-            pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run_id
-        )
-        alert_check(context, slack, spec, "duplicate_free", outcome, "ERROR")
-        result = check_result(outcome, AssetCheckSeverity.ERROR)
-        context.log_event(
-            AssetCheckEvaluation(
-                asset_key=table_key(spec),
-                check_name="duplicate_free",
-                passed=result.passed,
-                metadata=result.metadata,
-                severity=result.severity,
-                description=result.description,
-            )
-        )
-
-
-def worker_job(index: int, specs: list[TableSpec], sqlite_catalog: bool) -> JobDefinition:
-    """The job ``lake_worker_<index>``: one op serving ``specs``. On a SQLite catalog its op holds the
-    one commit pool; otherwise a pool of its own (``lake_worker_<index>``, limit 1 by default)."""
+def worker_job(
+    index: int, specs: list[TableSpec], sqlite_catalog: bool, crons: dict[str, dict[str, str]] | None = None
+) -> JobDefinition:
+    """The job ``lake_worker_<index>``: one op serving ``specs`` and running their maintenance under
+    ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
+    catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
+    limit 1 by default)."""
     name = worker_job_name(index)
+    crons = crons or maintenance_crons(specs)
     pool = SQLITE_POOL if sqlite_catalog else name
 
     @op(
@@ -132,8 +120,8 @@ def worker_job(index: int, specs: list[TableSpec], sqlite_catalog: bool) -> JobD
         catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> None:
-        served = _serve(context, specs, pool, pyspark, kafka, catalog, slack)
-        _check_commits(context, specs, served, pyspark, kafka, catalog, slack)
+        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
+        served = _serve(context, specs, crons, pool, resources)
         commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
         context.log.info(f"{name}: commits per table {commits}")
         failed = {k: str(v.error) for k, v in served.items() if v.error is not None}

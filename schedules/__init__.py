@@ -10,6 +10,8 @@ an ``AssetObservation`` on the table with live data files and bytes before and a
 A fourth schedule per table runs the full-scan ``duplicate_free`` check (:mod:`kafka_iceberg.schedules.checks`).
 The crons are spread over time across all the tables (:mod:`kafka_iceberg.ops.spread`), and a run-queue
 limit on the ``lake/maintenance`` run tag (dagster.yaml) bounds how many of these runs run at once.
+With ``LAKE_WORKERS`` >= 1 the worker runs do the maintenance themselves (:mod:`kafka_iceberg.ops.rota`),
+and only the full-scan schedules remain.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ from kafka_iceberg.schedules.checks import full_check_schedule
 from kafka_iceberg.schedules.maintenance import maintenance_schedules
 
 
-def all_schedules(specs, sqlite_catalog: bool = True) -> list:
+def all_schedules(specs, sqlite_catalog: bool = True, workers: int = 0) -> list:
     """Three maintenance schedules and the full-scan ``duplicate_free`` schedule per declared table,
-    their crons spread over time among all of ``specs``."""
+    their crons spread over time among all of ``specs``. With ``workers`` >= 1 only the full-scan
+    schedules: the worker runs do the maintenance of their tables (:mod:`kafka_iceberg.ops.rota`)."""
     crons = maintenance_crons(specs)
     return [
         sched
         for spec in specs
         for sched in [
-            *maintenance_schedules(spec, sqlite_catalog, crons[spec.identifier]),
+            *([] if workers else maintenance_schedules(spec, sqlite_catalog, crons[spec.identifier])),
             full_check_schedule(spec, crons[spec.identifier]["full_check"]),
         ]
     ]

@@ -10,7 +10,6 @@ table's micro-batch (on SQLite, alongside any commit).
 from dagster import (
     AssetObservation,
     DefaultScheduleStatus,
-    MetadataValue,
     OpExecutionContext,
     ScheduleDefinition,
     job,
@@ -21,7 +20,7 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import table_key, table_pool
-from kafka_iceberg.ops import maintenance
+from kafka_iceberg.ops.rota import KINDS, record_run, run_job
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource
 
@@ -30,44 +29,23 @@ MAINTENANCE_TAG = "lake/maintenance"
 ``concurrency.runs.tag_concurrency_limits`` bounds the runs carrying it (all kinds together)."""
 
 
-def result_metadata(result: maintenance.MaintenanceResult) -> dict:
-    """Observation metadata: live data files, bytes and delete files before/after, seconds, procedure output."""
-    return {
-        "procedure": MetadataValue.text(result.procedure),
-        "data_files_before": MetadataValue.int(result.files_before),
-        "data_files_after": MetadataValue.int(result.files_after),
-        "data_bytes_before": MetadataValue.int(result.bytes_before),
-        "data_bytes_after": MetadataValue.int(result.bytes_after),
-        "delete_files_before": MetadataValue.int(result.delete_files_before),
-        "delete_files_after": MetadataValue.int(result.delete_files_after),
-        "seconds": MetadataValue.float(result.seconds),
-        "procedure_output": MetadataValue.json(result.output),
-    }
-
-
 def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
-    policy = spec.maintenance
-
-    def run(spark, catalog_name: str, view) -> maintenance.MaintenanceResult:
-        if kind == "compact":
-            return maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
-        if kind == "expire_snapshots":
-            return maintenance.expire(
-                spark, catalog_name, spec.identifier, policy.max_snapshot_age_s, policy.retain_last, view=view()
-            )
-        return maintenance.remove_orphans(spark, catalog_name, spec.identifier, policy.orphan_older_than_s)
-
     @op(name=f"{kind}_{spec.name}_op", pool=table_pool(spec, sqlite_catalog))
     def _op(context: OpExecutionContext, pyspark: PySparkResource, catalog: IcebergCatalogResource):
-        result = run(
-            pyspark.spark_session, catalog.name, lambda: metadata_view(load_table(catalog.load(), spec.identifier))
+        result = run_job(
+            pyspark.spark_session,
+            catalog.name,
+            spec,
+            kind,
+            lambda: metadata_view(load_table(catalog.load(), spec.identifier)),
         )
         context.log.info(
             f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after}, "
             f"bytes {result.bytes_before} -> {result.bytes_after}, "
             f"delete files {result.delete_files_before} -> {result.delete_files_after}"
         )
-        context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result_metadata(result)))
+        context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result.as_metadata()))
+        record_run(catalog.load(), spec.identifier, kind)  # a worker that takes the table over knows it ran
 
     @job(
         name=f"{kind}_{spec.name}",
@@ -95,5 +73,5 @@ def maintenance_schedules(
             execution_timezone="UTC",
             default_status=DefaultScheduleStatus.RUNNING,
         )
-        for kind in ("compact", "expire_snapshots", "remove_orphan_files")
+        for kind in KINDS
     ]

@@ -4,7 +4,7 @@ poisoned table fails alone. Real Spark, real catalog, the dev broker, an ephemer
 
 from __future__ import annotations
 
-from dagster import DagsterInstance, build_sensor_context
+from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools import duck
 from devtools.demo.data import produce
@@ -16,6 +16,7 @@ from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, previous_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import is_due, workers_sensor
@@ -79,6 +80,68 @@ def test_the_order_is_by_waiting_time_and_fair():
     assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
 
 
+def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
+    """A fake clock: each micro-batch takes 1 s and each chore 1 s. With a share of 0.25 a chore
+    follows a micro-batch only while chores took at most a quarter of the run; idle time takes them all."""
+    spec = make_spec("busy", "busy_topic")
+    now, log = [0.0], []
+
+    def run_batch(s):
+        now[0] += 1
+        log.append("batch")
+        done = len([e for e in log if e == "batch"])
+        return type("R", (), {"offsets": {0: min(done, 12)}, "snapshot_id": 1})()
+
+    pending = [f"chore{i}" for i in range(6)]
+
+    def chores():
+        if not pending:
+            return False
+        now[0] += 1
+        log.append(pending.pop(0))
+        return True
+
+    worker = Worker(
+        [spec],
+        run_batch,
+        lambda topics: {"busy_topic": {0: Watermarks(0, 12)}},
+        {spec.identifier: {}},
+        lambda s, r: None,
+        lambda s, e: None,
+        budget_s=600,
+        idle_s=1,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+        chores=chores,
+        chore_share=0.25,
+    )
+    worker.run()
+    busy = log[: len(log) - log[::-1].index("batch")]  # up to the last micro-batch
+    chores_while_busy = [e for e in busy if e != "batch"]
+    assert busy.count("batch") == 12 and 2 <= len(chores_while_busy) <= 4, log
+    assert not pending, "the rest ran once no table had records waiting"
+    assert log[0] == "batch" and worker.chore_s == 6
+
+
+def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properties():
+    minute = 60_000
+    assert previous_tick_ms("*/15 * * * *", 16 * minute + 5) == 15 * minute
+    assert last_runs({LAST_RUN_PROPERTY.format(kind="compact"): "123"}, 7) == {
+        "compact": 123,
+        "expire_snapshots": 7,
+        "remove_orphan_files": 7,
+    }
+    assert last_runs({}, None)["compact"] is None
+    crons = {"n.a": {"compact": "0 * * * *", "expire_snapshots": "30 * * * *"}, "n.b": {"compact": "10 * * * *"}}
+    rota = MaintenanceRota(crons, {("n.a", "compact"): 0, ("n.a", "expire_snapshots"): 0, ("n.b", "compact"): None})
+    assert rota.next_due(29 * minute) is None  # no tick after 0 yet (n.b never snapshotted)
+    assert rota.next_due(61 * minute) == ("n.a", "expire_snapshots")  # its tick 30 is older than compact's 60
+    rota.mark("n.a", "expire_snapshots", 61 * minute)
+    assert rota.next_due(61 * minute) == ("n.a", "compact")
+    rota.mark("n.a", "compact", 61 * minute)
+    assert rota.next_due(89 * minute) is None and rota.next_due(90 * minute) == ("n.a", "expire_snapshots")
+
+
 def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
     settings, spark, kafka, catalog, kafka_config, unique, topic_factory
 ):
@@ -130,6 +193,27 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert latest.metadata["lag_after_commit"].value == 0 and latest.metadata["snapshot_id"].value != "none"
     assert _rows(settings, specs[0]) == (90, 90) and _rows(settings, specs[1]) == (30, 30)
     assert is_due(specs[0], 1, None, 0) and not is_due(specs[0], 0, None, 0)
+    checked = {
+        e.dagster_event.event_specific_data.asset_key: e.dagster_event.event_specific_data.passed
+        for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    }
+    assert checked == {table_key(specs[0]): True, table_key(specs[1]): True}, "one duplicate_free per committed table"
+
+    # compaction of the first table is overdue (last run at 1 ms since epoch): the next worker run compacts it
+    compact = LAST_RUN_PROPERTY.format(kind="compact")
+    load_catalog(settings.catalog).load_table(specs[0].identifier).transaction().set_properties(
+        **{compact: "1"}
+    ).commit_transaction()
+    produce(kafka_config, specs[0].topic, event_records(range(90, 120)))
+    job.execute_in_process(instance=instance, resources=resources, raise_on_error=False)
+    observed = [
+        r.asset_observation.metadata for r in instance.fetch_observations(table_key(specs[0]), limit=20).records
+    ]
+    compactions = [m for m in observed if "procedure" in m and m["procedure"].value == "rewrite_data_files"]
+    assert len(compactions) == 1, observed
+    assert compactions[0]["data_files_after"].value <= compactions[0]["data_files_before"].value  # 3 files a day: under min-input-files
+    assert int(load_catalog(settings.catalog).load_table(specs[0].identifier).properties[compact]) > 1
+    assert _rows(settings, specs[0]) == (120, 120)
 
     with build_sensor_context(instance=instance, resources=resources) as context:
         observed = all_tables_retention_sensor(specs)(context)
@@ -145,5 +229,8 @@ def test_worker_mode_replaces_the_per_table_sensors(lake_env):
         n.endswith(("_lag", "_retention")) for n in names - {"lake_retention"}
     )
     assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in defs.jobs}
+    # the workers do the maintenance; only the full-scan checks keep their schedules
+    assert {s.name for s in defs.schedules} == {f"duplicate_free_full_w{i}_schedule" for i in range(5)}
     per_table = build_definitions(load_settings(env=lake_env), specs)
     assert {f"w{i}_lag" for i in range(5)} <= {s.name for s in per_table.sensors}
+    assert {f"compact_w{i}_schedule" for i in range(5)} <= {s.name for s in per_table.schedules}

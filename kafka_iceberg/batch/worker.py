@@ -69,7 +69,12 @@ class Worker:
     committed offsets after it); ``watermarks(topics)`` returns the watermarks of every partition
     of the topics (one batched call; ``None`` for a missing topic); ``committed`` holds each table's
     committed offsets when the run starts; ``on_commit(spec, result)`` and ``on_failure(spec, error)``
-    report each micro-batch (they must not raise)."""
+    report each micro-batch (they must not raise).
+
+    ``chores()`` does one piece of other work (a due maintenance job, a pending check) and returns
+    whether there was any (it must not raise). It is called while no table has records waiting, and
+    after a micro-batch while chores have taken at most ``chore_share`` of the run's time so far, so
+    a backlog of chores slows ingestion by that share at most and never stops it."""
 
     specs: Sequence[TableSpec]
     run_batch: Callable[[TableSpec], object]
@@ -82,11 +87,15 @@ class Worker:
     should_stop: Callable[[], bool] = lambda: False
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    chores: Callable[[], bool] = lambda: False
+    chore_share: float = 0.25
+    chore_s: float = field(default=0.0, init=False)  # seconds spent in chores this run
 
     def run(self) -> dict[str, TableServed]:
         """Serve the tables (see the class docstring). Returns what was done, per table identifier."""
         served = {s.identifier: TableServed(s) for s in self.specs}
-        deadline = self.deadline = self.clock() + self.budget_s
+        self.started = self.clock()
+        deadline = self.deadline = self.started + self.budget_s
         waiting_since: dict[str, float] = {}
         idle_until = None
         while True:
@@ -106,7 +115,8 @@ class Worker:
                 idle_until = idle_until or now + self.idle_s
                 if now >= idle_until:
                     return served
-                self.sleep(POLL_S)
+                if not self._chore(idle=True):
+                    self.sleep(POLL_S)
                 continue
             idle_until = None
             self._serve_round(due, served, waiting_since)
@@ -130,6 +140,17 @@ class Worker:
             served[spec.identifier].results.append(result)
             self.committed[spec.identifier] = dict(result.offsets)
             self.on_commit(spec, result)
+            self._chore(idle=False)
+
+    def _chore(self, idle: bool) -> bool:
+        """One chore when ``idle``, or when chores took at most ``chore_share`` of the run so far; returns whether one ran."""
+        if not idle and self.chore_s > self.chore_share * (self.clock() - self.started):
+            return False
+        t0 = self.clock()
+        ran = self.chores()
+        if ran:
+            self.chore_s += self.clock() - t0
+        return ran
 
 
 __all__ = ["POLL_S", "TableServed", "Worker", "assign_workers", "offset_lags"]

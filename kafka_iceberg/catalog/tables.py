@@ -133,7 +133,12 @@ def read_state(catalog: Catalog, identifier: str) -> IngestState:
     Raises:
         CatalogUnavailableError: the catalog database cannot be queried.
     """
-    table = load_table(catalog, identifier)
+    return table_state(load_table(catalog, identifier))
+
+
+def table_state(table) -> IngestState:
+    """The ingest state of a loaded pyiceberg ``table`` (from ``main``'s snapshot summaries);
+    :meth:`IngestState.empty` for None (a table not created yet)."""
     if table is None:
         return IngestState.empty()
     view = metadata_view(table)

@@ -48,6 +48,21 @@ class MaintenanceResult:
     delete_files_before: int = 0
     delete_files_after: int = 0
 
+    def as_metadata(self) -> dict[str, Any]:
+        """Observation metadata (plain values; Dagster shows the dict as JSON): live data files,
+        bytes and delete files before and after, seconds, the procedure and its output."""
+        return {
+            "procedure": self.procedure,
+            "data_files_before": self.files_before,
+            "data_files_after": self.files_after,
+            "data_bytes_before": self.bytes_before,
+            "data_bytes_after": self.bytes_after,
+            "delete_files_before": self.delete_files_before,
+            "delete_files_after": self.delete_files_after,
+            "seconds": float(self.seconds),
+            "procedure_output": dict(self.output),
+        }
+
 
 def live_files(spark, qualified_table: str) -> tuple[int, int]:
     """(data files, their bytes) referenced by the table's current snapshot (delete files excluded)."""

@@ -1,0 +1,115 @@
+"""Maintenance inside worker runs (``LAKE_WORKERS`` >= 1). Plain Python, no Dagster.
+
+A worker run compacts, expires snapshots of and removes orphan files from the tables it serves,
+on its own warm Spark session, between micro-batches, one job at a time: no maintenance run of its
+own queues for the commit pool, starts a JVM, or makes the worker hand over. A job is due when a
+tick of its table's (spread) cron has passed since its last run. The time of the last run lives in
+a table property, ``lake.maintenance.<kind>.last-run-ms`` (ms since epoch), so every worker run, and
+any worker a table moves to, knows it; a table without it counts from its first snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from croniter import croniter
+from pyiceberg.exceptions import CommitFailedException
+
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.ops import maintenance
+from kafka_iceberg.ops.maintenance import MaintenanceResult
+
+KINDS = ("compact", "expire_snapshots", "remove_orphan_files")
+"""The maintenance jobs a worker runs, in the order they go when due together."""
+
+LAST_RUN_PROPERTY = "lake.maintenance.{kind}.last-run-ms"
+"""Table property holding when the job ``kind`` last ran on the table (ms since epoch)."""
+
+
+def last_runs(properties: Mapping[str, str], first_snapshot_ms: int | None) -> dict[str, int | None]:
+    """Per job kind, when it last ran (ms since epoch): the table property, else the table's first
+    snapshot (``first_snapshot_ms``), else None (a table with no snapshot has nothing to maintain)."""
+    out = {}
+    for kind in KINDS:
+        raw = properties.get(LAST_RUN_PROPERTY.format(kind=kind))
+        out[kind] = int(raw) if raw and raw.isdigit() else first_snapshot_ms
+    return out
+
+
+def previous_tick_ms(cron: str, now_ms: int) -> int:
+    """The latest tick of ``cron`` (five fields, UTC) at or before ``now_ms`` (ms since epoch)."""
+    now = datetime.fromtimestamp((now_ms + 1) / 1000, tz=timezone.utc)  # croniter's previous tick is strictly earlier
+    return int(croniter(cron, now).get_prev(datetime).timestamp() * 1000)
+
+
+@dataclass
+class MaintenanceRota:
+    """Which maintenance job of which table is due. ``crons``: identifier -> kind -> cron (UTC), the
+    spread crons of :func:`kafka_iceberg.ops.spread.maintenance_crons`; ``last_run_ms``: (identifier,
+    kind) -> ms since epoch, from :func:`last_runs` (a missing or None entry is never due)."""
+
+    crons: dict[str, dict[str, str]]
+    last_run_ms: dict[tuple[str, str], int | None] = field(default_factory=dict)
+
+    def next_due(self, now_ms: int) -> tuple[str, str] | None:
+        """The (identifier, kind) whose missed tick is the oldest, or None when nothing is due."""
+        due = []
+        for identifier, crons in sorted(self.crons.items()):
+            for kind in KINDS:
+                last = self.last_run_ms.get((identifier, kind))
+                if last is None or kind not in crons:
+                    continue
+                tick = previous_tick_ms(crons[kind], now_ms)
+                if tick > last:
+                    due.append((tick, KINDS.index(kind), identifier, kind))
+        return min(due)[2:] if due else None
+
+    def mark(self, identifier: str, kind: str, at_ms: int) -> None:
+        """Record that ``kind`` ran (or was attempted) on ``identifier`` at ``at_ms``: not due until the next tick."""
+        self.last_run_ms[(identifier, kind)] = at_ms
+
+
+def run_job(spark, catalog_name: str, spec: TableSpec, kind: str, view: Callable[[], object]) -> MaintenanceResult:
+    """Run the maintenance job ``kind`` (one of :data:`KINDS`) on ``spec``'s table through Iceberg's
+    Spark procedures (:mod:`kafka_iceberg.ops.maintenance`); ``view()`` gives the table's
+    :class:`~kafka_iceberg.catalog.tables.TableMetadataView` (snapshot expiry keeps the ingest state).
+
+    Raises:
+        ValueError: an unknown ``kind``.
+        Any error of the procedure (Py4J / Spark), unchanged.
+    """
+    policy = spec.maintenance
+    if kind == "compact":
+        return maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
+    if kind == "expire_snapshots":
+        return maintenance.expire(
+            spark, catalog_name, spec.identifier, policy.max_snapshot_age_s, policy.retain_last, view=view()
+        )
+    if kind == "remove_orphan_files":
+        return maintenance.remove_orphans(spark, catalog_name, spec.identifier, policy.orphan_older_than_s)
+    raise ValueError(f"unknown maintenance job {kind!r}; known: {', '.join(KINDS)}")
+
+
+def record_run(catalog, identifier: str, kind: str, at_ms: int | None = None, attempts: int = 3) -> None:
+    """Set the table property :data:`LAST_RUN_PROPERTY` of ``kind`` to ``at_ms`` (default now) in a
+    commit of its own (pyiceberg's ``Transaction`` on the table loaded from ``catalog``); a commit
+    refused because another one changed the table first is retried on a fresh load, ``attempts`` in all.
+
+    Raises:
+        CommitFailedException: every attempt was refused.
+    """
+    at_ms = int(time.time() * 1000) if at_ms is None else at_ms
+    for attempt in range(1, attempts + 1):
+        try:
+            tx = catalog.load_table(identifier).transaction()
+            tx.set_properties(**{LAST_RUN_PROPERTY.format(kind=kind): str(at_ms)}).commit_transaction()
+            return
+        except CommitFailedException:
+            if attempt == attempts:
+                raise
+
+
+__all__ = ["KINDS", "LAST_RUN_PROPERTY", "MaintenanceRota", "last_runs", "previous_tick_ms", "record_run", "run_job"]

@@ -1,0 +1,132 @@
+"""What a worker run does between micro-batches (:mod:`kafka_iceberg.lake_assets.worker`): the due
+maintenance jobs of its tables (:mod:`kafka_iceberg.ops.rota`) and the ``duplicate_free`` check of
+each table it committed to. :class:`kafka_iceberg.batch.worker.Worker` calls :class:`WorkerChores`
+one chore at a time, while no table has records waiting or within its share of the run's time.
+
+A maintenance job is logged as an ``AssetObservation`` of its table (the same metadata as a
+scheduled maintenance run) and its time kept in the table property; one that fails is logged and
+alerted, and not tried again before its cron's next tick. A check is logged as the table's
+``duplicate_free`` check evaluation over the rows this run's commits added (the run id is their
+commit id); a table that commits again after its check is checked again.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
+
+from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.lake_assets.check_alerts import alert_check
+from kafka_iceberg.lake_assets.tables import check_result
+from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.ops import checks
+from kafka_iceberg.ops.alerts import Alert
+from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job
+
+
+def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
+    """The :class:`MaintenanceRota` of the loaded pyiceberg ``tables`` (identifier -> table, None
+    for a table not created yet) under their spread ``crons`` (identifier -> kind -> cron, UTC)."""
+    last = {}
+    for identifier, table in tables.items():
+        if table is None:
+            continue
+        first = min((s.timestamp_ms for s in table.metadata.snapshots), default=None)
+        last.update({(identifier, k): ms for k, ms in last_runs(table.properties, first).items()})
+    return MaintenanceRota({i: crons[i] for i in tables if i in crons}, last)
+
+
+class WorkerChores:
+    """The chores of one worker run over ``specs``; call it for one chore (returns whether there was
+    one), :meth:`committed` after each commit, and :meth:`finish` at the end of the run (the checks
+    still pending). ``rota``: from :func:`rota_for`; the rest are the op's context and resources."""
+
+    def __init__(self, context: OpExecutionContext, specs: list[TableSpec], rota: MaintenanceRota, env: dict):
+        self.context, self.rota = context, rota
+        self.by_id = {s.identifier: s for s in specs}
+        self.spark, self.settings, self.catalog = env["spark"], env["settings"], env["catalog"]
+        self.slack = env["slack"]
+        self.unchecked: dict[str, None] = {}  # tables committed to since their last check, oldest first
+
+    def committed(self, spec: TableSpec) -> None:
+        """Note that ``spec``'s table got a commit of this run: its check is pending."""
+        self.unchecked.pop(spec.identifier, None)
+        self.unchecked[spec.identifier] = None
+
+    def __call__(self) -> bool:
+        due = self.rota.next_due(int(time.time() * 1000))
+        if due is not None:
+            self.maintain(self.by_id[due[0]], due[1])
+            return True
+        if self.unchecked:
+            identifier = next(iter(self.unchecked))
+            del self.unchecked[identifier]
+            self.check(self.by_id[identifier])
+            return True
+        return False
+
+    def finish(self) -> None:
+        """Run every pending check (the run's last commits)."""
+        while self.unchecked:
+            identifier = next(iter(self.unchecked))
+            del self.unchecked[identifier]
+            self.check(self.by_id[identifier])
+
+    def maintain(self, spec: TableSpec, kind: str) -> None:
+        """Run the maintenance job ``kind`` on ``spec``'s table, observe it and record when it ran;
+        a failure is logged and alerted (never raised), and the job waits for its next tick."""
+        started_ms = int(time.time() * 1000)
+        self.rota.mark(spec.identifier, kind, started_ms)
+        try:
+            result = run_job(
+                self.spark,
+                self.settings.catalog.name,
+                spec,
+                kind,
+                lambda: metadata_view(load_table(self.catalog, spec.identifier)),
+            )
+            record_run(self.catalog, spec.identifier, kind, started_ms)
+        except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
+            self.context.log.error(f"{spec.identifier}: {kind} failed in worker run: {exc}")
+            self.slack.sink().send(
+                Alert(
+                    table=spec.identifier,
+                    asset_key_path=list(table_key(spec).path),
+                    measure=kind,
+                    value=type(exc).__name__,
+                    severity="WARN",
+                    summary=f"{spec.identifier}: {kind} failed in worker run {self.context.run_id}: {exc}",
+                    source="worker",
+                )
+            )
+            return
+        self.context.log.info(
+            f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after} "
+            f"in {result.seconds:.1f} s"
+        )
+        self.context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result.as_metadata()))
+
+    def check(self, spec: TableSpec) -> None:
+        """The ``duplicate_free`` check of ``spec`` over the rows this run's commits added, logged as
+        the table's check evaluation and alerted on a change of status."""
+        table = load_table(self.catalog, spec.identifier)
+        outcome = checks.duplicate_free(
+            self.spark, qualified(self.settings, spec), spec, metadata_view(table), commit_id=self.context.run_id
+        )
+        alert_check(self.context, self.slack, spec, "duplicate_free", outcome, "ERROR")
+        result = check_result(outcome, AssetCheckSeverity.ERROR)
+        self.context.log_event(
+            AssetCheckEvaluation(
+                asset_key=table_key(spec),
+                check_name="duplicate_free",
+                passed=result.passed,
+                metadata=result.metadata,
+                severity=result.severity,
+                description=result.description,
+            )
+        )
+
+
+__all__ = ["WorkerChores", "rota_for"]
