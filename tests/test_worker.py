@@ -211,7 +211,9 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     ]
     compactions = [m for m in observed if "procedure" in m and m["procedure"].value == "rewrite_data_files"]
     assert len(compactions) == 1, observed
-    assert compactions[0]["data_files_after"].value <= compactions[0]["data_files_before"].value  # 3 files a day: under min-input-files
+    assert (
+        compactions[0]["data_files_after"].value <= compactions[0]["data_files_before"].value
+    )  # 3 files a day: under min-input-files
     assert int(load_catalog(settings.catalog).load_table(specs[0].identifier).properties[compact]) > 1
     assert _rows(settings, specs[0]) == (120, 120)
 
