@@ -524,6 +524,83 @@ def test_debezium_capturing_postgres_equals_iceberg(
     assert {r[0] for r in spark.sql(f"SELECT content FROM {fqn}.delete_files").collect()} == {1}
 
 
+def _planes_spec(unique: str, topic: str):
+    from tests.helpers import make_spec
+
+    schema = [{"name": c.name, "type": c.type, "required": c.required} for c in PLANE_COLUMNS]
+    return make_spec(
+        f"planes_{unique}",
+        topic,
+        schema=schema,
+        partition_by=[],
+        mode="upsert",
+        key=KEY,
+        cdc="debezium",
+        max_records_per_partition=150,
+    )
+
+
+def _send(kafka_config, topic: str, records: list[tuple[int, bytes, bytes | None]]) -> None:
+    """Produce (partition, key, value) in list order; a None value is a tombstone."""
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_config.client_conf(**{"enable.idempotence": True}))
+    for partition, key, value in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.cdc
+def test_real_debezium_changes_reordered_across_partitions_and_batches_equal_postgres(
+    spark, settings, broker, kafka_config, tmp_path, source_db, unique, writer_factory
+):
+    """Real Debezium changes of a PostgreSQL workload, produced again out of order: for each live key with
+    several changes the newest goes first (its own partition, micro-batch 1) and the older ones follow
+    through the other partition (micro-batch 2); then each such key's first change is sent once more.
+    Every other key's changes keep their order. The table equals PostgreSQL (EXCEPT ALL both ways).
+    Deleted keys are not re-sent: a deleted key keeps no tombstone (docs/cdc.md, Deletes)."""
+    from devtools.demo.data import create_topic
+    from devtools.services import cdc_source
+
+    db, source, topic, slot = source_db, f"cdcsrc.{unique}", f"cdc.{unique}", f"slot_{unique}"
+    cdc_source.run_sql(db, "DROP TABLE IF EXISTS planes")
+    keys = cdc_source.load_planes(db, 200)
+    create_topic(kafka_config, source, 2)
+    create_topic(kafka_config, topic, 2)
+    capture = cdc_source.start_capture(db, broker, source, ["public.planes"], tmp_path / "dbz", slot=slot)
+    try:
+        cdc_source.planes_workload(db, keys, rounds=3, seed=4)
+        cdc_source.run_sql(db, "INSERT INTO planes (tailnum, seats) VALUES ('END1', 1)")
+        records = wait_for_key(broker, source, "END1")
+    finally:
+        capture.stop()
+        cdc_source.run_sql(db, f"SELECT pg_drop_replication_slot('{slot}')")
+    by_key: dict[bytes, list[tuple[int, bytes | None]]] = {}
+    for partition, _offset, key, value in sorted(records, key=lambda r: (r[0], r[1])):
+        by_key.setdefault(key, []).append((partition, value))
+    live = {
+        k for k, changes in by_key.items() if changes[-1][1] is not None and json.loads(changes[-1][1])["op"] != "d"
+    }
+    moved = {k for k in live if len(by_key[k]) >= 2}
+    assert len(moved) >= 10, "the workload updates enough keys to reorder"
+    first, later = [], []
+    for key, changes in by_key.items():
+        if key in moved:
+            *older, (partition, newest) = changes
+            first.append((partition, key, newest))
+            later += [(1 - p, key, v) for p, v in older]
+        else:
+            first += [(p, key, v) for p, v in changes]
+    writer = writer_factory(_planes_spec(unique, topic))
+    fqn = f"{settings.catalog.name}.{writer.spec.identifier}"
+    for n, batch in enumerate([first, later, [(p, k, by_key[k][0][1]) for k in moved for p in (0, 1)]]):
+        _send(kafka_config, topic, batch)
+        results = drain(writer, f"reorder{n}")
+        assert results and sum(r.quarantined for r in results) == 0
+    total, only_iceberg, only_postgres = compare_with_postgres(settings, db, fqn)
+    assert total > 150 and (only_iceberg, only_postgres) == (0, 0)
+
+
 def test_upsert_declaration_is_validated():
     assert cdc.upsert_spec("table t", "append", None, None, COLUMNS) is None
     assert cdc.upsert_spec("table t", "upsert", ["tailnum"], "debezium", COLUMNS) == cdc.UpsertSpec(
