@@ -1031,6 +1031,7 @@ SCENARIO_MODULES: tuple[str, ...] = (
     "devtools.rehearsal.storage",
     "devtools.rehearsal.acl",
     "devtools.rehearsal.workers",
+    "devtools.rehearsal.maintenance_loop",
 )
 
 
