@@ -474,23 +474,12 @@ def test_debezium_capturing_postgres_equals_iceberg(
 ):
     from devtools.demo.data import create_topic
     from devtools.services import cdc_source
-    from tests.helpers import make_spec
 
     db, topic, slot = source_db, f"cdc.{unique}", f"slot_{unique}"
     cdc_source.run_sql(db, "DROP TABLE IF EXISTS planes")
     keys = cdc_source.load_planes(db, 300)  # captured by Debezium's initial snapshot (op r)
     create_topic(kafka_config, topic, 2)
-    schema = [{"name": c.name, "type": c.type, "required": c.required} for c in PLANE_COLUMNS]
-    spec = make_spec(
-        f"planes_{unique}",
-        topic,
-        schema=schema,
-        partition_by=[],
-        mode="upsert",
-        key=KEY,
-        cdc="debezium",
-        max_records_per_partition=150,
-    )  # several micro-batches: a key's changes span them
+    spec = _planes_spec(unique, topic)  # several micro-batches: a key's changes span them
     writer = writer_factory(spec)
     fqn = f"{settings.catalog.name}.{spec.identifier}"
     capture = cdc_source.start_capture(
