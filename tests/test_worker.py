@@ -16,7 +16,7 @@ from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
-from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, previous_tick_ms
+from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import is_due, workers_sensor
@@ -125,7 +125,8 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
 
 def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properties():
     minute = 60_000
-    assert previous_tick_ms("*/15 * * * *", 16 * minute + 5) == 15 * minute
+    assert next_tick_ms("*/15 * * * *", 16 * minute + 5) == 30 * minute
+    assert next_tick_ms("*/15 * * * *", 15 * minute) == 30 * minute  # strictly after
     assert last_runs({LAST_RUN_PROPERTY.format(kind="compact"): "123"}, 7) == {
         "compact": 123,
         "expire_snapshots": 7,

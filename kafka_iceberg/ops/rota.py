@@ -39,10 +39,10 @@ def last_runs(properties: Mapping[str, str], first_snapshot_ms: int | None) -> d
     return out
 
 
-def previous_tick_ms(cron: str, now_ms: int) -> int:
-    """The latest tick of ``cron`` (five fields, UTC) at or before ``now_ms`` (ms since epoch)."""
-    now = datetime.fromtimestamp((now_ms + 1) / 1000, tz=timezone.utc)  # croniter's previous tick is strictly earlier
-    return int(croniter(cron, now).get_prev(datetime).timestamp() * 1000)
+def next_tick_ms(cron: str, after_ms: int) -> int:
+    """The first tick of ``cron`` (five fields, UTC) strictly after ``after_ms`` (ms since epoch)."""
+    after = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc)
+    return int(croniter(cron, after).get_next(datetime).timestamp() * 1000)
 
 
 @dataclass
@@ -53,23 +53,31 @@ class MaintenanceRota:
 
     crons: dict[str, dict[str, str]]
     last_run_ms: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    _due_at: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
 
     def next_due(self, now_ms: int) -> tuple[str, str] | None:
-        """The (identifier, kind) whose missed tick is the oldest, or None when nothing is due."""
+        """The (identifier, kind) whose first missed tick is the oldest, or None when nothing is due
+        (each job's next tick is computed once per run of it, not per call)."""
         due = []
-        for identifier, crons in sorted(self.crons.items()):
+        for identifier, crons in self.crons.items():
             for kind in KINDS:
-                last = self.last_run_ms.get((identifier, kind))
-                if last is None or kind not in crons:
-                    continue
-                tick = previous_tick_ms(crons[kind], now_ms)
-                if tick > last:
+                tick = self._tick(identifier, kind, crons)
+                if tick is not None and tick <= now_ms:
                     due.append((tick, KINDS.index(kind), identifier, kind))
         return min(due)[2:] if due else None
+
+    def _tick(self, identifier: str, kind: str, crons: dict[str, str]) -> int | None:
+        last = self.last_run_ms.get((identifier, kind))
+        if last is None or kind not in crons:
+            return None
+        if (identifier, kind) not in self._due_at:
+            self._due_at[(identifier, kind)] = next_tick_ms(crons[kind], last)
+        return self._due_at[(identifier, kind)]
 
     def mark(self, identifier: str, kind: str, at_ms: int) -> None:
         """Record that ``kind`` ran (or was attempted) on ``identifier`` at ``at_ms``: not due until the next tick."""
         self.last_run_ms[(identifier, kind)] = at_ms
+        self._due_at.pop((identifier, kind), None)
 
 
 def run_job(spark, catalog_name: str, spec: TableSpec, kind: str, view: Callable[[], object]) -> MaintenanceResult:
@@ -112,4 +120,4 @@ def record_run(catalog, identifier: str, kind: str, at_ms: int | None = None, at
                 raise
 
 
-__all__ = ["KINDS", "LAST_RUN_PROPERTY", "MaintenanceRota", "last_runs", "previous_tick_ms", "record_run", "run_job"]
+__all__ = ["KINDS", "LAST_RUN_PROPERTY", "MaintenanceRota", "last_runs", "next_tick_ms", "record_run", "run_job"]
