@@ -61,18 +61,38 @@ class WorkerChores:
             self.maintain(self.by_id[due[0]], due[1])
             return True
         if self.unchecked:
-            identifier = next(iter(self.unchecked))
-            del self.unchecked[identifier]
-            self.check(self.by_id[identifier])
+            self._check_next()
             return True
         return False
 
     def finish(self) -> None:
         """Run every pending check (the run's last commits)."""
         while self.unchecked:
-            identifier = next(iter(self.unchecked))
-            del self.unchecked[identifier]
-            self.check(self.by_id[identifier])
+            self._check_next()
+
+    def _check_next(self) -> None:
+        """The longest-pending check; one that raises (the catalog unreachable) is logged and alerted,
+        never raised: the worker goes on, and the table's next commit makes the check pending again."""
+        spec = self.by_id[next(iter(self.unchecked))]
+        del self.unchecked[spec.identifier]
+        try:
+            self.check(spec)
+        except Exception as exc:  # noqa: BLE001 - a chore must not stop the worker
+            self._alert(spec, "duplicate_free", exc)
+
+    def _alert(self, spec: TableSpec, what: str, exc: BaseException) -> None:
+        self.context.log.error(f"{spec.identifier}: {what} failed in worker run: {exc}")
+        self.slack.sink().send(
+            Alert(
+                table=spec.identifier,
+                asset_key_path=list(table_key(spec).path),
+                measure=what,
+                value=type(exc).__name__,
+                severity="WARN",
+                summary=f"{spec.identifier}: {what} failed in worker run {self.context.run_id}: {exc}",
+                source="worker",
+            )
+        )
 
     def maintain(self, spec: TableSpec, kind: str) -> None:
         """Run the maintenance job ``kind`` on ``spec``'s table, observe it and record when it ran;
@@ -89,18 +109,7 @@ class WorkerChores:
             )
             record_run(self.catalog, spec.identifier, kind, started_ms)
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
-            self.context.log.error(f"{spec.identifier}: {kind} failed in worker run: {exc}")
-            self.slack.sink().send(
-                Alert(
-                    table=spec.identifier,
-                    asset_key_path=list(table_key(spec).path),
-                    measure=kind,
-                    value=type(exc).__name__,
-                    severity="WARN",
-                    summary=f"{spec.identifier}: {kind} failed in worker run {self.context.run_id}: {exc}",
-                    source="worker",
-                )
-            )
+            self._alert(spec, kind, exc)
             return
         self.context.log.info(
             f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after} "

@@ -143,6 +143,31 @@ def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properti
     assert rota.next_due(89 * minute) is None and rota.next_due(90 * minute) == ("n.a", "expire_snapshots")
 
 
+def test_a_failing_check_chore_is_logged_and_alerted_and_the_worker_goes_on():
+    """A chore must not raise: a check whose catalog is unreachable is logged and alerted, and the
+    next chore call finds nothing pending."""
+    from types import SimpleNamespace
+
+    from kafka_iceberg.lake_assets.worker_chores import WorkerChores
+
+    spec = make_spec("c1", "topic_c1")
+    logged, sent = [], []
+
+    class Unreachable:
+        name = "lake"
+
+        def load_table(self, identifier):
+            raise ConnectionError("catalog down")
+
+    context = SimpleNamespace(log=SimpleNamespace(error=logged.append), run_id="run-1")
+    slack = SimpleNamespace(sink=lambda: SimpleNamespace(send=sent.append))
+    env = {"spark": None, "settings": None, "catalog": Unreachable(), "slack": slack}
+    chores = WorkerChores(context, [spec], MaintenanceRota({}), env)
+    chores.committed(spec)
+    assert chores() is True and chores() is False
+    assert "catalog down" in logged[0] and [a.measure for a in sent] == ["duplicate_free"]
+
+
 def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
     settings, spark, kafka, catalog, kafka_config, unique, topic_factory
 ):
