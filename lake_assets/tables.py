@@ -78,10 +78,19 @@ def topic_asset(spec: TableSpec) -> AssetSpec:
 
 
 def dagster_liveness(context):
-    """Whether an attempt's run is still alive: its commit token belongs to a run in progress."""
-    runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
-    tokens = {commit_token(r.run_id) for r in runs}
-    return lambda attempt: attempt.token in tokens
+    """Whether an attempt's run is still alive: its commit token belongs to a run in progress. The runs
+    are queried at the first call (recovery calls it only for another run's attempt branch), then kept."""
+    tokens: set[str] | None = None
+
+    def is_alive(attempt) -> bool:
+        nonlocal tokens
+        if tokens is None:
+            tokens = {
+                commit_token(r.run_id) for r in context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
+            }
+        return attempt.token in tokens
+
+    return is_alive
 
 
 def _ts(ms: int | None):

@@ -15,6 +15,9 @@ run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from dagster import (
     AssetMaterialization,
     Failure,
@@ -36,6 +39,22 @@ from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for
 from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
+
+POOL_CHECK_S = 1.0
+"""Seconds between two looks at the pool's waiting runs (a query of the Dagster instance)."""
+
+
+def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable[[], float] = time.monotonic):
+    """``predicate`` evaluated at most once per ``seconds``; in between, its last answer."""
+    last: list = [None, False]  # (clock when evaluated, answer)
+
+    def throttled() -> bool:
+        now = clock()
+        if last[0] is None or now - last[0] >= seconds:
+            last[:] = [now, predicate()]
+        return last[1]
+
+    return throttled
 
 
 def _alert_failure(spec: TableSpec, error: BaseException, sink, run_id: str) -> None:
@@ -89,7 +108,7 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, poo
         on_failure=on_failure,
         budget_s=stream_budget_s(dict(context.run.tags), settings.stream.budget_s),
         idle_s=settings.stream.idle_s,
-        should_stop=lambda: pool_waiting(context, pool),
+        should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         chores=chores,
     )
     served = worker.run()

@@ -1,15 +1,20 @@
 """The ``lake_workers`` sensor (``LAKE_WORKERS`` >= 1): one sensor watches every table.
 
-Per tick: the watermarks of every partition of every table's topic in one batched call
-(:meth:`kafka_iceberg.kafka.admin.KafkaMetadata.watermarks_many`), each table's committed offsets from
-its snapshot summary, and per table an ``AssetObservation`` (offset lag in records, seconds since its
-last commit, whether its topic exists). A worker whose tables include one that is due (offset lag at
-or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``) and that has no run
-in progress gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`).
+Per tick it looks at the tables of the workers with no run in progress, and at the tables whose last
+observation is :data:`OBSERVE_EVERY_S` old: the watermarks of every partition of their topics in one
+batched call (:meth:`kafka_iceberg.kafka.admin.KafkaMetadata.watermarks_many`) and their committed
+offsets from their snapshot summaries. Each of those tables gets an ``AssetObservation`` (offset lag in
+records, seconds since its last commit, whether its topic exists) when its last one is that old or its
+topic appeared or vanished; so the event log gets N / :data:`OBSERVE_EVERY_S` observations a second,
+not N per tick (the cursor keeps when each table was observed). A worker whose tables include one that
+is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
+and that has no run in progress gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`). A
+worker's run commits each micro-batch as a materialization, so a busy worker's tables are not read.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 from dagster import (
@@ -29,6 +34,9 @@ from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource
+
+OBSERVE_EVERY_S = 30
+"""Seconds between two lag observations of one table (sooner when its topic appears or vanishes)."""
 
 
 def is_due(spec: TableSpec, lag: int, last_commit_ms: int | None, now_ms: int) -> bool:
@@ -54,43 +62,61 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
     )
     def _tick(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
         now_ms = int(time.time() * 1000)
-        marks = kafka.metadata().watermarks_many(sorted({s.topic for s in specs}))
-        pycatalog = catalog.load()
-        states = {s.identifier: read_state(pycatalog, s.identifier) for s in specs}
-        lags = offset_lags(specs, marks, {k: v.offsets for k, v in states.items()})
-        events, due_workers = [], {}
-        for spec in specs:
-            last = states[spec.identifier].snapshot_timestamp_ms
-            lag = lags[spec.identifier]
-            events.append(
-                AssetObservation(
-                    asset_key=table_key(spec),
-                    metadata={
-                        "offset_lag": MetadataValue.int(lag),
-                        "seconds_since_commit": MetadataValue.float(round((now_ms - last) / 1000, 1) if last else -1.0),
-                        "topic_exists": MetadataValue.bool(marks.get(spec.topic) is not None),
-                    },
-                )
-            )
-            if is_due(spec, lag, last, now_ms):
-                due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
+        cursor = json.loads(context.cursor) if context.cursor else {}
         busy = _busy_workers(context, list(groups))
-        requests = [
-            RunRequest(
-                run_key=f"{worker_job_name(k)}:{now_ms}",
-                job_name=worker_job_name(k),
-                tags={
-                    WORKER_TAG: str(k),
-                    "lake/trigger": f"due: {', '.join(due[:5])}" + (" ..." if len(due) > 5 else ""),
-                },
-            )
-            for k, due in sorted(due_workers.items())
-            if k not in busy
-        ]
-        context.log.info(f"lake_workers: {len(specs)} tables, due per worker {due_workers}, busy {sorted(busy)}")
-        return SensorResult(run_requests=requests, asset_events=events)
+        looked = [s for s in specs if worker_of[s.identifier] not in busy or _stale(cursor, s, now_ms)]
+        marks = kafka.metadata().watermarks_many(sorted({s.topic for s in looked})) if looked else {}
+        pycatalog = catalog.load() if looked else None
+        states = {s.identifier: read_state(pycatalog, s.identifier) for s in looked}
+        lags = offset_lags(looked, marks, {k: v.offsets for k, v in states.items()})
+        events, due_workers = [], {}
+        for spec in looked:
+            last, lag = states[spec.identifier].snapshot_timestamp_ms, lags[spec.identifier]
+            exists = marks.get(spec.topic) is not None
+            seen = cursor.get(spec.identifier)
+            if seen is None or _stale(cursor, spec, now_ms) or seen[1] != exists:
+                cursor[spec.identifier] = [now_ms, exists]
+                events.append(_observation(spec, lag, last, exists, now_ms))
+            if worker_of[spec.identifier] not in busy and is_due(spec, lag, last, now_ms):
+                due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
+        requests = [_run_request(k, due, now_ms) for k, due in sorted(due_workers.items())]
+        context.log.info(
+            f"lake_workers: {len(specs)} tables, {len(looked)} looked at, {len(events)} observed, "
+            f"due per idle worker {due_workers}, busy {sorted(busy)}"
+        )
+        return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor))
 
     return _tick
+
+
+def _stale(cursor: dict, spec: TableSpec, now_ms: int) -> bool:
+    """Whether ``spec``'s last observation (``cursor``: identifier -> [ms since epoch, topic exists]) is
+    :data:`OBSERVE_EVERY_S` old, or missing."""
+    seen = cursor.get(spec.identifier)
+    return seen is None or now_ms - seen[0] >= OBSERVE_EVERY_S * 1000
+
+
+def _observation(spec: TableSpec, lag: int, last_commit_ms: int | None, exists: bool, now_ms: int) -> AssetObservation:
+    """The lag observation of one table: offset lag (records), seconds since its last commit (-1: none),
+    whether its topic exists."""
+    since = round((now_ms - last_commit_ms) / 1000, 1) if last_commit_ms else -1.0
+    return AssetObservation(
+        asset_key=table_key(spec),
+        metadata={
+            "offset_lag": MetadataValue.int(lag),
+            "seconds_since_commit": MetadataValue.float(since),
+            "topic_exists": MetadataValue.bool(exists),
+        },
+    )
+
+
+def _run_request(worker: int, due: list[str], now_ms: int) -> RunRequest:
+    """The run of worker ``worker``'s job, tagged with (up to five of) the due tables that triggered it."""
+    return RunRequest(
+        run_key=f"{worker_job_name(worker)}:{now_ms}",
+        job_name=worker_job_name(worker),
+        tags={WORKER_TAG: str(worker), "lake/trigger": f"due: {', '.join(due[:5])}" + (" ..." if len(due) > 5 else "")},
+    )
 
 
 def _busy_workers(context: SensorEvaluationContext, workers: list[int]) -> set[int]:
@@ -102,4 +128,4 @@ def _busy_workers(context: SensorEvaluationContext, workers: list[int]) -> set[i
     }
 
 
-__all__ = ["is_due", "workers_sensor"]
+__all__ = ["OBSERVE_EVERY_S", "is_due", "workers_sensor"]

@@ -15,11 +15,11 @@ from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.lake_assets.worker import POOL_CHECK_S, at_most_every, worker_job
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
-from kafka_iceberg.sensors.workers import is_due, workers_sensor
+from kafka_iceberg.sensors.workers import OBSERVE_EVERY_S, is_due, workers_sensor
 from tests.helpers import event_records, make_spec
 
 
@@ -123,6 +123,17 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
     assert log[0] == "batch" and worker.chore_s == 6
 
 
+def test_the_pool_is_looked_at_once_a_second_at_most():
+    """The worker asks Dagster whether another run waits for its pool at most once per POOL_CHECK_S."""
+    now, asked = [0.0], []
+    waiting = at_most_every(POOL_CHECK_S, lambda: asked.append(now[0]) or len(asked) > 2, clock=lambda: now[0])
+    answers = []
+    for t in (0.0, 0.3, 0.9, 1.0, 1.5, 2.2, 2.4):
+        now[0] = t
+        answers.append(waiting())
+    assert asked == [0.0, 1.0, 2.2] and answers == [False, False, False, False, False, True, True]
+
+
 def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properties():
     minute = 60_000
     assert next_tick_ms("*/15 * * * *", 16 * minute + 5) == 30 * minute
@@ -208,6 +219,10 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert [r.job_name for r in result.run_requests] == ["lake_worker_0"]
     assert {e.asset_key for e in result.asset_events} == {table_key(s) for s in specs}
     assert {e.asset_key: e.metadata["offset_lag"].value for e in result.asset_events}[table_key(specs[0])] == 90
+    with build_sensor_context(instance=instance, resources=resources, cursor=result.cursor) as context:
+        again = sensor(context)
+    assert again.asset_events == [], f"observed again within {OBSERVE_EVERY_S} s"
+    assert [r.job_name for r in again.run_requests] == ["lake_worker_0"], "still due: the worker has no run"
 
     run = job.execute_in_process(
         instance=instance, resources=resources, raise_on_error=False, tags={"dagster/sensor_name": "lake_workers"}

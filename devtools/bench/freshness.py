@@ -29,6 +29,7 @@ from devtools import duck
 from devtools.bench.common import CHECKOUT, PARTITIONS, flights_records, say, section
 from devtools.bench.runs import print_runs
 from devtools.demo import data as demo_data
+from devtools.services import devbroker
 from kafka_iceberg.catalog.tables import load_catalog, metadata_view
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
@@ -102,10 +103,11 @@ def daemon_env(settings: Settings, home: Path, tables: Path, tmp: Path, **extra:
 
 
 def start_daemon(home: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """``dagster-daemon run`` on this checkout's workspace.yaml, in its own process group."""
-    exe = Path(sys.executable).with_name("dagster-daemon")
+    """The deployment (:mod:`devtools.bench.deployment`: a code server and ``dagster-daemon run`` on it)
+    in its own process session, its workspace file and code server port in ``home``."""
+    port = devbroker.free_port()
     return subprocess.Popen(
-        [str(exe), "run", "-w", str(CHECKOUT / "workspace.yaml")],
+        [sys.executable, "-m", "devtools.bench.deployment", str(home / "workspace.yaml"), str(port)],
         cwd=CHECKOUT,
         env=env,
         stdout=log.open("w"),

@@ -8,6 +8,7 @@ batch is classified against the columns it will be written with.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import pyarrow as pa
@@ -168,8 +169,15 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
     if leftovers:
         discard(writer.io(), files)
         return None
-    empty = lake.spark.createDataFrame([], f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}")
+    empty = _empty_frame(lake.spark, f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}")
     return _with_leftovers(spec, plan, empty, columns, piece_totals(stats.values()), files, 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _empty_frame(spark, ddl: str):
+    """An empty DataFrame of schema ``ddl`` (Spark DDL), made once per Spark session and schema: a
+    DataFrame is immutable, and making one costs a JVM round trip (about 35 ms)."""
+    return spark.createDataFrame([], ddl)
 
 
 def _with_leftovers(
