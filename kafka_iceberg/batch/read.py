@@ -1,8 +1,6 @@
 """The read phase: the plan's offset ranges from Kafka into one classified, persisted Spark
-DataFrame with per-partition statistics (:class:`ReadBatch`).
-
-Schema evolution (``unknown_fields: evolve``) happens here, before classification, so the
-batch is classified against the columns it will be written with.
+DataFrame with per-partition statistics (:class:`ReadBatch`). Schema evolution (``unknown_fields:
+evolve``) happens here, so the batch is classified against the columns it will be written with.
 """
 
 from __future__ import annotations
@@ -175,8 +173,7 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
 
 @functools.lru_cache(maxsize=256)
 def _empty_frame(spark, ddl: str):
-    """An empty DataFrame of schema ``ddl`` (Spark DDL), made once per Spark session and schema: a
-    DataFrame is immutable, and making one costs a JVM round trip (about 35 ms)."""
+    """An empty DataFrame of schema ``ddl`` (Spark DDL), made once per session and schema (35 ms each)."""
     return spark.createDataFrame([], ddl)
 
 
