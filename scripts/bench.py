@@ -63,7 +63,7 @@ from devtools.bench.common import (  # noqa: E402
 from devtools.bench.goals import RssSampler, dup_free_scaling, fixed_cost, single_core_reference  # noqa: E402
 from devtools.bench.history import part_c  # noqa: E402
 from devtools.demo import data as demo_data  # noqa: E402
-from devtools.services import devbroker  # noqa: E402
+from devtools.services import devbroker, devpostgres  # noqa: E402
 from kafka_iceberg.batch.pipeline import TableWriter  # noqa: E402
 from kafka_iceberg.batch.planning import split_ranges  # noqa: E402
 from kafka_iceberg.catalog.spark import get_spark
@@ -408,6 +408,12 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--many", type=int, default=0, help="goal 7 only: N tables under --rate records/s in total")
     ap.add_argument("--workers", type=int, default=1, help="--many: LAKE_WORKERS, worker runs serving the tables")
     ap.add_argument("--backlog", type=int, default=10_000, help="--many: backlog records per table (default 10,000)")
+    ap.add_argument(
+        "--catalog",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="--many: the JDBC catalog's database (postgres: a private dev PostgreSQL server)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the /tmp/bench-* directory (broker data, lake)")
     args = ap.parse_args(argv)
     args.levels = sorted({int(x) for x in args.snapshot_levels.split(",") if x.strip()})
@@ -427,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {}
     try:
         bootstrap = devbroker.start(broker_dir, devbroker.free_port())
-        summary["settings"] = bench_settings(tmp / "lake", bootstrap)
+        if args.catalog == "postgres":
+            pg = summary["postgres"] = devpostgres.create()
+            say(f"catalog: PostgreSQL {pg.uri.rsplit('@', 1)[-1]} (devtools/services/devpostgres.py)")
+        uri = summary["postgres"].uri if "postgres" in summary else None
+        summary["settings"] = bench_settings(tmp / "lake", bootstrap, uri)
         if args.freshness:
             from devtools.bench.freshness import run_freshness
 
@@ -456,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         gc.collect()  # drop Kafka clients before their broker goes away
         devbroker.stop(broker_dir)
+        if "postgres" in summary:
+            summary.pop("postgres").destroy()
         if args.keep:
             say(f"kept {tmp}")
         else:

@@ -93,6 +93,7 @@ def daemon_env(settings: Settings, home: Path, tables: Path, tmp: Path, **extra:
         DAGSTER_HOME=str(home),
         LAKE_HOME=str(settings.lake_home),
         LAKE_TABLES_FILE=str(tables),
+        LAKE_CATALOG_URI=settings.catalog.sqlalchemy_uri,
         KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
         PYTHONPATH=str(CHECKOUT),
         SPARK_LOCAL_IP="127.0.0.1",
