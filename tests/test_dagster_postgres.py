@@ -48,7 +48,7 @@ def dagster_pg_db():
     except CatalogUnavailableError as exc:
         pytest.fail(str(exc))
     subprocess.run(
-        ["/usr/lib/postgresql/15/bin/createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", "dagster"],
+        [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", "dagster"],
         check=True,
         env={**os.environ, "PGPASSWORD": "lakepw"},
     )

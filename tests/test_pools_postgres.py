@@ -55,7 +55,7 @@ def pg_server():
 
 def _createdb(server, name: str) -> None:
     subprocess.run(
-        ["/usr/lib/postgresql/15/bin/createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
+        [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
         check=True,
         env={**os.environ, "PGPASSWORD": "lakepw"},
     )
