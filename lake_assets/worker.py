@@ -35,8 +35,7 @@ from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.streaming import pool_waiting, stream_budget_s
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
-from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for
-from kafka_iceberg.ops.alerts import Alert
+from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -57,20 +56,6 @@ def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable
     return throttled
 
 
-def _alert_failure(spec: TableSpec, error: BaseException, sink, run_id: str) -> None:
-    sink.send(
-        Alert(
-            table=spec.identifier,
-            asset_key_path=list(table_key(spec).path),
-            measure="micro_batch",
-            value=type(error).__name__,
-            severity="ERROR",
-            summary=f"{spec.identifier}: micro-batch failed in worker run {run_id}: {error}",
-            source="worker",
-        )
-    )
-
-
 def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict) -> dict:
     """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
     ``crons``, checks) between micro-batches; returns what it served per table."""
@@ -89,7 +74,7 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, poo
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
-        _alert_failure(spec, error, sink, context.run_id)
+        sink.send(worker_alert(spec, "micro_batch", error, context.run_id, "ERROR"))
 
     worker = Worker(
         specs=specs,

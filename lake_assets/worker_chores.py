@@ -38,6 +38,21 @@ def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> Mai
     return MaintenanceRota({i: crons[i] for i in tables if i in crons}, last)
 
 
+def worker_alert(spec: TableSpec, what: str, error: BaseException, run_id: str, severity: str) -> Alert:
+    """The alert (``severity`` WARN or ERROR, linked to the table's asset and run ``run_id``) of a worker
+    run's ``what`` that failed on ``spec``'s table: ``micro_batch``, ``duplicate_free`` or a maintenance job."""
+    return Alert(
+        table=spec.identifier,
+        asset_key_path=list(table_key(spec).path),
+        measure=what,
+        value=type(error).__name__,
+        severity=severity,
+        summary=f"{spec.identifier}: {what} failed in worker run {run_id}: {error}",
+        source="worker",
+        run_id=run_id,
+    )
+
+
 class WorkerChores:
     """The chores of one worker run over ``specs``; call it for one chore (returns whether there was
     one), :meth:`committed` after each commit, and :meth:`finish` at the end of the run (the checks
@@ -82,17 +97,7 @@ class WorkerChores:
 
     def _alert(self, spec: TableSpec, what: str, exc: BaseException) -> None:
         self.context.log.error(f"{spec.identifier}: {what} failed in worker run: {exc}")
-        self.slack.sink().send(
-            Alert(
-                table=spec.identifier,
-                asset_key_path=list(table_key(spec).path),
-                measure=what,
-                value=type(exc).__name__,
-                severity="WARN",
-                summary=f"{spec.identifier}: {what} failed in worker run {self.context.run_id}: {exc}",
-                source="worker",
-            )
-        )
+        self.slack.sink().send(worker_alert(spec, what, exc, self.context.run_id, "WARN"))
 
     def maintain(self, spec: TableSpec, kind: str) -> None:
         """Run the maintenance job ``kind`` on ``spec``'s table, observe it and record when it ran;
@@ -138,4 +143,4 @@ class WorkerChores:
         )
 
 
-__all__ = ["WorkerChores", "rota_for"]
+__all__ = ["WorkerChores", "rota_for", "worker_alert"]
