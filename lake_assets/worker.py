@@ -1,13 +1,14 @@
 """Worker runs (``LAKE_WORKERS`` >= 1): a few long-running runs serve every table.
 
-Each worker is a job (``lake_worker_<k>``) of one op that keeps one process and one Spark session
-and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
+Each worker is a job (``lake_worker_<k>``) that keeps one process and one Spark session: its ``warm``
+op starts the session outside the pool, then its ``serve`` op holds the pool and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
 that table's asset, with the same metadata as a table asset's run. Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; the checks still pending run at its end. It
-hands over only when another run's step waits for its pool. A table whose micro-batch fails is
+hands over only when another run's step waits for its pool: its warm successor, launched near the end
+of its budget (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run. A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
@@ -21,7 +22,9 @@ from collections.abc import Callable
 from dagster import (
     AssetMaterialization,
     Failure,
+    In,
     JobDefinition,
+    Nothing,
     OpExecutionContext,
     job,
     op,
@@ -104,7 +107,7 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, poo
 def worker_job(
     index: int, specs: list[TableSpec], sqlite_catalog: bool, crons: dict[str, dict[str, str]] | None = None
 ) -> JobDefinition:
-    """The job ``lake_worker_<index>``: one op serving ``specs`` and running their maintenance under
+    """The job ``lake_worker_<index>``: ``warm`` (the Spark session), then one op serving ``specs`` and running their maintenance under
     ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
     catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
     limit 1 by default)."""
@@ -113,8 +116,16 @@ def worker_job(
     pool = SQLITE_POOL if sqlite_catalog else name
 
     @op(
+        name=f"warm_{name}",
+        description="Start the Spark session outside the pool, so a successor run is warm when it takes over.",
+    )
+    def _warm_op(pyspark: PySparkResource) -> None:
+        pyspark.spark_session.range(1).count()  # one job: the session, its executors and JIT
+
+    @op(
         name=f"serve_{name}",
         pool=pool,
+        ins={"warm": In(Nothing)},
         description=f"Serve {len(specs)} tables: one micro-batch at a time, most-waiting table first.",
     )
     def _serve_op(
@@ -138,7 +149,7 @@ def worker_job(
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
-        _serve_op()
+        _serve_op(_warm_op())
 
     return _job
 

@@ -8,8 +8,9 @@ records, seconds since its last commit, whether its topic exists) when its last 
 topic appeared or vanished; so the event log gets N / :data:`OBSERVE_EVERY_S` observations a second,
 not N per tick (the cursor keeps when each table was observed). A worker whose tables include one that
 is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
-and that has no run in progress gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`). A
-worker's run commits each micro-batch as a materialization, so a busy worker's tables are not read.
+and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
+gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`). A busy worker's tables are not read:
+its run commits each micro-batch as a materialization.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dagster import (
 
 from kafka_iceberg.batch.worker import offset_lags
 from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource
@@ -63,7 +65,7 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
     def _tick(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
         now_ms = int(time.time() * 1000)
         cursor = json.loads(context.cursor) if context.cursor else {}
-        busy = _busy_workers(context, list(groups))
+        busy = _busy_workers(context, list(groups), load_settings().stream.budget_s, now_ms / 1000)
         looked = [s for s in specs if worker_of[s.identifier] not in busy or _stale(cursor, s, now_ms)]
         marks = kafka.metadata().watermarks_many(sorted({s.topic for s in looked})) if looked else {}
         pycatalog = catalog.load() if looked else None
@@ -87,6 +89,12 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
         return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor))
 
     return _tick
+
+
+HANDOVER_S = 45
+"""Seconds before a worker run's budget ends that its successor is launched: the successor starts its
+process and Spark session (the job's ``warm`` op, outside the pool) while the run still serves, and
+the run hands over as soon as the successor's ``serve`` op waits for the pool."""
 
 
 def _stale(cursor: dict, spec: TableSpec, now_ms: int) -> bool:
@@ -119,13 +127,24 @@ def _run_request(worker: int, due: list[str], now_ms: int) -> RunRequest:
     )
 
 
-def _busy_workers(context: SensorEvaluationContext, workers: list[int]) -> set[int]:
-    """Workers with a run queued or in progress."""
-    return {
-        k
-        for k in workers
-        if context.instance.get_runs(filters=RunsFilter(job_name=worker_job_name(k), statuses=IN_PROGRESS), limit=1)
-    }
+def handover_due(start_times: list[float | None], budget_s: float, now_s: float) -> bool:
+    """Whether a worker whose runs in progress started at ``start_times`` (seconds since epoch; None:
+    not started yet) may get its successor now: exactly one run, started, whose budget (``budget_s``
+    seconds, > 0) ends within :data:`HANDOVER_S` of ``now_s``."""
+    if budget_s <= 0 or len(start_times) != 1 or start_times[0] is None:
+        return False
+    return start_times[0] + budget_s - now_s <= HANDOVER_S
 
 
-__all__ = ["OBSERVE_EVERY_S", "is_due", "workers_sensor"]
+def _busy_workers(context: SensorEvaluationContext, workers: list[int], budget_s: float, now_s: float) -> set[int]:
+    """Workers with a run queued or in progress, unless it is time for its successor (:func:`handover_due`)."""
+    busy = set()
+    for k in workers:
+        flt = RunsFilter(job_name=worker_job_name(k), statuses=IN_PROGRESS)
+        records = context.instance.get_run_records(filters=flt, limit=2)
+        if records and not handover_due([r.start_time for r in records], budget_s, now_s):
+            busy.add(k)
+    return busy
+
+
+__all__ = ["HANDOVER_S", "OBSERVE_EVERY_S", "handover_due", "is_due", "workers_sensor"]

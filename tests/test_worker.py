@@ -19,7 +19,7 @@ from kafka_iceberg.lake_assets.worker import POOL_CHECK_S, at_most_every, worker
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
-from kafka_iceberg.sensors.workers import OBSERVE_EVERY_S, is_due, workers_sensor
+from kafka_iceberg.sensors.workers import HANDOVER_S, OBSERVE_EVERY_S, handover_due, is_due, workers_sensor
 from tests.helpers import event_records, make_spec
 
 
@@ -132,6 +132,16 @@ def test_the_pool_is_looked_at_once_a_second_at_most():
         now[0] = t
         answers.append(waiting())
     assert asked == [0.0, 1.0, 2.2] and answers == [False, False, False, False, False, True, True]
+
+
+def test_a_successor_is_launched_only_near_the_end_of_the_budget():
+    """The sensor starts a worker's next run HANDOVER_S before the budget of its one started run ends."""
+    start, budget = 1_000.0, 300.0
+    assert handover_due([start], budget, start + budget - HANDOVER_S)
+    assert not handover_due([start], budget, start + budget - HANDOVER_S - 1)
+    assert not handover_due([None], budget, 10**9), "a queued or starting run is no predecessor"
+    assert not handover_due([start, start + 260], budget, 10**9), "its successor is already there"
+    assert not handover_due([start], 0, 10**9), "a run of one round ends by itself"
 
 
 def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properties():
