@@ -59,6 +59,14 @@ def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable
     return throttled
 
 
+def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
+    """Seconds left of a run's budget (0: one round), counted from the run's start as the sensor counts
+    it for the hand-over (:func:`kafka_iceberg.sensors.workers.handover_due`); at least 1 s."""
+    record = context.instance.get_run_record_by_id(context.run_id)
+    started = record.start_time if record is not None and record.start_time else time.time()
+    return max(1.0, budget_s - (time.time() - started)) if budget_s > 0 else 0.0
+
+
 def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict) -> dict:
     """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
     ``crons``, checks) between micro-batches; returns what it served per table."""
@@ -94,7 +102,7 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, poo
         committed={i: table_state(t).offsets for i, t in tables.items()},
         on_commit=on_commit,
         on_failure=on_failure,
-        budget_s=stream_budget_s(dict(context.run.tags), settings.stream.budget_s),
+        budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
         idle_s=settings.stream.idle_s,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         chores=chores,
