@@ -6,8 +6,9 @@ one chore at a time, while no table has records waiting or within its share of t
 A maintenance job is logged as an ``AssetObservation`` of its table (the same metadata as a
 scheduled maintenance run) and its time kept in the table property; one that fails is logged and
 alerted, and not tried again before its cron's next tick. A check is logged as the table's
-``duplicate_free`` check evaluation over the rows this run's commits added (the run id is their
-commit id); a table that commits again after its check is checked again.
+``duplicate_free`` check evaluation over the rows this run's commits added since its previous check
+(the run id is their commit id): a table that committed is checked at most every :data:`CHECK_EVERY_S`
+while the run serves, and once more at its end, so each check reads a bounded number of rows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job
+
+CHECK_EVERY_S = 300.0
+"""Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
+sensor-launched run of the table would check it, at the end of its ``LAKE_STREAM_BUDGET_S``)."""
 
 
 def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
@@ -64,6 +69,7 @@ class WorkerChores:
         self.spark, self.settings, self.catalog = env["spark"], env["settings"], env["catalog"]
         self.slack = env["slack"]
         self.unchecked: dict[str, None] = {}  # tables committed to since their last check, oldest first
+        self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
 
     def committed(self, spec: TableSpec) -> None:
         """Note that ``spec``'s table got a commit of this run: its check is pending."""
@@ -75,21 +81,23 @@ class WorkerChores:
         if due is not None:
             self.maintain(self.by_id[due[0]], due[1])
             return True
-        if self.unchecked:
-            self._check_next()
+        now = time.monotonic()
+        ready = [i for i in self.unchecked if now - self.checked.get(i, (-CHECK_EVERY_S, None))[0] >= CHECK_EVERY_S]
+        if ready:
+            self._check(ready[0])
             return True
         return False
 
     def finish(self) -> None:
         """Run every pending check (the run's last commits)."""
         while self.unchecked:
-            self._check_next()
+            self._check(next(iter(self.unchecked)))
 
-    def _check_next(self) -> None:
-        """The longest-pending check; one that raises (the catalog unreachable) is logged and alerted,
+    def _check(self, identifier: str) -> None:
+        """The check of ``identifier``; one that raises (the catalog unreachable) is logged and alerted,
         never raised: the worker goes on, and the table's next commit makes the check pending again."""
-        spec = self.by_id[next(iter(self.unchecked))]
-        del self.unchecked[spec.identifier]
+        spec = self.by_id[identifier]
+        del self.unchecked[identifier]
         try:
             self.check(spec)
         except Exception as exc:  # noqa: BLE001 - a chore must not stop the worker
@@ -123,11 +131,13 @@ class WorkerChores:
         self.context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result.as_metadata()))
 
     def check(self, spec: TableSpec) -> None:
-        """The ``duplicate_free`` check of ``spec`` over the rows this run's commits added, logged as
-        the table's check evaluation and alerted on a change of status."""
-        table = load_table(self.catalog, spec.identifier)
+        """The ``duplicate_free`` check of ``spec`` over the rows this run's commits added since its
+        previous check, logged as the table's check evaluation and alerted on a change of status."""
+        view = metadata_view(load_table(self.catalog, spec.identifier))
+        after = self.checked.get(spec.identifier, (0.0, None))[1]
+        self.checked[spec.identifier] = (time.monotonic(), view.main)
         outcome = checks.duplicate_free(
-            self.spark, qualified(self.settings, spec), spec, metadata_view(table), commit_id=self.context.run_id
+            self.spark, qualified(self.settings, spec), spec, view, commit_id=self.context.run_id, after=after
         )
         alert_check(self.context, self.slack, spec, "duplicate_free", outcome, "ERROR")
         result = check_result(outcome, AssetCheckSeverity.ERROR)
@@ -143,4 +153,4 @@ class WorkerChores:
         )
 
 
-__all__ = ["WorkerChores", "rota_for", "worker_alert"]
+__all__ = ["CHECK_EVERY_S", "WorkerChores", "rota_for", "worker_alert"]

@@ -22,6 +22,31 @@ def test_merged_ranges_joins_contiguous_batches_per_partition():
     assert merged_ranges(snaps) == {0: [(0, 9), (12, 14)], 1: [(0, 2)]}
 
 
+def test_a_later_check_of_one_run_reads_only_what_came_after_the_earlier_one(
+    spark, settings, catalog, kafka_config, writer_factory, unique, topic_factory
+):
+    """A worker run checks a table every CHECK_EVERY_S: each check reads the rows after the snapshot the
+    previous one covered (``after``), not everything the run added."""
+    topic = topic_factory(unique, partitions=2)
+    spec = make_spec(unique, topic, max_records_per_partition=1000)
+    writer = writer_factory(spec)
+    produce(kafka_config, topic, event_records(range(100)))
+    writer.execute(writer.plan(), "run-a")
+    produce(kafka_config, topic, event_records(range(100, 130)))
+    writer.execute(writer.plan(), "run-b")
+    first = metadata_view(catalog.load_table(spec.identifier))
+    produce(kafka_config, topic, event_records(range(130, 150)))
+    writer.execute(writer.plan(), "run-b")
+    view = metadata_view(catalog.load_table(spec.identifier))
+    table = qualified(settings, spec)
+    later = duplicate_free(spark, table, spec, view, commit_id="run-b", after=first.main)
+    assert later.passed and later.figures["scope"] == "incremental", later.summary
+    assert later.figures["rows_scanned"] == 20 and later.figures["snapshots_scanned"] == 1
+    whole = duplicate_free(spark, table, spec, view, commit_id="run-b")
+    assert whole.figures["rows_scanned"] == 50 and whole.figures["snapshots_scanned"] == 2
+    assert run_snapshots(view, "run-b", after=view.main) == [], "nothing after the newest snapshot"
+
+
 def test_after_a_run_only_its_rows_are_read_and_a_duplicate_it_added_fails(
     spark, settings, catalog, kafka_config, writer_factory, unique, topic_factory
 ):

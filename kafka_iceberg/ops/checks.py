@@ -56,6 +56,7 @@ def duplicate_free(
     view: TableMetadataView,
     sample: int = 10,
     commit_id: str | None = None,
+    after: int | None = None,
 ) -> CheckOutcome:
     """Verify that the table holds every Kafka record at most once.
 
@@ -74,9 +75,10 @@ def duplicate_free(
     With ``commit_id`` (a run that committed) on an append table, only the rows added since that
     commit id's first snapshot are read (:mod:`kafka_iceberg.ops.incremental_check`); the full scan
     runs when it committed nothing, and always for upsert tables (a key may repeat an old row).
+    ``after``: a snapshot an earlier check of ``commit_id`` covered; only the rows added after it are read.
     """
     if commit_id is not None and spec.upsert is None:
-        since = duplicate_free_since(spark, qualified_table, spec, view, commit_id)
+        since = duplicate_free_since(spark, qualified_table, spec, view, commit_id, after)
         if since is not None:
             passed, summary, figures = outcome_figures(since, sample)
             return CheckOutcome(passed, f"table {spec.identifier}: {summary}", figures)

@@ -22,12 +22,16 @@ from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.state import KEY_COMMIT_ID, SnapshotInfo, ancestors, batch_ranges, overlapping_batches
 
 
-def run_snapshots(view: TableMetadataView, commit_id: str) -> list[SnapshotInfo]:
-    """The snapshots in ``main``'s ancestry since the oldest one committed by ``commit_id``
-    (oldest first; empty if ``commit_id`` committed none)."""
+def run_snapshots(view: TableMetadataView, commit_id: str, after: int | None = None) -> list[SnapshotInfo]:
+    """The snapshots in ``main``'s ancestry since the oldest one committed by ``commit_id``, and after
+    snapshot ``after`` when it is in that ancestry (oldest first; empty if there are none)."""
     history = list(reversed(ancestors(view.snapshots, view.main)))  # oldest first
     first = next((i for i, s in enumerate(history) if s.summary.get(KEY_COMMIT_ID) == commit_id), None)
-    return [] if first is None else history[first:]
+    if first is None:
+        return []
+    scope = history[first:]
+    done = next((i for i, s in enumerate(scope) if s.snapshot_id == after), None)
+    return scope if done is None else scope[done + 1 :]
 
 
 def merged_ranges(snapshots: list[SnapshotInfo]) -> dict[int, list[tuple[int, int]]]:
@@ -58,16 +62,17 @@ def _inside(part: str, off: str, ranges: dict[int, list[tuple[int, int]]]) -> st
 
 
 def duplicate_free_since(
-    spark, qualified_table: str, spec: TableSpec, view: TableMetadataView, commit_id: str
+    spark, qualified_table: str, spec: TableSpec, view: TableMetadataView, commit_id: str, after: int | None = None
 ) -> dict | None:
-    """The figures of the incremental check for the snapshots since ``commit_id``'s first one
-    (see the module docstring), or None when it does not apply: ``commit_id`` committed nothing,
-    or its first snapshot has no parent (then the full check reads no more than this would).
+    """The figures of the incremental check for the snapshots since ``commit_id``'s first one (after
+    snapshot ``after``, the last one an earlier check of this commit id covered; see the module
+    docstring), or None when it does not apply: ``commit_id`` committed nothing (since ``after``), or
+    its first snapshot has no parent (then the full check reads no more than this would).
 
     Figures: ``snapshots_examined`` (summaries), ``snapshots_scanned`` and ``rows_scanned`` (the
     incremental read), ``overlapping_snapshot_pairs``, ``duplicate_offsets`` (extra copies among
     the scanned rows), ``rows_outside_batch_ranges``."""
-    scope = run_snapshots(view, commit_id)
+    scope = run_snapshots(view, commit_id, after)
     if not scope or scope[0].parent_id is None:
         return None
     history = ancestors(view.snapshots, view.main)
