@@ -60,8 +60,7 @@ def duplicate_free(
 ) -> CheckOutcome:
     """Verify that the table holds every Kafka record at most once.
 
-    Three independent views of the same property:
-
+    Four independent views of the same property:
     1. no two snapshots in ``main``'s ancestry cover overlapping offset ranges (snapshot
        summaries, ``kafka.batch``);
     2. no ``(_kafka_partition, _kafka_offset)`` appears twice in the table (a Spark
@@ -73,10 +72,9 @@ def duplicate_free(
     are extra copies), ``duplicate_data_files``, ``duplicate_keys``, and up to ``sample`` examples.
 
     With ``commit_id`` (a run that committed) on an append table, only the rows added since that
-    commit id's first snapshot are read (:mod:`kafka_iceberg.ops.incremental_check`); the full scan
-    runs when it committed nothing, and always for upsert tables (a key may repeat an old row).
-    ``after``: a snapshot an earlier check of ``commit_id`` covered; only the rows added after it are read.
-    """
+    commit id's first snapshot (after snapshot ``after``, which an earlier check of it covered) are read
+    (:mod:`kafka_iceberg.ops.incremental_check`); the full scan runs when it committed nothing, and
+    always for upsert tables (a key may repeat an old row)."""
     if commit_id is not None and spec.upsert is None:
         since = duplicate_free_since(spark, qualified_table, spec, view, commit_id, after)
         if since is not None:
