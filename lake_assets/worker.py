@@ -6,7 +6,7 @@ op starts the session outside the pool, then its ``serve`` op holds the pool and
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
 that table's asset, with the same metadata as a table asset's run. Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
-``duplicate_free`` check of each table it committed to; the checks still pending run at its end. It
+``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending, outside the pool. It
 hands over only when another run's step waits for its pool: its warm successor, launched near the end
 of its budget (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run. A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
@@ -67,14 +67,28 @@ def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
     return max(1.0, budget_s - (time.time() - started)) if budget_s > 0 else 0.0
 
 
-def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict) -> dict:
+def _chores_env(resources: dict) -> dict:
+    """What :class:`WorkerChores` needs of the op's resources: the Spark session, settings, pyiceberg catalog, Slack."""
+    kafka, catalog = resources["kafka"], resources["catalog"]
+    spark = resources["pyspark"].spark_session
+    return {
+        "spark": spark,
+        "settings": settings_for(kafka, catalog),
+        "catalog": catalog.load(),
+        "slack": resources["slack"],
+    }
+
+
+def _serve(
+    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict
+) -> tuple[dict, WorkerChores]:
     """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
-    ``crons``, checks) between micro-batches; returns what it served per table."""
-    pyspark, kafka, catalog, slack = (resources[k] for k in ("pyspark", "kafka", "catalog", "slack"))
-    settings = settings_for(kafka, catalog)
-    metadata, pycatalog, sink = kafka.metadata(), catalog.load(), slack.sink()
+    ``crons``, checks) between micro-batches; returns what it served per table, and the chores (their
+    pending checks)."""
+    pyspark, kafka, slack = resources["pyspark"], resources["kafka"], resources["slack"]
+    env = _chores_env(resources)
+    settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
     tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
-    env = {"spark": pyspark.spark_session, "settings": settings, "catalog": pycatalog, "slack": slack}
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
 
     def on_commit(spec: TableSpec, result) -> None:
@@ -107,28 +121,48 @@ def _serve(context: OpExecutionContext, specs: list[TableSpec], crons: dict, poo
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         chores=chores,
     )
-    served = worker.run()
-    chores.finish()
-    return served
+    return worker.run(), chores
+
+
+def _warm_op(name: str):
+    """The op ``warm_<name>``: starts the Spark session outside the pool, so a successor is warm when it takes over."""
+
+    @op(name=f"warm_{name}", description="Start the Spark session outside the pool.")
+    def _warm(pyspark: PySparkResource) -> None:
+        pyspark.spark_session.range(1).count()  # one job: the session, its executors and JIT
+
+    return _warm
+
+
+def _check_op(name: str, specs: list[TableSpec]):
+    """The op ``check_<name>``: the checks the serving op left pending, outside the pool (a successor may serve)."""
+
+    @op(name=f"check_{name}", description="The checks still pending after serving, outside the pool.")
+    def _check(
+        context,
+        pending: dict,
+        pyspark: PySparkResource,
+        kafka: KafkaResource,
+        catalog: IcebergCatalogResource,
+        slack: LakeSlackResource,
+    ) -> None:
+        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
+        WorkerChores.resume(context, specs, pending, _chores_env(resources)).finish()
+
+    return _check
 
 
 def worker_job(
     index: int, specs: list[TableSpec], sqlite_catalog: bool, crons: dict[str, dict[str, str]] | None = None
 ) -> JobDefinition:
-    """The job ``lake_worker_<index>``: ``warm`` (the Spark session), then one op serving ``specs`` and running their maintenance under
+    """The job ``lake_worker_<index>``: ``warm`` (the Spark session), ``serve`` (``specs``, their chores), ``check``
+    (the checks still pending, outside the pool). The serving op runs their maintenance under
     ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
     catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
     limit 1 by default)."""
     name = worker_job_name(index)
     crons = crons or maintenance_crons(specs)
     pool = SQLITE_POOL if sqlite_catalog else name
-
-    @op(
-        name=f"warm_{name}",
-        description="Start the Spark session outside the pool, so a successor run is warm when it takes over.",
-    )
-    def _warm_op(pyspark: PySparkResource) -> None:
-        pyspark.spark_session.range(1).count()  # one job: the session, its executors and JIT
 
     @op(
         name=f"serve_{name}",
@@ -142,14 +176,16 @@ def worker_job(
         kafka: KafkaResource,
         catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
-    ) -> None:
+    ) -> dict:
         resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        served = _serve(context, specs, crons, pool, resources)
+        served, chores = _serve(context, specs, crons, pool, resources)
         commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
         context.log.info(f"{name}: commits per table {commits}")
         failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
         if failed:
+            chores.finish()
             raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
+        return chores.pending()
 
     @job(
         name=name,
@@ -157,7 +193,7 @@ def worker_job(
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
-        _serve_op(_warm_op())
+        _check_op(name, specs)(_serve_op(_warm_op(name)()))
 
     return _job
 

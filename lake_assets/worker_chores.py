@@ -88,6 +88,18 @@ class WorkerChores:
             return True
         return False
 
+    @classmethod
+    def resume(cls, context: OpExecutionContext, specs: list[TableSpec], pending: dict, env: dict) -> WorkerChores:
+        """The chores of a later op of the run with the checks ``pending`` (:meth:`pending`) and no maintenance."""
+        chores = cls(context, specs, MaintenanceRota({}), env)
+        for identifier, after in pending.items():
+            chores.unchecked[identifier], chores.checked[identifier] = None, (0.0, after)
+        return chores
+
+    def pending(self) -> dict[str, int | None]:
+        """The tables whose check is pending (oldest first), each with the snapshot its last check covered."""
+        return {i: self.checked.get(i, (0.0, None))[1] for i in self.unchecked}
+
     def finish(self) -> None:
         """Run every pending check (the run's last commits)."""
         while self.unchecked:
