@@ -118,13 +118,19 @@ def start_daemon(home: Path, env: dict[str, str], log: Path) -> subprocess.Popen
 
 
 def stop_daemon(proc: subprocess.Popen) -> None:
+    """Stop the deployment :func:`start_daemon` started: SIGTERM to its process group, then SIGKILL to
+    whatever outlived it (``dagster api grpc`` does not exit on SIGTERM)."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
 
 
 def committed(settings: Settings) -> dict[int, int]:
