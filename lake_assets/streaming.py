@@ -73,6 +73,23 @@ def pool_waiting(context, pool: str) -> bool:
     return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
 
 
+POOL_CHECK_S = 1.0
+"""Seconds between two looks at the pool's waiting runs (a query of the Dagster instance)."""
+
+
+def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable[[], float] = time.monotonic):
+    """``predicate`` evaluated at most once per ``seconds``; in between, its last answer."""
+    last: list = [None, False]  # (clock when evaluated, answer)
+
+    def throttled() -> bool:
+        now = clock()
+        if last[0] is None or now - last[0] >= seconds:
+            last[:] = [now, predicate()]
+        return last[1]
+
+    return throttled
+
+
 def committed_offsets(result: MaterializeResult) -> dict[int, int]:
     """The committed offsets recorded in a micro-batch's metadata (partition -> next offset)."""
     raw = result.metadata["committed_offsets"]
@@ -128,4 +145,13 @@ def materialize_stream(
     return MaterializeResult(metadata={**result.metadata, "stream_commit": MetadataValue.int(commits)})
 
 
-__all__ = ["committed_offsets", "materialize_stream", "others_waiting", "stream_budget_s", "wait_for_lag"]
+__all__ = [
+    "POOL_CHECK_S",
+    "at_most_every",
+    "committed_offsets",
+    "materialize_stream",
+    "others_waiting",
+    "pool_waiting",
+    "stream_budget_s",
+    "wait_for_lag",
+]

@@ -17,7 +17,6 @@ run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from dagster import (
     AssetMaterialization,
@@ -35,28 +34,12 @@ from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.worker import Worker
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.streaming import pool_waiting, stream_budget_s
+from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every, pool_waiting, stream_budget_s
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
-
-POOL_CHECK_S = 1.0
-"""Seconds between two looks at the pool's waiting runs (a query of the Dagster instance)."""
-
-
-def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable[[], float] = time.monotonic):
-    """``predicate`` evaluated at most once per ``seconds``; in between, its last answer."""
-    last: list = [None, False]  # (clock when evaluated, answer)
-
-    def throttled() -> bool:
-        now = clock()
-        if last[0] is None or now - last[0] >= seconds:
-            last[:] = [now, predicate()]
-        return last[1]
-
-    return throttled
 
 
 def _budget_left(context: OpExecutionContext, budget_s: float) -> float:

@@ -17,6 +17,22 @@ def _snap(sid: int, batch: dict) -> SnapshotInfo:
     return SnapshotInfo(sid, None, 0, {KEY_BATCH: json.dumps({str(p): list(r) for p, r in batch.items()})})
 
 
+def _ingest(kafka_config, writer, spec, offsets: range, commit_id: str) -> None:
+    """Produce the event records ``offsets`` to ``spec``'s topic and commit them in one micro-batch as ``commit_id``."""
+    produce(kafka_config, spec.topic, event_records(offsets))
+    writer.execute(writer.plan(), commit_id)
+
+
+def _table_after_runs(kafka_config, writer_factory, unique, topic_factory, runs: list[tuple[int, str]]):
+    """A table on a new 2-partition topic after one micro-batch per ``(records, commit id)`` of ``runs``."""
+    spec = make_spec(unique, topic_factory(unique, partitions=2), max_records_per_partition=1000)
+    writer, start = writer_factory(spec), 0
+    for count, commit_id in runs:
+        _ingest(kafka_config, writer, spec, range(start, start + count), commit_id)
+        start += count
+    return spec, writer
+
+
 def test_merged_ranges_joins_contiguous_batches_per_partition():
     snaps = [_snap(1, {0: (0, 5), 1: (0, 2)}), _snap(2, {0: (5, 9)}), _snap(3, {0: (12, 14), 1: (2, 2)})]
     assert merged_ranges(snaps) == {0: [(0, 9), (12, 14)], 1: [(0, 2)]}
@@ -27,16 +43,11 @@ def test_a_later_check_of_one_run_reads_only_what_came_after_the_earlier_one(
 ):
     """A worker run checks a table every CHECK_EVERY_S: each check reads the rows after the snapshot the
     previous one covered (``after``), not everything the run added."""
-    topic = topic_factory(unique, partitions=2)
-    spec = make_spec(unique, topic, max_records_per_partition=1000)
-    writer = writer_factory(spec)
-    produce(kafka_config, topic, event_records(range(100)))
-    writer.execute(writer.plan(), "run-a")
-    produce(kafka_config, topic, event_records(range(100, 130)))
-    writer.execute(writer.plan(), "run-b")
+    spec, writer = _table_after_runs(
+        kafka_config, writer_factory, unique, topic_factory, [(100, "run-a"), (30, "run-b")]
+    )
     first = metadata_view(catalog.load_table(spec.identifier))
-    produce(kafka_config, topic, event_records(range(130, 150)))
-    writer.execute(writer.plan(), "run-b")
+    _ingest(kafka_config, writer, spec, range(130, 150), "run-b")
     view = metadata_view(catalog.load_table(spec.identifier))
     table = qualified(settings, spec)
     later = duplicate_free(spark, table, spec, view, commit_id="run-b", after=first.main)
@@ -50,13 +61,9 @@ def test_a_later_check_of_one_run_reads_only_what_came_after_the_earlier_one(
 def test_after_a_run_only_its_rows_are_read_and_a_duplicate_it_added_fails(
     spark, settings, catalog, kafka_config, writer_factory, unique, topic_factory
 ):
-    topic = topic_factory(unique, partitions=2)
-    spec = make_spec(unique, topic, max_records_per_partition=1000)
-    writer = writer_factory(spec)
-    produce(kafka_config, topic, event_records(range(300)))
-    writer.execute(writer.plan(), "run-a")
-    produce(kafka_config, topic, event_records(range(300, 340)))
-    writer.execute(writer.plan(), "run-b")
+    spec, writer = _table_after_runs(
+        kafka_config, writer_factory, unique, topic_factory, [(300, "run-a"), (40, "run-b")]
+    )
     table = qualified(settings, spec)
     view = metadata_view(catalog.load_table(spec.identifier))
 

@@ -14,8 +14,9 @@ from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
+from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker import POOL_CHECK_S, at_most_every, worker_job
+from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 MODULE = "kafka_iceberg.lake_assets.definitions"
 LOCATION = "kafka_iceberg"
 STARTUP_S = 300.0
@@ -26,7 +28,8 @@ STARTUP_S = 300.0
 
 def workspace_yaml(port: int) -> str:
     """A workspace of one code location served on 127.0.0.1:``port``."""
-    return f"load_from:\n  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n      location_name: {LOCATION}\n"
+    entry = {"grpc_server": {"host": "127.0.0.1", "port": port, "location_name": LOCATION}}
+    return yaml.safe_dump({"load_from": [entry]})
 
 
 def main(argv: list[str]) -> None:
