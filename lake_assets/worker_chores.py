@@ -9,11 +9,16 @@ alerted, and not tried again before its cron's next tick. A check is logged as t
 ``duplicate_free`` check evaluation over the rows this run's commits added since its previous check
 (the run id is their commit id): a table that committed is checked at most every :data:`CHECK_EVERY_S`
 while the run serves, and once more at its end, so each check reads a bounded number of rows.
+
+While the run serves, a check reads in a background thread (one at a time, on the same Spark session)
+and the worker goes on committing; its evaluation is logged by the next chore call after it ends.
+Maintenance runs inline: it commits, and a commit is the pool's to serialize.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
 
@@ -59,9 +64,10 @@ def worker_alert(spec: TableSpec, what: str, error: BaseException, run_id: str, 
 
 
 class WorkerChores:
-    """The chores of one worker run over ``specs``; call it for one chore (returns whether there was
-    one), :meth:`committed` after each commit, and :meth:`finish` at the end of the run (the checks
-    still pending). ``rota``: from :func:`rota_for`; the rest are the op's context and resources."""
+    """The chores of one worker run over ``specs``; call it for one chore (returns whether it ran or
+    started one; False while a check runs in the background), :meth:`committed` after each commit,
+    and :meth:`finish` at the end of the run (the checks still pending). ``rota``: from
+    :func:`rota_for`; the rest are the op's context and resources."""
 
     def __init__(self, context: OpExecutionContext, specs: list[TableSpec], rota: MaintenanceRota, env: dict):
         self.context, self.rota = context, rota
@@ -70,6 +76,8 @@ class WorkerChores:
         self.slack = env["slack"]
         self.unchecked: dict[str, None] = {}  # tables committed to since their last check, oldest first
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
+        self.running: tuple[str, float, int | None, Future] | None = None  # identifier, started, after, future
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-check")
 
     def committed(self, spec: TableSpec) -> None:
         """Note that ``spec``'s table got a commit of this run: its check is pending."""
@@ -77,6 +85,10 @@ class WorkerChores:
         self.unchecked[spec.identifier] = None
 
     def __call__(self) -> bool:
+        if self.running is not None:
+            if not self.running[3].done():
+                return False  # one chore at a time; the worker goes on serving
+            self._collect()
         due = self.rota.next_due(int(time.time() * 1000))
         if due is not None:
             self.maintain(self.by_id[due[0]], due[1])
@@ -84,7 +96,7 @@ class WorkerChores:
         now = time.monotonic()
         ready = [i for i in self.unchecked if now - self.checked.get(i, (-CHECK_EVERY_S, None))[0] >= CHECK_EVERY_S]
         if ready:
-            self._check(ready[0])
+            self._start_check(ready[0])
             return True
         return False
 
@@ -97,23 +109,41 @@ class WorkerChores:
         return chores
 
     def pending(self) -> dict[str, int | None]:
-        """The tables whose check is pending (oldest first), each with the snapshot its last check covered."""
+        """The tables whose check is pending (oldest first), each with the snapshot its last check
+        covered; a check still running in the background is awaited first."""
+        self._collect()
         return {i: self.checked.get(i, (0.0, None))[1] for i in self.unchecked}
 
     def finish(self) -> None:
-        """Run every pending check (the run's last commits)."""
+        """Run every pending check (the run's last commits), one after the other."""
+        self._collect()
         while self.unchecked:
-            self._check(next(iter(self.unchecked)))
+            self._start_check(next(iter(self.unchecked)))
+            self._collect()
 
-    def _check(self, identifier: str) -> None:
-        """The check of ``identifier``; one that raises (the catalog unreachable) is logged and alerted,
-        never raised: the worker goes on, and the table's next commit makes the check pending again."""
-        spec = self.by_id[identifier]
+    def _start_check(self, identifier: str) -> None:
+        """Start the check of ``identifier`` in the background thread (:meth:`evaluate`)."""
         del self.unchecked[identifier]
+        after = self.checked.get(identifier, (0.0, None))[1]
+        future = self._thread.submit(self.evaluate, self.by_id[identifier], after, self.context.run_id)
+        self.running = (identifier, time.monotonic(), after, future)
+
+    def _collect(self) -> None:
+        """Wait for the running check, if any, and log its evaluation. One that raised (the catalog
+        unreachable) is logged and alerted, never raised: the worker goes on, and the table's next
+        commit makes it pending again, from the same snapshot, after :data:`CHECK_EVERY_S`."""
+        if self.running is None:
+            return
+        identifier, started, after, future = self.running
+        self.running, spec = None, self.by_id[identifier]
         try:
-            self.check(spec)
+            main, outcome = future.result()
         except Exception as exc:  # noqa: BLE001 - a chore must not stop the worker
+            self.checked[identifier] = (started, after)
             self._alert(spec, "duplicate_free", exc)
+            return
+        self.checked[identifier] = (started, main)
+        self.report(spec, outcome)
 
     def _alert(self, spec: TableSpec, what: str, exc: BaseException) -> None:
         self.context.log.error(f"{spec.identifier}: {what} failed in worker run: {exc}")
@@ -142,15 +172,17 @@ class WorkerChores:
         )
         self.context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result.as_metadata()))
 
-    def check(self, spec: TableSpec) -> None:
-        """The ``duplicate_free`` check of ``spec`` over the rows this run's commits added since its
-        previous check, logged as the table's check evaluation and alerted on a change of status."""
+    def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, object]:
+        """(main's snapshot id, the ``duplicate_free`` outcome) of ``spec``'s table over the rows run
+        ``run_id``'s commits added after snapshot ``after``. Reads the catalog and Spark; raises what they raise."""
         view = metadata_view(load_table(self.catalog, spec.identifier))
-        after = self.checked.get(spec.identifier, (0.0, None))[1]
-        self.checked[spec.identifier] = (time.monotonic(), view.main)
         outcome = checks.duplicate_free(
-            self.spark, qualified(self.settings, spec), spec, view, commit_id=self.context.run_id, after=after
+            self.spark, qualified(self.settings, spec), spec, view, commit_id=run_id, after=after
         )
+        return view.main, outcome
+
+    def report(self, spec: TableSpec, outcome) -> None:
+        """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation; alert on a change of status."""
         alert_check(self.context, self.slack, spec, "duplicate_free", outcome, "ERROR")
         result = check_result(outcome, AssetCheckSeverity.ERROR)
         self.context.log_event(

@@ -14,9 +14,10 @@ from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
-from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
+from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every, pool_waiting
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, WorkerChores
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
@@ -135,6 +136,25 @@ def test_the_pool_is_looked_at_once_a_second_at_most():
     assert asked == [0.0, 1.0, 2.2] and answers == [False, False, False, False, False, True, True]
 
 
+def test_a_run_sees_the_pool_waited_for_or_held_by_another_run(tmp_path):
+    """``pool_waiting`` reads Dagster's pool claims: another run's waiting step ends serving; one
+    holding the slot (a successor that took over) counts only ``or_holding``."""
+    from types import SimpleNamespace
+
+    with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots("lake_test_pool", 1)
+        me = SimpleNamespace(instance=instance, run_id="me")
+        assert not pool_waiting(me, "lake_test_pool") and not pool_waiting(me, "lake_test_pool", or_holding=True)
+        storage.claim_concurrency_slot("lake_test_pool", "me", "serve")
+        assert not pool_waiting(me, "lake_test_pool", or_holding=True), "only my own run holds it"
+        storage.claim_concurrency_slot("lake_test_pool", "successor", "serve")
+        assert pool_waiting(me, "lake_test_pool"), "the successor waits"
+        storage.free_concurrency_slots_for_run("me")
+        storage.check_concurrency_claim("lake_test_pool", "successor", "serve")
+        assert not pool_waiting(me, "lake_test_pool") and pool_waiting(me, "lake_test_pool", or_holding=True)
+
+
 def test_a_successor_is_launched_only_near_the_end_of_the_budget():
     """The sensor starts a worker's next run HANDOVER_S before the budget of its one started run ends."""
     start, budget = 1_000.0, 300.0
@@ -170,8 +190,6 @@ def test_a_failing_check_chore_is_logged_and_alerted_and_the_worker_goes_on():
     next chore call finds nothing pending."""
     from types import SimpleNamespace
 
-    from kafka_iceberg.lake_assets.worker_chores import WorkerChores
-
     spec = make_spec("c1", "topic_c1")
     logged, sent = [], []
 
@@ -186,8 +204,45 @@ def test_a_failing_check_chore_is_logged_and_alerted_and_the_worker_goes_on():
     env = {"spark": None, "settings": None, "catalog": Unreachable(), "slack": slack}
     chores = WorkerChores(context, [spec], MaintenanceRota({}), env)
     chores.committed(spec)
-    assert chores() is True and chores() is False
+    assert chores() is True, "the check started"
+    chores.finish()  # waits for it
+    assert chores() is False
     assert "catalog down" in logged[0] and [a.measure for a in sent] == ["duplicate_free"]
+    chores.committed(spec)
+    assert chores() is False, f"a failed check is tried again after {CHECK_EVERY_S} s, not at every commit"
+
+
+def test_a_check_reads_in_the_background_while_the_worker_goes_on():
+    """A check chore returns at once; its evaluation is logged by the first chore call after it
+    ends, and the next check of the table starts from the snapshot it covered."""
+    import threading
+    from types import SimpleNamespace
+
+    spec = make_spec("c2", "topic_c2")
+    release, calls, reported = threading.Event(), [], []
+
+    class SlowChores(WorkerChores):
+        def evaluate(self, spec, after, run_id):
+            calls.append((after, run_id))
+            assert release.wait(10), "the check was awaited instead of running in the background"
+            return 42, "outcome"
+
+        def report(self, spec, outcome):
+            reported.append((spec.identifier, outcome))
+
+    context = SimpleNamespace(run_id="run-2")
+    chores = SlowChores(
+        context, [spec], MaintenanceRota({}), {"spark": None, "settings": None, "catalog": None, "slack": None}
+    )
+    chores.committed(spec)
+    assert chores() is True and chores() is False and reported == [], "the check runs on; nothing logged yet"
+    release.set()
+    chores.running[3].result(timeout=10)
+    assert chores() is False and reported == [(spec.identifier, "outcome")]
+    chores.committed(spec)
+    assert chores.pending() == {spec.identifier: 42}, "the next check reads after the snapshot this one covered"
+    chores.finish()
+    assert calls == [(None, "run-2"), (42, "run-2")]
 
 
 def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
