@@ -120,15 +120,16 @@ def materialize_stream(
     """Run ``one_batch`` (one whole micro-batch, returning its ``MaterializeResult``) once, and
     again while records wait and the budget lasts (:func:`stream_budget_s` of ``stream.budget_s``;
     ``stream.idle_s`` seconds of waiting for new records at most), ending early when another run
-    waits for the run's ``pool`` (:func:`others_waiting`).
+    waits for the run's ``pool`` (:func:`others_waiting`, asked at most every :data:`POOL_CHECK_S`).
     Every commit but the last is logged as an ``AssetMaterialization`` of the run's slot; the
     last is returned. Errors of ``one_batch`` propagate (earlier commits stay committed)."""
     budget = stream_budget_s(dict(context.run.tags), stream.budget_s)
     idle_s = stream.idle_s
     started = time.monotonic()
     deadline = started + budget
+    waiting = at_most_every(POOL_CHECK_S, lambda: others_waiting(context, pool))
     result, commits = one_batch(), 1
-    while budget > 0 and time.monotonic() < deadline and not others_waiting(context, pool):
+    while budget > 0 and time.monotonic() < deadline and not waiting():
         lag = wait_for_lag(kafka, topic, committed_offsets(result), min(idle_s, deadline - time.monotonic()))
         if lag == 0 or time.monotonic() >= deadline:
             break
