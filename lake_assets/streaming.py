@@ -64,15 +64,13 @@ def others_waiting(context, pool: str | None = None) -> bool:
     return pool is not None and pool_waiting(context, pool)
 
 
-def pool_waiting(context, pool: str, *, or_holding: bool = False) -> bool:
-    """Whether another run's step waits inside its run for a slot of ``pool`` (or, ``or_holding``,
-    holds one). From Dagster's pool concurrency info; False on a storage without pools."""
+def pool_waiting(context, pool: str) -> bool:
+    """Whether another run's step waits inside its run for a slot of ``pool`` (Dagster's pool
+    concurrency info; False on a storage without pools)."""
     storage = context.instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return False
-    info = storage.get_concurrency_info(pool)
-    runs = info.pending_run_ids | (info.active_run_ids | info.assigned_run_ids if or_holding else set())
-    return bool(runs - {context.run_id})
+    return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
 
 
 POOL_CHECK_S = 1.0

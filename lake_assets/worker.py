@@ -117,15 +117,8 @@ def _warm_op(name: str):
     return _warm
 
 
-HANDOVER_SETTLE_S = 15.0
-"""Seconds the ``check`` op waits before it reads when another run holds or waits for the pool (a
-successor took over): the successor's first micro-batches, which catch up the records of the
-hand-over, get the cores first."""
-
-
-def _check_op(name: str, specs: list[TableSpec], pool: str):
-    """The op ``check_<name>``: the checks the serving op left pending, outside the pool (a successor
-    may serve), after :data:`HANDOVER_SETTLE_S` when one does."""
+def _check_op(name: str, specs: list[TableSpec]):
+    """The op ``check_<name>``: the checks the serving op left pending, outside the pool (a successor may serve)."""
 
     @op(name=f"check_{name}", description="The checks still pending after serving, outside the pool.")
     def _check(
@@ -137,9 +130,6 @@ def _check_op(name: str, specs: list[TableSpec], pool: str):
         slack: LakeSlackResource,
     ) -> None:
         resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        if pending and pool_waiting(context, pool, or_holding=True):
-            context.log.info(f"a successor serves: checks after {HANDOVER_SETTLE_S:.0f} s")
-            time.sleep(HANDOVER_SETTLE_S)
         WorkerChores.resume(context, specs, pending, _chores_env(resources)).finish()
 
     return _check
@@ -186,9 +176,9 @@ def worker_job(
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
-        _check_op(name, specs, pool)(_serve_op(_warm_op(name)()))
+        _check_op(name, specs)(_serve_op(_warm_op(name)()))
 
     return _job
 
 
-__all__ = ["HANDOVER_SETTLE_S", "worker_job"]
+__all__ = ["worker_job"]

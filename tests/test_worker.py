@@ -14,7 +14,7 @@ from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
-from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every, pool_waiting
+from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, WorkerChores
@@ -134,25 +134,6 @@ def test_the_pool_is_looked_at_once_a_second_at_most():
         now[0] = t
         answers.append(waiting())
     assert asked == [0.0, 1.0, 2.2] and answers == [False, False, False, False, False, True, True]
-
-
-def test_a_run_sees_the_pool_waited_for_or_held_by_another_run(tmp_path):
-    """``pool_waiting`` reads Dagster's pool claims: another run's waiting step ends serving; one
-    holding the slot (a successor that took over) counts only ``or_holding``."""
-    from types import SimpleNamespace
-
-    with DagsterInstance.local_temp(str(tmp_path)) as instance:
-        storage = instance.event_log_storage
-        storage.set_concurrency_slots("lake_test_pool", 1)
-        me = SimpleNamespace(instance=instance, run_id="me")
-        assert not pool_waiting(me, "lake_test_pool") and not pool_waiting(me, "lake_test_pool", or_holding=True)
-        storage.claim_concurrency_slot("lake_test_pool", "me", "serve")
-        assert not pool_waiting(me, "lake_test_pool", or_holding=True), "only my own run holds it"
-        storage.claim_concurrency_slot("lake_test_pool", "successor", "serve")
-        assert pool_waiting(me, "lake_test_pool"), "the successor waits"
-        storage.free_concurrency_slots_for_run("me")
-        storage.check_concurrency_claim("lake_test_pool", "successor", "serve")
-        assert not pool_waiting(me, "lake_test_pool") and pool_waiting(me, "lake_test_pool", or_holding=True)
 
 
 def test_a_successor_is_launched_only_near_the_end_of_the_budget():
