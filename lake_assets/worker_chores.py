@@ -172,7 +172,7 @@ class WorkerChores:
         )
         self.context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result.as_metadata()))
 
-    def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, object]:
+    def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, checks.CheckOutcome]:
         """(main's snapshot id, the ``duplicate_free`` outcome) of ``spec``'s table over the rows run
         ``run_id``'s commits added after snapshot ``after``. Reads the catalog and Spark; raises what they raise."""
         view = metadata_view(load_table(self.catalog, spec.identifier))
@@ -181,7 +181,7 @@ class WorkerChores:
         )
         return view.main, outcome
 
-    def report(self, spec: TableSpec, outcome) -> None:
+    def report(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation; alert on a change of status."""
         alert_check(self.context, self.slack, spec, "duplicate_free", outcome, "ERROR")
         result = check_result(outcome, AssetCheckSeverity.ERROR)
