@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from devtools import duck
 from kafka_iceberg.catalog.tables import load_table
 from kafka_iceberg.cdc import changes as cdc
-from kafka_iceberg.cdc import upsert
+from kafka_iceberg.cdc import tombstones, upsert
 from kafka_iceberg.cdc.changes import DELETE, POSITION, PROBLEM, Column
 from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL
 
@@ -357,6 +357,55 @@ def test_merge_into_branch_leaves_main_alone_and_a_rerun_converges(spark, settin
     assert rows(spark, fqn) == {"N1": (2000, 2, None)}
 
 
+def tombstones_of(spark, fqn: str) -> dict:
+    name = tombstones.tombstone_table(fqn)
+    return {r["tailnum"]: r[POSITION]["lsn"] for r in spark.table(name).collect()}
+
+
+def test_a_deleted_key_stays_deleted_when_an_older_change_comes_later(spark, settings, unique):
+    """A delete keeps its key's position as a tombstone: an older upsert read in a later micro-batch (re-sent
+    through another partition, or re-read by a replay) does not bring the key back; a newer one does. A
+    tombstone recorded by an attempt that crashed before its publish does not stop the rerun's delete."""
+    fqn = make_table(spark, settings, f"planes_{unique}")
+    k = lambda t: json.dumps({"tailnum": t}).encode()  # noqa: E731
+    first = [
+        (0, 0, k("N1"), envelope("c", None, plane("N1", 1), 100)),
+        (0, 1, k("N2"), envelope("c", None, plane("N2", 2), 110)),
+        (0, 2, k("N3"), envelope("c", None, plane("N3", 3), 120)),
+    ]
+    apply_batch(spark, fqn, raw_df(spark, first), name="b1")
+    assert not tombstones.exists(spark, fqn)  # made at the first delete only
+    second = [
+        (0, 3, k("N1"), envelope("d", {"tailnum": "N1"}, None, 500)),
+        (0, 4, k("N1"), None),
+        (0, 5, k("N2"), envelope("d", {"tailnum": "N2"}, None, 510)),
+    ]
+    apply_batch(spark, fqn, raw_df(spark, second), name="b2")
+    assert set(rows(spark, fqn)) == {"N3"} and tombstones_of(spark, fqn) == {"N1": 500, "N2": 510}
+    third = [
+        (1, 0, k("N1"), envelope("u", None, plane("N1", 9), 300)),  # older than the delete, another partition
+        (0, 6, k("N2"), envelope("c", None, plane("N2", 20), 600)),  # newer: N2 comes back
+        (0, 7, k("N2"), envelope("d", {"tailnum": "N2"}, None, 400)),  # an older delete re-sent: no effect
+    ]
+    sid, _ = apply_batch(spark, fqn, raw_df(spark, third), name="b3")
+    assert rows(spark, fqn) == {"N2": (2000, 20, None), "N3": (2000, 3, None)}
+    assert snapshot_summary(spark, fqn, sid)["added-records"] == "1"
+    assert tombstones_of(spark, fqn) == {"N1": 500, "N2": 510}  # positions only grow
+    # an attempt records N3's delete, then crashes before its publish: the rerun still deletes N3
+    fourth = raw_df(spark, [(0, 8, k("N3"), envelope("d", {"tailnum": "N3"}, None, 700))])
+    main = upsert.branch_head(spark, fqn, "main")
+    spark.sql(f"ALTER TABLE {fqn} CREATE BRANCH `b4` AS OF VERSION {main}")
+    changes = cdc.reduce_changes(cdc.parse_changes(fourth, COLUMNS, KEY, "debezium"), COLUMNS, KEY)
+    upsert.merge_changes(spark, fqn, "b4", changes, KEY, {OFFSETS_KEY: '{"0":9}'})
+    spark.sql(f"ALTER TABLE {fqn} DROP BRANCH `b4`")
+    assert set(rows(spark, fqn)) == {"N2", "N3"} and tombstones_of(spark, fqn)["N3"] == 700
+    apply_batch(spark, fqn, fourth, name="b5")
+    assert set(rows(spark, fqn)) == {"N2"}
+    # pruning keeps tombstones younger than the retention and drops the older ones
+    assert tombstones.prune(spark, fqn) == 3
+    assert tombstones.prune(spark, fqn, older_than_s=0) == 0
+
+
 def test_prepare_table_refuses_a_nullable_key(spark, settings, unique):
     fqn = f"{settings.catalog.name}.cdc.nokey_{unique}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.cdc")
@@ -546,8 +595,9 @@ def test_real_debezium_changes_reordered_across_partitions_and_batches_equal_pos
     """Real Debezium changes of a PostgreSQL workload, produced again out of order: for each live key with
     several changes the newest goes first (its own partition, micro-batch 1) and the older ones follow
     through the other partition (micro-batch 2); then each such key's first change is sent once more.
-    Every other key's changes keep their order. The table equals PostgreSQL (EXCEPT ALL both ways).
-    Deleted keys are not re-sent: a deleted key keeps no tombstone (docs/cdc.md, Deletes)."""
+    Every other key's changes keep their order. Last, the older upserts of every deleted key are sent again
+    through the other partition (the key's tombstone keeps it deleted, docs/cdc.md). The table equals
+    PostgreSQL (EXCEPT ALL both ways)."""
     from devtools.demo.data import create_topic
     from devtools.services import cdc_source
 
@@ -582,7 +632,14 @@ def test_real_debezium_changes_reordered_across_partitions_and_batches_equal_pos
             first += [(p, key, v) for p, v in changes]
     writer = writer_factory(_planes_spec(unique, topic))
     fqn = f"{settings.catalog.name}.{writer.spec.identifier}"
-    for n, batch in enumerate([first, later, [(p, k, by_key[k][0][1]) for k in moved for p in (0, 1)]]):
+
+    def upsert_of(value):
+        return value is not None and json.loads(value)["op"] != "d"
+
+    deleted = [(1 - p, k, v) for k in set(by_key) - live for p, v in by_key[k] if upsert_of(v)]
+    assert len({k for _, k, _ in deleted}) >= 5, "the workload deletes enough keys"
+    resent = [(p, k, by_key[k][0][1]) for k in moved for p in (0, 1)]
+    for n, batch in enumerate([first, later, resent, deleted]):
         _send(kafka_config, topic, batch)
         results = drain(writer, f"reorder{n}")
         assert results and sum(r.quarantined for r in results) == 0

@@ -19,6 +19,7 @@ import uuid
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from kafka_iceberg.cdc import tombstones
 from kafka_iceberg.cdc.changes import (
     DELETE,
     POSITION,
@@ -93,24 +94,39 @@ def ensure_position_column(spark, table: str) -> bool:
     return True
 
 
-def positioned(spark, target: str, changes_df: DataFrame, key_columns: list[str], read_positions: bool = True):
+def key_match(key_columns: list[str], left: str, right: str) -> str:
+    """SQL: rows aliased ``left`` and ``right`` have the same key."""
+    return " AND ".join(f"{left}.{quote_ident(k)} = {right}.{quote_ident(k)}" for k in key_columns)
+
+
+def positioned(
+    spark,
+    target: str,
+    changes_df: DataFrame,
+    key_columns: list[str],
+    read_positions: bool = True,
+    deleted: DataFrame | None = None,
+):
     """``changes_df`` left-joined with the :data:`POSITION` of ``target``'s rows by key, plus ``_newer``
     (:func:`newer_sql`) and ``_unorderable`` (:func:`unorderable_sql`). ``read_positions=False``
-    treats every row as having none (the column was just added). Lazy."""
+    treats every row as having none (the column was just added). With ``deleted`` (key columns and
+    the position of each deleted key, :mod:`kafka_iceberg.cdc.tombstones`) an upsert is newer only when
+    it is also newer than its key's tombstone, or cannot be ordered against it. Lazy."""
     keys = ", ".join(quote_ident(k) for k in key_columns)
     pos = quote_ident(POSITION) if read_positions else f"CAST(NULL AS {POSITION_TYPE})"
     current = spark.sql(f"SELECT {keys}, {pos} AS {quote_ident(POSITION)} FROM {target}")
-    on = " AND ".join(f"s.{quote_ident(k)} = t.{quote_ident(k)}" for k in key_columns)
     change, row = f"s.{quote_ident(POSITION)}", f"t.{quote_ident(POSITION)}"
-    return (
-        changes_df.alias("s")
-        .join(current.alias("t"), F.expr(on), "left")
-        .select(
-            "s.*",
-            F.expr(newer_sql(change, row)).alias("_newer"),
-            F.expr(unorderable_sql(change, row)).alias("_unorderable"),
-            F.expr(row).alias("_row_position"),
-        )
+    joined = changes_df.alias("s").join(current.alias("t"), F.expr(key_match(key_columns, "s", "t")), "left")
+    newer = newer_sql(change, row)
+    if deleted is not None:
+        tomb = f"d.{quote_ident(POSITION)}"
+        joined = joined.join(deleted.alias("d"), F.expr(key_match(key_columns, "s", "d")), "left")
+        newer = f"({newer} AND (s.{DELETE} OR {newer_sql(change, tomb)} OR {unorderable_sql(change, tomb)}))"
+    return joined.select(
+        "s.*",
+        F.expr(newer).alias("_newer"),
+        F.expr(unorderable_sql(change, row)).alias("_unorderable"),
+        F.expr(row).alias("_row_position"),
     )
 
 
@@ -191,6 +207,24 @@ def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
         raise
 
 
+def record_tombstones(spark, table: str, changes_df: DataFrame, key_columns: list[str]) -> int:
+    """Record the deletes of ``changes_df`` as tombstones of ``table`` (:func:`tombstones.record_deletes`):
+    a tombstone moves to a newer delete, or to one that cannot be ordered against it. Returns the deletes."""
+    pos, tomb = f"s.{quote_ident(POSITION)}", f"t.{quote_ident(POSITION)}"
+    newer = f"{newer_sql(pos, tomb)} OR {unorderable_sql(pos, tomb)}"
+    return tombstones.record_deletes(spark, table, changes_df, key_columns, newer)
+
+
+def empty_append(spark, table: str, branch: str, rows: DataFrame, summary: dict[str, str]) -> int | None:
+    """Append zero rows (``rows`` gives the columns) to ``branch`` of ``table`` as a snapshot whose summary
+    carries ``summary``; returns the branch's new head."""
+    writer = rows.limit(0).writeTo(f"{table}.branch_{branch}")
+    for k, v in summary.items():
+        writer = writer.option(f"snapshot-property.{k}", v)
+    writer.append()
+    return branch_head(spark, table, branch)
+
+
 def merge_changes(
     spark,
     table: str,
@@ -206,7 +240,9 @@ def merge_changes(
     new head snapshot id.
 
     Only changes newer than the branch's row of their key (:func:`newer_sql`) are applied, and the
-    row keeps the change's position; :data:`POSITION` is added to the table first when it lacks it
+    row keeps the change's position; an upsert must also be newer than its key's tombstone, and the
+    batch's deletes are recorded as tombstones (committed on the tombstone table, before this merge:
+    :mod:`kafka_iceberg.cdc.tombstones`); :data:`POSITION` is added to the table first when it lacks it
     (:func:`ensure_position_column`). Updates and deletes write position delete files (the table
     must have the :data:`UPSERT_TABLE_PROPERTIES`). When the merge changes nothing (every change was
     a skipped tombstone, older than its row, or deleted an absent key), a zero-row append to the
@@ -225,10 +261,12 @@ def merge_changes(
         raise LakeError(f"table {table}: branch {branch} does not exist")
     added = ensure_position_column(spark, table)
     target = f"{table}.branch_{branch}"
-    joined = positioned(spark, target, changes_df, key_columns, read_positions=not added).persist()
+    deleted = tombstones.positions(spark, table, key_columns)
+    joined = positioned(spark, target, changes_df, key_columns, not added, deleted).persist()
     view = f"cdc_changes_{uuid.uuid4().hex}"
     try:
         refuse_unorderable(joined, key_columns, table)
+        record_tombstones(spark, table, changes_df, key_columns)
         applied = joined.where("_newer").drop("_newer", "_unorderable", "_row_position")
         if expected_rows is None:
             expected_rows = applied.where(f"NOT {DELETE}").count()
@@ -236,12 +274,8 @@ def merge_changes(
         sql = merge_sql(target, view, [c for c in applied.columns if c != DELETE], key_columns)
         with_commit_properties(spark, summary, lambda: spark.sql(sql))
         head = branch_head(spark, table, branch)
-        if head == before:
-            writer = applied.limit(0).drop(DELETE).writeTo(target)
-            for k, v in summary.items():
-                writer = writer.option(f"snapshot-property.{k}", v)
-            writer.append()
-            head = branch_head(spark, table, branch)
+        if head == before:  # nothing merged: a zero-row append carries the summary
+            head = empty_append(spark, table, branch, applied.drop(DELETE), summary)
     finally:
         spark.catalog.dropTempView(view)
         joined.unpersist()

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from croniter import croniter
 from pyiceberg.exceptions import CommitFailedException
 
+from kafka_iceberg.cdc import tombstones
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.ops import maintenance
 from kafka_iceberg.ops.maintenance import MaintenanceResult
@@ -91,14 +92,36 @@ def run_job(spark, catalog_name: str, spec: TableSpec, kind: str, view: Callable
     """
     policy = spec.maintenance
     if kind == "compact":
-        return maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
+        result = maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
+        return with_tombstones(spark, catalog_name, spec, kind, result)
     if kind == "expire_snapshots":
-        return maintenance.expire(
+        result = maintenance.expire(
             spark, catalog_name, spec.identifier, policy.max_snapshot_age_s, policy.retain_last, view=view()
         )
+        return with_tombstones(spark, catalog_name, spec, kind, result)
     if kind == "remove_orphan_files":
         return maintenance.remove_orphans(spark, catalog_name, spec.identifier, policy.orphan_older_than_s)
     raise ValueError(f"unknown maintenance job {kind!r}; known: {', '.join(KINDS)}")
+
+
+def with_tombstones(spark, catalog_name: str, spec: TableSpec, kind: str, result: MaintenanceResult):
+    """``result`` of ``compact`` or ``expire_snapshots`` on an upsert table, with the same job run on its
+    tombstone table (:mod:`kafka_iceberg.cdc.tombstones`) when it exists: ``expire_snapshots`` first prunes
+    the tombstones older than their retention. Adds ``tombstones_*`` figures to ``result.output``."""
+    if spec.upsert is None or not tombstones.exists(spark, f"{catalog_name}.{spec.identifier}"):
+        return result
+    table = f"{catalog_name}.{spec.identifier}"
+    identifier = tombstones.tombstone_table(spec.identifier)
+    if kind == "compact":
+        done = maintenance.compact(spark, catalog_name, identifier, spec.maintenance.target_file_size_bytes)
+    else:
+        result.output["tombstones_kept"] = tombstones.prune(spark, table)
+        done = maintenance.expire(
+            spark, catalog_name, identifier, spec.maintenance.max_snapshot_age_s, spec.maintenance.retain_last
+        )
+    result.output.update({f"tombstones_{k}": v for k, v in done.output.items()})
+    result.seconds = round(result.seconds + done.seconds, 3)
+    return result
 
 
 def record_run(catalog, identifier: str, kind: str, at_ms: int | None = None, attempts: int = 3) -> None:
