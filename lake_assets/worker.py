@@ -1,14 +1,15 @@
 """Worker runs (``LAKE_WORKERS`` >= 1): a few long-running runs serve every table.
 
 Each worker is a job (``lake_worker_<k>``) that keeps one process and one Spark session: its ``warm``
-op starts the session outside the pool, then its ``serve`` op holds the pool and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
+op starts the session and checks the tables outside the pool, then its ``serve`` op holds the pool and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
 that table's asset, with the same metadata as a table asset's run. Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending, outside the pool. It
 hands over only when another run's step waits for its pool: its warm successor, launched near the end
-of its budget (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run. A table whose micro-batch fails is
+of its budget (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it
+serves on while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
@@ -20,17 +21,19 @@ import time
 
 from dagster import (
     AssetMaterialization,
+    DagsterRunStatus,
     Failure,
     In,
     JobDefinition,
     Nothing,
     OpExecutionContext,
+    RunsFilter,
     job,
     op,
 )
 from dagster_pyspark import PySparkResource
 
-from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.worker import Worker
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
@@ -48,6 +51,24 @@ def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
     record = context.instance.get_run_record_by_id(context.run_id)
     started = record.start_time if record is not None and record.start_time else time.time()
     return max(1.0, budget_s - (time.time() - started)) if budget_s > 0 else 0.0
+
+
+SUCCESSOR_GRACE_S = 120.0
+"""Seconds a worker run keeps serving past its budget while its successor starts (its process, its Spark
+session, its tables' checks) and does not wait for the pool yet, so the table is never left unserved."""
+_ON_ITS_WAY = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+
+
+def successor_on_its_way(context: OpExecutionContext) -> bool:
+    """Whether another run of this op's job is queued, starting or started (a successor that does not
+    serve yet: one that waits for the pool makes the run hand over, :func:`pool_waiting`)."""
+    flt = RunsFilter(job_name=context.job_name, statuses=_ON_ITS_WAY)
+    return any(r.dagster_run.run_id != context.run_id for r in context.instance.get_run_records(filters=flt, limit=3))
 
 
 def _chores_env(resources: dict) -> dict:
@@ -102,17 +123,25 @@ def _serve(
         budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
         idle_s=settings.stream.idle_s,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
+        hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
+        grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
     )
     return worker.run(), chores
 
 
-def _warm_op(name: str):
-    """The op ``warm_<name>``: starts the Spark session outside the pool, so a successor is warm when it takes over."""
+def _warm_op(name: str, specs: list[TableSpec]):
+    """The op ``warm_<name>``: starts the Spark session and checks the existing tables
+    (:func:`kafka_iceberg.batch.pipeline.warm_up`, no commit) outside the pool, so a successor is warm when it
+    takes over."""
 
-    @op(name=f"warm_{name}", description="Start the Spark session outside the pool.")
-    def _warm(pyspark: PySparkResource) -> None:
-        pyspark.spark_session.range(1).count()  # one job: the session, its executors and JIT
+    @op(name=f"warm_{name}", description="Start the Spark session and check the tables, outside the pool.")
+    def _warm(context, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource) -> None:
+        spark = pyspark.spark_session
+        spark.range(1).count()  # one job: the session, its executors and JIT
+        lake = connect(spark, settings_for(kafka, catalog), kafka.metadata(), catalog.load())
+        done = warm_up(lake, specs)
+        context.log.info(f"{name}: warmed {sum(v == 'warm' for v in done.values())} of {len(specs)} tables: {done}")
 
     return _warm
 
@@ -176,7 +205,7 @@ def worker_job(
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
-        _check_op(name, specs)(_serve_op(_warm_op(name)()))
+        _check_op(name, specs)(_serve_op(_warm_op(name, specs)()))
 
     return _job
 

@@ -8,7 +8,7 @@ from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools import duck
 from devtools.demo.data import produce
-from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
 from kafka_iceberg.catalog.tables import load_catalog
@@ -123,6 +123,41 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
     assert busy.count("batch") == 12 and 2 <= len(chores_while_busy) <= 4, log
     assert not pending, "the rest ran once no table had records waiting"
     assert log[0] == "batch" and worker.chore_s == 6
+
+
+def test_past_its_budget_a_worker_serves_on_while_its_successor_starts_within_the_grace():
+    """A fake clock: each micro-batch takes 1 s and records always wait. Past the 10 s budget the run keeps
+    serving while ``hold()`` says a successor is on its way, until the successor is ready (the hold ends)
+    or the grace runs out; without a hold it stops at the budget."""
+    spec = make_spec("busy", "busy_topic")
+
+    def serve(hold, grace_s):
+        now, batches = [0.0], []
+
+        def run_batch(s):
+            now[0] += 1
+            batches.append(now[0])
+            return type("R", (), {"offsets": {0: len(batches)}, "snapshot_id": 1})()
+
+        Worker(
+            [spec],
+            run_batch,
+            lambda topics: {"busy_topic": {0: Watermarks(0, 10**6)}},
+            {spec.identifier: {}},
+            lambda s, r: None,
+            lambda s, e: None,
+            budget_s=10,
+            idle_s=1,
+            hold=lambda: hold(now[0]),
+            grace_s=grace_s,
+            clock=lambda: now[0],
+            sleep=lambda s: now.__setitem__(0, now[0] + s),
+        ).run()
+        return batches[-1]
+
+    assert serve(lambda t: False, 120) == 10, "no successor on its way: stops at the budget"
+    assert serve(lambda t: t < 25, 120) == 25, "serves until the successor is ready"
+    assert serve(lambda t: True, 30) == 40, "a successor that never gets ready: the grace bounds the run"
 
 
 def test_the_pool_is_looked_at_once_a_second_at_most():
@@ -248,6 +283,13 @@ def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
     # fair: the small table finished while the big one still had micro-batches to go
     names = [name for name, _ in commits]
     assert names.index(specs[1].name) < len(names) - 1 and names.count(specs[0].name) >= 4
+    # a successor's warm-up checks the tables that exist and commits nothing; a missing one is left to its micro-batch
+    absent = make_spec(f"{unique}_absent", specs[0].topic)
+    heads = {s.identifier: catalog.load_table(s.identifier).metadata.current_snapshot_id for s in specs}
+    done = warm_up(connect(spark, settings, kafka, catalog), [*specs, absent])
+    assert done == {**{s.identifier: "warm" for s in specs}, absent.identifier: "missing"}
+    assert heads == {s.identifier: catalog.load_table(s.identifier).metadata.current_snapshot_id for s in specs}
+    assert not catalog.table_exists(absent.identifier)
 
 
 def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(

@@ -63,7 +63,8 @@ class TableServed:
 class Worker:
     """Serves ``specs`` until no records wait for ``idle_s`` seconds, ``budget_s`` seconds pass (no
     micro-batch starts after it), or ``should_stop()`` is true. With ``budget_s`` 0 every table with
-    records waiting gets one micro-batch.
+    records waiting gets one micro-batch. Past the budget, the run keeps serving while ``hold()`` is true
+    (a successor is on its way but not ready to take over), ``grace_s`` seconds at most.
 
     ``run_batch(spec)`` runs one micro-batch and returns its ``BatchResult`` (``offsets``: the
     committed offsets after it); ``watermarks(topics)`` returns the watermarks of every partition
@@ -85,6 +86,8 @@ class Worker:
     budget_s: float = 0.0
     idle_s: float = 2.0
     should_stop: Callable[[], bool] = lambda: False
+    hold: Callable[[], bool] = lambda: False
+    grace_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     chores: Callable[[], bool] = lambda: False
@@ -95,7 +98,7 @@ class Worker:
         """Serve the tables (see the class docstring). Returns what was done, per table identifier."""
         served = {s.identifier: TableServed(s) for s in self.specs}
         self.started = self.clock()
-        deadline = self.deadline = self.started + self.budget_s
+        self.deadline = self.started + self.budget_s
         waiting_since: dict[str, float] = {}
         idle_until = None
         while True:
@@ -110,7 +113,7 @@ class Worker:
                     waiting_since.pop(s.identifier, None)
             due = sorted((s for s in live if s.identifier in waiting_since), key=lambda s: waiting_since[s.identifier])
             if not due:
-                if self.budget_s <= 0 or now >= deadline or self.should_stop():
+                if self.budget_s <= 0 or self._spent() or self.should_stop():
                     return served
                 idle_until = idle_until or now + self.idle_s
                 if now >= idle_until:
@@ -120,13 +123,13 @@ class Worker:
                 continue
             idle_until = None
             self._serve_round(due, served, waiting_since)
-            if self.budget_s <= 0 or self.clock() >= deadline or self.should_stop():
+            if self.budget_s <= 0 or self._spent() or self.should_stop():
                 return served
 
     def _serve_round(self, due: list[TableSpec], served: dict[str, TableServed], waiting_since: dict[str, float]):
         """One micro-batch of each due table, longest waiting first; each goes to the back after it."""
         for spec in due:
-            if self.budget_s > 0 and (self.clock() >= self.deadline or self.should_stop()):
+            if self.budget_s > 0 and (self._spent() or self.should_stop()):
                 return
             served[spec.identifier].tried = True
             try:
@@ -141,6 +144,11 @@ class Worker:
             self.committed[spec.identifier] = dict(result.offsets)
             self.on_commit(spec, result)
             self._chore(idle=False)
+
+    def _spent(self) -> bool:
+        """Whether the budget is spent: past the deadline, and past the grace or not held (:attr:`hold`)."""
+        now = self.clock()
+        return now >= self.deadline and (now >= self.deadline + self.grace_s or not self.hold())
 
     def _chore(self, idle: bool) -> bool:
         """One chore when ``idle``, or when chores took at most ``chore_share`` of the run so far; returns whether one ran."""
