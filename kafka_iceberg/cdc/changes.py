@@ -79,6 +79,11 @@ def quote_ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def key_match(key_columns: list[str], left: str, right: str) -> str:
+    """SQL: rows aliased ``left`` and ``right`` have the same key."""
+    return " AND ".join(f"{left}.{quote_ident(k)} = {right}.{quote_ident(k)}" for k in key_columns)
+
+
 def sql_string(value: str) -> str:
     """``value`` as a Spark SQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

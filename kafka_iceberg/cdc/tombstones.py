@@ -16,7 +16,7 @@ import uuid
 
 from pyspark.sql import DataFrame
 
-from kafka_iceberg.cdc.changes import DELETE, POSITION, POSITION_TYPE, quote_ident, sql_string
+from kafka_iceberg.cdc.changes import DELETE, POSITION, POSITION_TYPE, key_match, quote_ident, sql_string
 
 SUFFIX = "_cdc_tombstones"
 """The tombstone table of ``<catalog>.<ns>.<table>`` is ``<catalog>.<ns>.<table>`` + this suffix."""
@@ -68,11 +68,14 @@ def ensure_table(spark, table: str, key_columns: list[str]) -> str:
     return name
 
 
-def record_deletes(spark, table: str, changes: DataFrame, key_columns: list[str], newer: str) -> int:
+def record_deletes(
+    spark, table: str, changes: DataFrame, key_columns: list[str], newer: str, create: bool = True
+) -> int:
     """Merge the deletes of ``changes`` (reduced changes with :data:`POSITION` and :data:`DELETE`) into the
     tombstone table of ``table``: a key's tombstone moves only to a newer position (SQL ``newer``, over
-    ``s.`` the delete and ``t.`` the tombstone) and is created when missing. Commits on the tombstone
-    table's ``main`` (one snapshot), nothing when there is no delete. Returns the deletes seen (records).
+    ``s.`` the delete and ``t.`` the tombstone) and is created when missing. ``create=False``: the caller
+    knows the tombstone table exists (no DDL). Commits on the tombstone table's ``main`` (one snapshot),
+    nothing when there is no delete. Returns the deletes seen (records).
 
     Raises:
         Any Spark / Iceberg error of the merge, unchanged (the micro-batch then fails unpublished).
@@ -82,10 +85,10 @@ def record_deletes(spark, table: str, changes: DataFrame, key_columns: list[str]
         n = deletes.count()
         if n == 0:
             return 0
-        name = ensure_table(spark, table, key_columns)
+        name = ensure_table(spark, table, key_columns) if create else tombstone_table(table)
         view = f"cdc_deletes_{uuid.uuid4().hex}"
         deletes.createOrReplaceTempView(view)
-        on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in key_columns)
+        on = key_match(key_columns, "t", "s")
         names = ", ".join(quote_ident(c) for c in [*key_columns, POSITION])
         values = ", ".join(f"s.{quote_ident(c)}" for c in [*key_columns, POSITION])
         pos = quote_ident(POSITION)

@@ -25,6 +25,7 @@ from kafka_iceberg.cdc.changes import (
     POSITION,
     POSITION_TYPE,
     CrossPartitionKeyError,
+    key_match,
     quote_ident,
     sql_string,
 )
@@ -63,7 +64,7 @@ def unorderable_sql(change: str, row: str) -> str:
 def merge_sql(target: str, source_view: str, columns: list[str], key_columns: list[str]) -> str:
     """``MERGE INTO target`` from ``source_view`` (``columns``, :data:`POSITION` among them, plus
     :data:`DELETE`) by ``key_columns``: a matched row is deleted or updated only by a newer change."""
-    on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in key_columns)
+    on = key_match(key_columns, "t", "s")
     sets = ", ".join(f"t.{quote_ident(c)} = s.{quote_ident(c)}" for c in columns if c not in key_columns)
     names = ", ".join(quote_ident(c) for c in columns)
     values = ", ".join(f"s.{quote_ident(c)}" for c in columns)
@@ -92,11 +93,6 @@ def ensure_position_column(spark, table: str) -> bool:
             raise
         return False  # another writer added it meanwhile
     return True
-
-
-def key_match(key_columns: list[str], left: str, right: str) -> str:
-    """SQL: rows aliased ``left`` and ``right`` have the same key."""
-    return " AND ".join(f"{left}.{quote_ident(k)} = {right}.{quote_ident(k)}" for k in key_columns)
 
 
 def positioned(
@@ -207,12 +203,13 @@ def with_commit_properties(spark, properties: dict[str, str], fn) -> None:
         raise
 
 
-def record_tombstones(spark, table: str, changes_df: DataFrame, key_columns: list[str]) -> int:
-    """Record the deletes of ``changes_df`` as tombstones of ``table`` (:func:`tombstones.record_deletes`):
-    a tombstone moves to a newer delete, or to one that cannot be ordered against it. Returns the deletes."""
+def record_tombstones(spark, table: str, changes_df: DataFrame, key_columns: list[str], create: bool = True) -> int:
+    """Record the deletes of ``changes_df`` as tombstones of ``table`` (:func:`tombstones.record_deletes`;
+    ``create=False`` when its tombstone table is known to exist): a tombstone moves to a newer delete, or to
+    one that cannot be ordered against it. Returns the deletes."""
     pos, tomb = f"s.{quote_ident(POSITION)}", f"t.{quote_ident(POSITION)}"
     newer = f"{newer_sql(pos, tomb)} OR {unorderable_sql(pos, tomb)}"
-    return tombstones.record_deletes(spark, table, changes_df, key_columns, newer)
+    return tombstones.record_deletes(spark, table, changes_df, key_columns, newer, create)
 
 
 def empty_append(spark, table: str, branch: str, rows: DataFrame, summary: dict[str, str]) -> int | None:
@@ -266,7 +263,7 @@ def merge_changes(
     view = f"cdc_changes_{uuid.uuid4().hex}"
     try:
         refuse_unorderable(joined, key_columns, table)
-        record_tombstones(spark, table, changes_df, key_columns)
+        record_tombstones(spark, table, changes_df, key_columns, create=deleted is None)
         applied = joined.where("_newer").drop("_newer", "_unorderable", "_row_position")
         if expected_rows is None:
             expected_rows = applied.where(f"NOT {DELETE}").count()

@@ -108,9 +108,9 @@ def with_tombstones(spark, catalog_name: str, spec: TableSpec, kind: str, result
     """``result`` of ``compact`` or ``expire_snapshots`` on an upsert table, with the same job run on its
     tombstone table (:mod:`kafka_iceberg.cdc.tombstones`) when it exists: ``expire_snapshots`` first prunes
     the tombstones older than their retention. Adds ``tombstones_*`` figures to ``result.output``."""
-    if spec.upsert is None or not tombstones.exists(spark, f"{catalog_name}.{spec.identifier}"):
-        return result
     table = f"{catalog_name}.{spec.identifier}"
+    if spec.upsert is None or not tombstones.exists(spark, table):
+        return result
     identifier = tombstones.tombstone_table(spec.identifier)
     if kind == "compact":
         done = maintenance.compact(spark, catalog_name, identifier, spec.maintenance.target_file_size_bytes)
