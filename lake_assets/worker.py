@@ -56,6 +56,10 @@ def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
 SUCCESSOR_GRACE_S = 120.0
 """Seconds a worker run keeps serving past its budget while its successor starts (its process, its Spark
 session, its tables' checks) and does not wait for the pool yet, so the table is never left unserved."""
+RETRY_ALL_STEPS = {"dagster/retry_strategy": "ALL_STEPS"}
+"""Dagster's run-retry strategy tag (``run_retries`` in dagster.yaml): a worker run that died is retried whole,
+so the retry warms its tables outside the pool too; Dagster's default, ``FROM_FAILURE``, would rerun only the
+serving op, whose first micro-batch of each table then pays the cold checks under the pool."""
 _ON_ITS_WAY = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -201,7 +205,7 @@ def worker_job(
 
     @job(
         name=name,
-        tags={WORKER_TAG: str(index)},
+        tags={WORKER_TAG: str(index), **RETRY_ALL_STEPS},
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
