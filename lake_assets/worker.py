@@ -56,10 +56,10 @@ def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
 SUCCESSOR_GRACE_S = 120.0
 """Seconds a worker run keeps serving past its budget while its successor starts (its process, its Spark
 session, its tables' checks) and does not wait for the pool yet, so the table is never left unserved."""
-RETRY_ALL_STEPS = {"dagster/retry_strategy": "ALL_STEPS"}
-"""Dagster's run-retry strategy tag (``run_retries`` in dagster.yaml): a worker run that died is retried whole,
-so the retry warms its tables outside the pool too; Dagster's default, ``FROM_FAILURE``, would rerun only the
-serving op, whose first micro-batch of each table then pays the cold checks under the pool."""
+NO_RUN_RETRIES = {"dagster/max_retries": "0"}
+"""A worker run that died is not retried by Dagster's ``run_retries`` (dagster.yaml): the ``lake_workers`` sensor
+launches the worker's next run as soon as it has none in progress, with its ``warm`` op. A retry beside it
+would be a second run of the same worker starting at the same time, both warming on the same cores."""
 _ON_ITS_WAY = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -205,7 +205,7 @@ def worker_job(
 
     @job(
         name=name,
-        tags={WORKER_TAG: str(index), **RETRY_ALL_STEPS},
+        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES},
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
