@@ -4,6 +4,10 @@ poisoned table fails alone. Real Spark, real catalog, the dev broker, an ephemer
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools import duck
@@ -367,3 +371,29 @@ def test_worker_mode_replaces_the_per_table_sensors(lake_env):
     per_table = build_definitions(load_settings(env=lake_env), specs)
     assert {f"w{i}_lag" for i in range(5)} <= {s.name for s in per_table.sensors}
     assert {f"compact_w{i}_schedule" for i in range(5)} <= {s.name for s in per_table.schedules}
+
+
+def test_the_check_op_lowers_the_priority_of_its_process_tree(tmp_path):
+    # in a process of its own: nobody may lower a nice value again, and pytest must keep its priority
+    script = """
+import os, subprocess, sys, threading, time
+from kafka_iceberg.lake_assets.worker import lower_cpu_priority
+child = subprocess.Popen([sys.executable, "-c", "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"])
+time.sleep(1.0)
+threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+changed = lower_cpu_priority(10)
+late = threading.Thread(target=lambda: print("late", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+late.start(); late.join()
+tids = [int(t) for pid in (os.getpid(), child.pid) for t in os.listdir(f"/proc/{pid}/task")]
+print("changed", changed, "nice", sorted({os.getpriority(os.PRIO_PROCESS, t) for t in tids}), "threads", len(tids))
+print("again", lower_cpu_priority(10))
+child.kill()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout
+    lines = dict(line.split(" ", 1) for line in out.splitlines())
+    assert lines["late"] == "10", "a thread started later inherits the nice value"
+    changed, rest = lines["changed"].split(" nice ")
+    nice, threads = rest.split(" threads ")
+    assert nice == "[10]" and int(changed) == int(threads) >= 4, out  # both processes, every thread
+    assert lines["again"] == "0", "only threads below the nice value are changed"
+    assert os.getpriority(os.PRIO_PROCESS, 0) < 10, "the test process itself is untouched"
