@@ -56,12 +56,13 @@ from kafka_iceberg.lake_assets.vocabulary import (
     MICRO_BATCHES,
     SNAPSHOT_ID_METADATA,
     SQLITE_POOL,
+    table_alert,
     table_key,
     table_pool,
     topic_key,
 )
 from kafka_iceberg.ops import checks
-from kafka_iceberg.ops.alerts import Alert, AlertSink
+from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 from kafka_iceberg.state import state_at
 
@@ -266,9 +267,8 @@ def alert_schema_change(spec: TableSpec, changes: list[dict], sink: AlertSink | 
         )
     )
     return (sink or AlertSink.from_env()).send(
-        Alert(
-            table=spec.identifier,
-            asset_key_path=list(table_key(spec).path),
+        table_alert(
+            spec,
             measure="schema_changes",
             value=value,
             severity="WARN",

@@ -5,7 +5,8 @@ Asset modules (:mod:`kafka_iceberg.lake_assets.tables`, ``analytics``, ``quality
 library (:mod:`kafka_iceberg.lake_assets.backfill`), the sensors and the schedules all import these names from
 here, so sensors and schedules never import an asset module, and the composition root
 (:mod:`kafka_iceberg.lake_assets.definitions`) is the only module that imports sensors and schedules. This
-module imports nothing from the project but :class:`kafka_iceberg.declaration.spec.TableSpec`.
+module imports nothing from the project but :class:`kafka_iceberg.declaration.spec.TableSpec` and
+:class:`kafka_iceberg.ops.alerts.Alert`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dagster import AssetKey, DagsterRunStatus, DynamicPartitionsDefinition
 
 from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.ops.alerts import Alert
 
 
 def key_part(name: str) -> str:
@@ -29,6 +31,12 @@ def topic_key(spec: TableSpec) -> AssetKey:
 def table_key(spec: TableSpec) -> AssetKey:
     """Asset key of the table: ``lake/<namespace>/<table>``."""
     return identifier_key(spec.identifier)
+
+
+def table_alert(spec: TableSpec, **fields) -> Alert:
+    """The :class:`~kafka_iceberg.ops.alerts.Alert` of ``spec``'s table, linked to its asset; ``fields``: the
+    alert's other attributes (``measure``, ``value``, ``severity``, ``summary``, ``source``, ...)."""
+    return Alert(table=spec.identifier, asset_key_path=list(table_key(spec).path), **fields)
 
 
 def identifier_key(identifier: str) -> AssetKey:

@@ -26,7 +26,7 @@ from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.tables import check_result
-from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job
@@ -51,9 +51,8 @@ def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> Mai
 def worker_alert(spec: TableSpec, what: str, error: BaseException, run_id: str, severity: str) -> Alert:
     """The alert (``severity`` WARN or ERROR, linked to the table's asset and run ``run_id``) of a worker
     run's ``what`` that failed on ``spec``'s table: ``micro_batch``, ``duplicate_free`` or a maintenance job."""
-    return Alert(
-        table=spec.identifier,
-        asset_key_path=list(table_key(spec).path),
+    return table_alert(
+        spec,
         measure=what,
         value=type(error).__name__,
         severity=severity,

@@ -49,8 +49,8 @@ from kafka_iceberg.lake_assets.backfill import (
     plan_catch_up,
     table_in_progress,
 )
-from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_key
-from kafka_iceberg.ops.alerts import Alert, AlertSink
+from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_alert, table_key
+from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.ops.lag import STALL_ATTEMPTS, LagEvaluation, LagHistory, LagRules, observation
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
@@ -97,9 +97,8 @@ def alert_lag_status(spec: TableSpec, evaluation: LagEvaluation, sink: AlertSink
     """Post a Slack message for a change of alert level: into WARN (WARN), into STALL/STOP
     (ERROR), or back to OK (OK, the recovery). Returns whether Slack accepted it; never raises."""
     return (sink or AlertSink.from_env()).send(
-        Alert(
-            table=spec.identifier,
-            asset_key_path=list(table_key(spec).path),
+        table_alert(
+            spec,
             measure="lag_status",
             value=f"{evaluation.status} (was {evaluation.previous})",
             severity=evaluation.level,
@@ -126,9 +125,8 @@ def alert_backfill(
         f"backfill of {plan.batches} runs, one micro-batch each" + (" (capped; more follow)" if plan.capped else "")
     )
     return (sink or AlertSink.from_env()).send(
-        Alert(
-            table=spec.identifier,
-            asset_key_path=list(table_key(spec).path),
+        table_alert(
+            spec,
             measure="backlog_records",
             value=value,
             severity="WARN",

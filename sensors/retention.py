@@ -20,8 +20,8 @@ from dagster import AssetObservation, DefaultSensorStatus, MetadataValue, Sensor
 from kafka_iceberg.batch.planning import Watermarks, offset_lag
 from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.vocabulary import table_key, topic_key
-from kafka_iceberg.ops.alerts import Alert, AlertSink
+from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key, topic_key
+from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.ops.retention import PartitionRetention, evaluate
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
 
@@ -85,9 +85,8 @@ def alert_retention(
             for p in worst
         )
     return (sink or AlertSink.from_env()).send(
-        Alert(
-            table=spec.identifier,
-            asset_key_path=list(table_key(spec).path),
+        table_alert(
+            spec,
             measure=measure,
             value=value,
             severity="WARN" if status == "WARN" else "ERROR",
