@@ -20,6 +20,9 @@ What stays the same:
   or by a job, commits exactly one micro-batch, as before. Only runs launched by a sensor
   (tag ``dagster/sensor_name``) stream.
 
+- the checks at the end of a streaming run run at a lower CPU priority (:func:`lower_cpu_priority`),
+  so they do not slow the next run's first micro-batches on the same host.
+
 ``Settings.stream`` (:class:`~kafka_iceberg.config.models.StreamSettings`) holds the two bounds:
 ``budget_s`` (``LAKE_STREAM_BUDGET_S``, seconds, default 300; 0 turns streaming off) bounds a run's
 loop: no micro-batch starts after it. ``idle_s`` (``LAKE_STREAM_IDLE_S``, seconds, default 2) is how
@@ -28,8 +31,10 @@ long a run with no lag left waits for new records before it ends.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from dagster import (
     AssetExecutionContext,
@@ -44,6 +49,47 @@ from kafka_iceberg.config.models import StreamSettings
 from kafka_iceberg.kafka.admin import KafkaMetadata
 
 POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
+
+
+CHECK_NICENESS = 10
+"""The default (``LAKE_CHECK_NICENESS``) of the nice value of a streaming run's process tree while its last checks run (a worker's ``check`` op, a
+sensor-launched table run's ``duplicate_free``): they are the run's last work, and a successor serving
+on the same host gets the cores first."""
+
+
+def _descendants(root: int, proc: Path) -> list[int]:
+    """``root`` and the pids of every process below it, from ``proc``'s ``<pid>/stat`` files (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def lower_cpu_priority(niceness: int = CHECK_NICENESS, proc: Path = Path("/proc")) -> int:
+    """Raise the nice value of every thread of this process and of its descendants (the Spark JVM, its Python
+    workers) to ``niceness`` at least; Linux keeps it per thread, and threads started later inherit it.
+    Returns the number of threads changed (0 without ``/proc``, or with ``niceness`` 0). Never raises: a
+    thread that ended or that is not this user's is skipped."""
+    changed = 0
+    for pid in _descendants(os.getpid(), proc) if proc.is_dir() and niceness > 0 else []:
+        for task in (proc / str(pid) / "task").glob("[0-9]*"):
+            try:
+                tid = int(task.name)
+                if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
+                    changed += 1
+            except OSError:
+                continue
+    return changed
 
 
 def stream_budget_s(tags: dict[str, str], budget_s: float) -> float:
@@ -147,9 +193,11 @@ def materialize_stream(
 
 
 __all__ = [
+    "CHECK_NICENESS",
     "POOL_CHECK_S",
     "at_most_every",
     "committed_offsets",
+    "lower_cpu_priority",
     "materialize_stream",
     "others_waiting",
     "pool_waiting",

@@ -50,7 +50,7 @@ from kafka_iceberg.lake_assets.asset_metadata import (
     freshness_policy,
 )
 from kafka_iceberg.lake_assets.check_alerts import alert_check
-from kafka_iceberg.lake_assets.streaming import materialize_stream
+from kafka_iceberg.lake_assets.streaming import lower_cpu_priority, materialize_stream, stream_budget_s
 from kafka_iceberg.lake_assets.vocabulary import (
     IN_PROGRESS,
     MICRO_BATCHES,
@@ -319,6 +319,9 @@ def _duplicate_free_check(spec: TableSpec):
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
+        if stream_budget_s(dict(context.run.tags), settings.stream.budget_s) > 0:
+            pyspark.spark_session  # noqa: B018 - the JVM first, so that it is one of the children lowered
+            lower_cpu_priority(settings.stream.check_niceness)  # a streaming run's last work: its successor goes first
         # after the run's own commits: only the rows they added; a check run on its own: the full scan
         outcome = checks.duplicate_free(
             pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run.run_id

@@ -17,9 +17,7 @@ run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 from dagster import (
     AssetMaterialization,
@@ -39,7 +37,13 @@ from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.worker import Worker
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every, pool_waiting, stream_budget_s
+from kafka_iceberg.lake_assets.streaming import (
+    POOL_CHECK_S,
+    at_most_every,
+    lower_cpu_priority,
+    pool_waiting,
+    stream_budget_s,
+)
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
@@ -152,46 +156,6 @@ def _warm_op(name: str, specs: list[TableSpec]):
     return _warm
 
 
-CHECK_NICENESS = 10
-"""The nice value of a worker run's process tree while its ``check`` op runs: the checks are the run's last
-work, and a successor serving on the same host gets the cores first."""
-
-
-def _descendants(root: int, proc: Path) -> list[int]:
-    """``root`` and the pids of every process below it, from ``proc``'s ``<pid>/stat`` files (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def lower_cpu_priority(niceness: int = CHECK_NICENESS, proc: Path = Path("/proc")) -> int:
-    """Raise the nice value of every thread of this process and of its descendants (the Spark JVM, its Python
-    workers) to ``niceness`` at least; Linux keeps it per thread, and threads started later inherit it.
-    Returns the number of threads changed (0 without ``/proc``). Never raises: a thread that ended or
-    that is not this user's is skipped."""
-    changed = 0
-    for pid in _descendants(os.getpid(), proc) if proc.is_dir() else []:
-        for task in (proc / str(pid) / "task").glob("[0-9]*"):
-            try:
-                tid = int(task.name)
-                if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
-                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
-                    changed += 1
-            except OSError:
-                continue
-    return changed
-
-
 def _check_op(name: str, specs: list[TableSpec]):
     """The op ``check_<name>``: the checks the serving op left pending, outside the pool (a successor may serve)."""
 
@@ -206,8 +170,9 @@ def _check_op(name: str, specs: list[TableSpec]):
     ) -> None:
         resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
         env = _chores_env(resources)  # the Spark session first: its JVM is then one of this process's children
-        if pending:
-            context.log.info(f"{name}: {lower_cpu_priority()} threads at nice {CHECK_NICENESS} for the last checks")
+        niceness = env["settings"].stream.check_niceness
+        if pending and niceness:
+            context.log.info(f"{name}: {lower_cpu_priority(niceness)} threads at nice {niceness} for the last checks")
         WorkerChores.resume(context, specs, pending, env).finish()
 
     return _check
@@ -259,4 +224,4 @@ def worker_job(
     return _job
 
 
-__all__ = ["CHECK_NICENESS", "lower_cpu_priority", "worker_job"]
+__all__ = ["worker_job"]

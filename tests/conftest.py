@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import os
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,10 @@ from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
 _names = itertools.count()
+
+# a run executed in process with sensor tags would lower the test process's own CPU priority for its last
+# checks, for the rest of the session (tests/test_worker.py covers lower_cpu_priority in a process of its own)
+os.environ.setdefault("LAKE_CHECK_NICENESS", "0")
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,9 @@ def test_stream_settings_are_seconds_and_never_negative():
         load_settings(env={"LAKE_STREAM_IDLE_S": "soon"})
     with pytest.raises(ConfigError, match="LAKE_STREAM_BUDGET_S"):
         load_settings(env={"LAKE_STREAM_BUDGET_S": "-5"})
+    assert load_settings(env={}).stream.check_niceness == 10
+    with pytest.raises(ConfigError, match="LAKE_CHECK_NICENESS"):
+        load_settings(env={"LAKE_CHECK_NICENESS": "20"})  # Linux's lowest priority is 19
 
 
 def test_slack_settings_never_raise_and_hide_the_token(caplog):

@@ -197,6 +197,14 @@ class StreamSettings(EnvGroup):
         description="LAKE_STREAM_IDLE_S: seconds a streaming run with no lag left polls "
         "the high watermarks for new records before it ends.",
     )
+    check_niceness: int = Field(
+        10,
+        validation_alias="LAKE_CHECK_NICENESS",
+        ge=0,
+        le=19,
+        description="LAKE_CHECK_NICENESS: the nice value a streaming run's process tree (its Spark JVM included) "
+        "takes for its last checks, so the next run on the same host gets the cores first; 0 leaves it as is.",
+    )
     workers: int = Field(
         0,
         validation_alias="LAKE_WORKERS",
