@@ -52,9 +52,9 @@ POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
 
 
 CHECK_NICENESS = 10
-"""The default (``LAKE_CHECK_NICENESS``) of the nice value of a streaming run's process tree while its last checks run (a worker's ``check`` op, a
-sensor-launched table run's ``duplicate_free``): they are the run's last work, and a successor serving
-on the same host gets the cores first."""
+"""The default nice value (``LAKE_CHECK_NICENESS``) of a streaming run's process tree while its last checks
+run (a worker's ``check`` op, a sensor-launched table run's ``duplicate_free``): they are the run's last
+work, and a successor serving on the same host gets the cores first."""
 
 
 def _descendants(root: int, proc: Path) -> list[int]:
