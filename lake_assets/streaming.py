@@ -51,12 +51,6 @@ from kafka_iceberg.kafka.admin import KafkaMetadata
 POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
 
 
-CHECK_NICENESS = 10
-"""The default nice value (``LAKE_CHECK_NICENESS``) of a streaming run's process tree while its last checks
-run (a worker's ``check`` op, a sensor-launched table run's ``duplicate_free``): they are the run's last
-work, and a successor serving on the same host gets the cores first."""
-
-
 def _descendants(root: int, proc: Path) -> list[int]:
     """``root`` and the pids of every process below it, from ``proc``'s ``<pid>/stat`` files (Linux)."""
     children: dict[int, list[int]] = {}
@@ -74,9 +68,11 @@ def _descendants(root: int, proc: Path) -> list[int]:
     return out
 
 
-def lower_cpu_priority(niceness: int = CHECK_NICENESS, proc: Path = Path("/proc")) -> int:
+def lower_cpu_priority(niceness: int, proc: Path = Path("/proc")) -> int:
     """Raise the nice value of every thread of this process and of its descendants (the Spark JVM, its Python
-    workers) to ``niceness`` at least; Linux keeps it per thread, and threads started later inherit it.
+    workers) to ``niceness`` at least (``LAKE_CHECK_NICENESS``, before a streaming run's last checks, so a
+    successor serving on the same host gets the cores first); Linux keeps it per thread, and threads
+    started later inherit it.
     Returns the number of threads changed (0 without ``/proc``, or with ``niceness`` 0). Never raises: a
     thread that ended or that is not this user's is skipped."""
     changed = 0
@@ -193,7 +189,6 @@ def materialize_stream(
 
 
 __all__ = [
-    "CHECK_NICENESS",
     "POOL_CHECK_S",
     "at_most_every",
     "committed_offsets",

@@ -1,15 +1,17 @@
 """Worker runs (``LAKE_WORKERS`` >= 1): a few long-running runs serve every table.
 
 Each worker is a job (``lake_worker_<k>``) that keeps one process and one Spark session: its ``warm``
-op starts the session and checks the tables outside the pool, then its ``serve`` op holds the pool and serves its share of the tables (:func:`kafka_iceberg.batch.worker.worker_of`) through
+op starts the session and checks the tables outside the pool, then its ``serve`` op holds the pool and
+serves its share of the tables (:func:`kafka_iceberg.batch.worker.assign_workers`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
 that table's asset, with the same metadata as a table asset's run. Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
-``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending, outside
-the pool and at a lower CPU priority. It hands over only when another run's step waits for its pool: its warm successor, launched near the end
-of its budget (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it
-serves on while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
+``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
+outside the pool and at a lower CPU priority. It hands over only when another run's step waits for its
+pool: its warm successor, launched near the end of its budget
+(:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it serves on
+while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
