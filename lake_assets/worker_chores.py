@@ -11,8 +11,11 @@ alerted, and not tried again before its cron's next tick. A check is logged as t
 while the run serves, and once more at its end, so each check reads a bounded number of rows.
 
 While the run serves, a check reads in a background thread (one at a time, on the same Spark session)
-and the worker goes on committing; its evaluation is logged by the next chore call after it ends.
-Maintenance runs inline: it commits, and a commit is the pool's to serialize.
+and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
+check starts while no table has records waiting, or once it has been pending :data:`CHECK_EVERY_S`
+while some table always has: a backlog is drained before its checks compete with it for the cores.
+Maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
+micro-batch runs meanwhile in another thread of the worker.
 """
 
 from __future__ import annotations
@@ -73,27 +76,35 @@ class WorkerChores:
         self.by_id = {s.identifier: s for s in specs}
         self.spark, self.settings, self.catalog = env["spark"], env["settings"], env["catalog"]
         self.slack = env["slack"]
-        self.unchecked: dict[str, None] = {}  # tables committed to since their last check, oldest first
+        self.unchecked: dict[str, float] = {}  # committed to since their last check -> since (monotonic s)
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
         self.running: tuple[str, float, int | None, Future] | None = None  # identifier, started, after, future
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-check")
 
     def committed(self, spec: TableSpec) -> None:
-        """Note that ``spec``'s table got a commit of this run: its check is pending."""
-        self.unchecked.pop(spec.identifier, None)
-        self.unchecked[spec.identifier] = None
+        """Note that ``spec``'s table got a commit of this run: its check is pending (since its first
+        commit after its last check; the least recently committed table comes first)."""
+        since = self.unchecked.pop(spec.identifier, None)
+        self.unchecked[spec.identifier] = time.monotonic() if since is None else since
 
-    def __call__(self) -> bool:
+    def __call__(self, idle: bool = True, busy: frozenset = frozenset()) -> bool:
+        """One chore (see the class docstring); ``idle``: no table has records waiting; ``busy``: tables
+        whose micro-batch runs meanwhile (their maintenance waits)."""
         if self.running is not None:
             if not self.running[3].done():
                 return False  # one chore at a time; the worker goes on serving
             self._collect()
-        due = self.rota.next_due(int(time.time() * 1000))
+        due = self.rota.next_due(int(time.time() * 1000), skip=busy)
         if due is not None:
             self.maintain(self.by_id[due[0]], due[1])
             return True
         now = time.monotonic()
-        ready = [i for i in self.unchecked if now - self.checked.get(i, (-CHECK_EVERY_S, None))[0] >= CHECK_EVERY_S]
+        ready = [
+            i
+            for i, since in self.unchecked.items()
+            if now - self.checked.get(i, (-CHECK_EVERY_S, None))[0] >= CHECK_EVERY_S
+            and (idle or now - since >= CHECK_EVERY_S)
+        ]
         if ready:
             self._start_check(ready[0])
             return True
@@ -104,7 +115,7 @@ class WorkerChores:
         """The chores of a later op of the run with the checks ``pending`` (:meth:`pending`) and no maintenance."""
         chores = cls(context, specs, MaintenanceRota({}), env)
         for identifier, after in pending.items():
-            chores.unchecked[identifier], chores.checked[identifier] = None, (0.0, after)
+            chores.unchecked[identifier], chores.checked[identifier] = 0.0, (0.0, after)
         return chores
 
     def pending(self) -> dict[str, int | None]:

@@ -100,7 +100,8 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
 
     pending = [f"chore{i}" for i in range(6)]
 
-    def chores():
+    def chores(idle, busy):
+        assert busy == frozenset(), "one thread: nothing else runs while a chore does"
         if not pending:
             return False
         now[0] += 1
@@ -127,6 +128,86 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
     assert busy.count("batch") == 12 and 2 <= len(chores_while_busy) <= 4, log
     assert not pending, "the rest ran once no table had records waiting"
     assert log[0] == "batch" and worker.chore_s == 6
+
+
+def test_with_two_threads_two_tables_commit_at_once_and_one_table_never_twice():
+    """Four tables with records waiting and ``threads=2``: two micro-batches run at once (each waits until
+    the other has started), a table never has two, and the callbacks and chores run in the calling thread
+    with the in-flight table as ``busy``."""
+    import threading
+
+    specs = [make_spec(f"p{i}", f"ptopic{i}") for i in range(4)]
+    marks = {s.topic: {0: Watermarks(0, 20)} for s in specs}
+    committed = {s.identifier: {} for s in specs}
+    lock, in_flight, most, both = threading.Lock(), set(), [0], threading.Barrier(2, timeout=10)
+    main, callbacks, busy_seen = threading.current_thread(), [], []
+
+    def run_batch(spec):
+        with lock:
+            assert spec.identifier not in in_flight, "one table's micro-batches never overlap"
+            in_flight.add(spec.identifier)
+            most[0] = max(most[0], len(in_flight))
+        if len(committed[spec.identifier]) == 0 and spec.name in ("p0", "p1"):
+            both.wait()  # p0 and p1 start together: the second starts while the first runs
+        done = committed[spec.identifier].get(0, 0) + 10
+        with lock:
+            in_flight.discard(spec.identifier)
+        return type("R", (), {"offsets": {0: done}, "snapshot_id": 1})()
+
+    def chores(idle, busy):
+        busy_seen.append(busy)
+        callbacks.append(threading.current_thread())
+        return False
+
+    served = Worker(
+        specs,
+        run_batch,
+        lambda topics: {t: marks[t] for t in topics},
+        committed,
+        lambda s, r: callbacks.append(threading.current_thread()),
+        lambda s, e: callbacks.append(threading.current_thread()),
+        budget_s=60,
+        idle_s=0,
+        chores=chores,
+        threads=2,
+    ).run()
+    assert most[0] == 2, "two micro-batches ran at once"
+    assert all(len(v.results) == 2 for v in served.values()), {k: len(v.results) for k, v in served.items()}
+    assert committed == {s.identifier: {0: 20} for s in specs}
+    assert set(callbacks) == {main}, "callbacks and chores run in the calling thread"
+    assert any(len(b) == 1 for b in busy_seen), "a chore after one micro-batch sees the other still running"
+
+
+def test_a_check_waits_while_tables_have_records_waiting_until_it_is_overdue(monkeypatch):
+    """While some table has records waiting a pending check does not start, until it has been pending
+    for ``CHECK_EVERY_S``; while idle it starts at once. Maintenance of a busy table waits."""
+    from types import SimpleNamespace
+
+    from kafka_iceberg.lake_assets import worker_chores
+
+    spec = make_spec("c0", "topic_c0")
+    now = [1000.0]
+    monkeypatch.setattr(worker_chores.time, "monotonic", lambda: now[0])
+    started = []
+
+    class Recording(WorkerChores):
+        def _start_check(self, identifier):
+            started.append(identifier)
+            del self.unchecked[identifier]
+
+    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
+    chores = Recording(SimpleNamespace(run_id="r"), [spec], MaintenanceRota({}), env)
+    chores.committed(spec)
+    now[0] += CHECK_EVERY_S - 1
+    chores.committed(spec)  # a later commit does not postpone it
+    assert chores(idle=False) is False and started == []
+    now[0] += 1
+    assert chores(idle=False) is True and started == [spec.identifier], "overdue: it starts while busy"
+    chores.committed(spec)
+    now[0] += CHECK_EVERY_S
+    assert chores(idle=True) is True and started == [spec.identifier] * 2, "idle: it starts at once"
+    rota = MaintenanceRota({"n.a": {"compact": "0 * * * *"}}, {("n.a", "compact"): 0})
+    assert rota.next_due(61 * 60_000, skip={"n.a"}) is None and rota.next_due(61 * 60_000) == ("n.a", "compact")
 
 
 def test_past_its_budget_a_worker_serves_on_while_its_successor_starts_within_the_grace():

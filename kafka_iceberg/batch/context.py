@@ -12,6 +12,7 @@ value (:mod:`kafka_iceberg.batch.types`).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +48,9 @@ def no_crash(point: str) -> None:
 
 
 _ENSURED: set[tuple] = set()  # (spark app id, catalog uri, identifier) whose DDL ran in this process
+_ENSURING = threading.Lock()
+"""One thread of the process at a time creates or checks tables: two creating the first tables of a
+namespace would both create it (a worker serves several tables at once, ``LAKE_WORKER_THREADS``)."""
 
 
 @dataclass
@@ -143,6 +147,12 @@ class Lake:
         key = (self.spark.sparkContext.applicationId, self.settings.catalog.jdbc_uri, spec.identifier, spec)
         if key in _ENSURED:
             return
+        with _ENSURING:
+            if key not in _ENSURED:
+                self._ensure_tables(spec)
+                _ENSURED.add(key)
+
+    def _ensure_tables(self, spec: TableSpec) -> None:
         if spec.columns_from_registry:
             self.retry(
                 f"table {spec.identifier}: create the table from the registry",
@@ -157,7 +167,6 @@ class Lake:
             ensure_key_column(self, spec)
         if spec.bad_records.policy == "quarantine":
             self.ensure_dead_letter_table(spec)
-        _ENSURED.add(key)
 
     def ensure_dead_letter_table(self, spec: TableSpec) -> None:
         """Create ``spec``'s dead-letter table if missing (see :func:`catalog.ensure_dead_letter_table`)."""

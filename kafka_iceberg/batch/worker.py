@@ -4,7 +4,9 @@ Each turn runs one whole micro-batch of one table (:func:`kafka_iceberg.batch.pi
 recover, plan, conditional commit, the offsets in the snapshot), so every table keeps its own
 exactly-once commits. Tables are served by need and fairly: the table that has waited longest with
 records unread goes next, and after its (bounded) micro-batch it goes to the back of the line, so a
-busy table never holds the others up. A table whose micro-batch fails (a missing topic, a blocked
+busy table never holds the others up. Up to ``threads`` tables' micro-batches run at once (threads of
+one process on one Spark session: one table's read, mostly in librdkafka, pyarrow and the JVM, overlaps
+another's commit); one table never has two. A table whose micro-batch fails (a missing topic, a blocked
 schema change, bad records over its policy, a refused catalog commit) is set aside for the rest of
 the run and reported; the others keep committing. Plain Python: the Dagster layer
 (:mod:`kafka_iceberg.lake_assets.worker`) supplies the callbacks.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from kafka_iceberg.batch.planning import Watermarks
@@ -72,10 +75,16 @@ class Worker:
     committed offsets when the run starts; ``on_commit(spec, result)`` and ``on_failure(spec, error)``
     report each micro-batch (they must not raise).
 
-    ``chores()`` does one piece of other work (a due maintenance job, a pending check) and returns
-    whether there was any (it must not raise). It is called while no table has records waiting, and
-    after a micro-batch while chores have taken at most ``chore_share`` of the run's time so far, so
-    a backlog of chores slows ingestion by that share at most and never stops it."""
+    ``threads``: micro-batches of different tables run at once (1: one at a time, in the calling
+    thread). ``run_batch`` must then be safe to call from several threads at once; the callbacks and
+    chores are always called from the thread that called :meth:`run`.
+
+    ``chores(idle, busy)`` does one piece of other work (a due maintenance job, a pending check) and
+    returns whether there was any (it must not raise); ``idle``: no table has records waiting;
+    ``busy``: the identifiers whose micro-batch runs meanwhile (their maintenance must wait). It is
+    called while no table has records waiting, and after a micro-batch while chores have taken at most
+    ``chore_share`` of the run's time so far, so a backlog of chores slows ingestion by that share at
+    most and never stops it."""
 
     specs: Sequence[TableSpec]
     run_batch: Callable[[TableSpec], object]
@@ -90,12 +99,13 @@ class Worker:
     grace_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    chores: Callable[[], bool] = lambda: False
+    chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
     chore_share: float = 0.25
+    threads: int = 1
     chore_s: float = field(default=0.0, init=False)  # seconds spent in chores this run
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
-    def run(self) -> dict[str, TableServed]:
-        """Serve the tables (see the class docstring). Returns what was done, per table identifier."""
+    def _run(self) -> dict[str, TableServed]:
         served = {s.identifier: TableServed(s) for s in self.specs}
         self.started = self.clock()
         self.deadline = self.started + self.budget_s
@@ -126,36 +136,74 @@ class Worker:
             if self.budget_s <= 0 or self._spent() or self.should_stop():
                 return served
 
+    def run(self) -> dict[str, TableServed]:
+        """Serve the tables (see the class docstring). Returns what was done, per table identifier."""
+        try:
+            return self._run()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
     def _serve_round(self, due: list[TableSpec], served: dict[str, TableServed], waiting_since: dict[str, float]):
-        """One micro-batch of each due table, longest waiting first; each goes to the back after it."""
-        for spec in due:
-            if self.budget_s > 0 and (self._spent() or self.should_stop()):
+        """One micro-batch of each due table, longest waiting first and up to :attr:`threads` at once;
+        each table goes to the back after its own. No micro-batch starts past the budget; those
+        running are awaited."""
+        queue, running = list(due), {}
+        while queue or running:
+            while queue and len(running) < max(1, self.threads) and not self._stopping():
+                spec = queue.pop(0)
+                served[spec.identifier].tried = True
+                running[self._start(spec)] = spec
+            if not running:
                 return
-            served[spec.identifier].tried = True
-            try:
-                result = self.run_batch(spec)
-            except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
-                served[spec.identifier].error = exc
-                self.on_failure(spec, exc)
-                continue
-            finally:
-                waiting_since.pop(spec.identifier, None)
-            served[spec.identifier].results.append(result)
-            self.committed[spec.identifier] = dict(result.offsets)
-            self.on_commit(spec, result)
-            self._chore(idle=False)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                self._finish(running.pop(future), future, served, waiting_since)
+                self._chore(idle=False, busy=frozenset(s.identifier for s in running.values()))
+
+    def _stopping(self) -> bool:
+        return self.budget_s > 0 and (self._spent() or self.should_stop())
+
+    def _start(self, spec: TableSpec) -> Future:
+        """``spec``'s micro-batch: in a thread of the pool, or (one thread) run here, its future already done."""
+        if self.threads > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="lake-worker")
+            return self._pool.submit(self.run_batch, spec)
+        future: Future = Future()
+        try:
+            future.set_result(self.run_batch(spec))
+        except Exception as exc:  # noqa: BLE001 - reported by _finish; a BaseException (a crash) propagates
+            future.set_exception(exc)
+        return future
+
+    def _finish(self, spec: TableSpec, future: Future, served: dict[str, TableServed], waiting_since: dict) -> None:
+        """Report one finished micro-batch: its commit, or its failure (the table is set aside)."""
+        waiting_since.pop(spec.identifier, None)
+        error = future.exception()
+        if error is not None and not isinstance(error, Exception):
+            raise error  # a crash (SystemExit from a crash hook, a KeyboardInterrupt) ends the run
+        if error is not None:
+            served[spec.identifier].error = error
+            self.on_failure(spec, error)
+            return
+        result = future.result()
+        served[spec.identifier].results.append(result)
+        self.committed[spec.identifier] = dict(result.offsets)
+        self.on_commit(spec, result)
 
     def _spent(self) -> bool:
         """Whether the budget is spent: past the deadline, and past the grace or not held (:attr:`hold`)."""
         now = self.clock()
         return now >= self.deadline and (now >= self.deadline + self.grace_s or not self.hold())
 
-    def _chore(self, idle: bool) -> bool:
+    def _chore(self, idle: bool, busy: frozenset = frozenset()) -> bool:
         """One chore when ``idle``, or when chores took at most ``chore_share`` of the run so far; returns whether one ran."""
         if not idle and self.chore_s > self.chore_share * (self.clock() - self.started):
             return False
         t0 = self.clock()
-        ran = self.chores()
+        ran = self.chores(idle, busy)
         if ran:
             self.chore_s += self.clock() - t0
         return ran

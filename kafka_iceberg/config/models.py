@@ -214,6 +214,14 @@ class StreamSettings(EnvGroup):
         "all tables from N long-running worker runs (one process and Spark session each), launched by one "
         "sensor that watches every table.",
     )
+    worker_threads: int = Field(
+        2,
+        validation_alias="LAKE_WORKER_THREADS",
+        ge=1,
+        le=16,
+        description="LAKE_WORKER_THREADS: micro-batches of different tables a worker run (LAKE_WORKERS >= 1) "
+        "runs at once, in threads of its one process and Spark session; 1: one at a time.",
+    )
 
 
 DEFAULT_SLACK_CHANNEL = "#data-platform-alerts"

@@ -11,7 +11,7 @@ any worker a table moves to, knows it; a table without it counts from its first 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -56,11 +56,13 @@ class MaintenanceRota:
     last_run_ms: dict[tuple[str, str], int | None] = field(default_factory=dict)
     _due_at: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
 
-    def next_due(self, now_ms: int) -> tuple[str, str] | None:
+    def next_due(self, now_ms: int, skip: Collection[str] = ()) -> tuple[str, str] | None:
         """The (identifier, kind) whose first missed tick is the oldest, or None when nothing is due
-        (each job's next tick is computed once per run of it, not per call)."""
+        (each job's next tick is computed once per run of it, not per call); tables in ``skip`` wait."""
         due = []
         for identifier, crons in self.crons.items():
+            if identifier in skip:
+                continue
             for kind in KINDS:
                 tick = self._tick(identifier, kind, crons)
                 if tick is not None and tick <= now_ms:
