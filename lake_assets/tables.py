@@ -124,6 +124,8 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
         "quarantined_by_kind": MetadataValue.json(result.quarantine_kinds),
         "schema_changes": MetadataValue.json(result.schema_changes),
     }
+    if result.snapshots is not None:
+        md["snapshot_count"] = MetadataValue.int(result.snapshots)
     for phase, seconds in result.phase_seconds.items():
         md[f"phase_{phase}"] = MetadataValue.float(seconds)
     md["seconds_total"] = MetadataValue.float(round(sum(result.phase_seconds.values()), 3))

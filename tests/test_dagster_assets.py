@@ -8,6 +8,7 @@ import time
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, materialize
 
 from devtools.demo.data import produce
+from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.lake_assets.tables import MICRO_BATCHES, table_asset, table_checks, table_key, topic_asset
 from kafka_iceberg.resources import default_resources
 from tests.helpers import event_records, make_spec
@@ -59,10 +60,12 @@ def test_table_asset_materializes_micro_batches_with_metadata_and_checks(
         assert key in md, key
     checks = _checks_by_name(first)
     assert checks["duplicate_free"].passed, checks["duplicate_free"].description
+    after_first = len(load_catalog(settings.catalog).load_table(spec.identifier).metadata.snapshots)
     second = materialize(assets, resources=resources, instance=instance, partition_key=_slot(instance, "s2"))
     assert second.success
     md2 = second.get_asset_materialization_events()[0].materialization.metadata
     assert md2["records"].value == 50 and md2["lag_after_commit"].value == 0
+    assert md2["snapshot_count"].value == after_first > md["snapshot_count"].value, "the snapshots it planned on"
     checks = _checks_by_name(second)
     assert checks["duplicate_free"].passed and checks["freshness"].passed
 

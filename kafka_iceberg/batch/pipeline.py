@@ -219,7 +219,12 @@ def run_micro_batch(
     result = run_batch(lake, spec, plan, commit_id, phases)
     head = history.snapshots.get(history.main) if history.main is not None else None
     total = result.total_records if result.committed or head is None else head.summary.get("total-records")
-    return dataclasses.replace(result, recovery=recovery, total_records=None if total is None else int(total))
+    return dataclasses.replace(
+        result,
+        recovery=recovery,
+        total_records=None if total is None else int(total),
+        snapshots=len(history.snapshots),
+    )
 
 
 def connect(

@@ -173,6 +173,8 @@ class BatchResult:
     as Kafka offsets. ``snapshot_id`` is the published snapshot (None when nothing was
     committed because there was nothing new). ``total_records``: records the table holds
     after the batch (its head snapshot's ``total-records``; None for a table without one).
+    ``snapshots``: the snapshots in the table's metadata when the micro-batch planned (every ref's;
+    each one is in ``metadata.json`` until expired: docs/tables.md#streaming-tables-and-their-snapshots).
     """
 
     table: str
@@ -197,6 +199,7 @@ class BatchResult:
     schema_changes: list = field(default_factory=list)  # [{"column", "type"}]
     dead_letter_snapshot_id: int | None = None
     total_records: int | None = None
+    snapshots: int | None = None
 
     @property
     def total_lag(self) -> int:
