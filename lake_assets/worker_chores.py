@@ -120,7 +120,14 @@ class WorkerChores:
 
     def pending(self) -> dict[str, int | None]:
         """The tables whose check is pending (oldest first), each with the snapshot its last check
-        covered; a check still running in the background is awaited first."""
+        covered. A check that already ended is logged first; one still running in the background is
+        not awaited (the serving op holds the pool, which a successor may wait for): its table is
+        pending again, from the snapshot that check started after, and its outcome is dropped."""
+        if self.running is not None and not self.running[3].done():
+            identifier, started, after, _ = self.running
+            self.running = None
+            self.unchecked.setdefault(identifier, started)
+            self.checked[identifier] = (started, after)
         self._collect()
         return {i: self.checked.get(i, (0.0, None))[1] for i in self.unchecked}
 

@@ -346,6 +346,32 @@ def test_a_check_reads_in_the_background_while_the_worker_goes_on():
     assert calls == [(None, "run-2"), (42, "run-2")]
 
 
+def test_the_serving_op_does_not_wait_for_a_running_check_at_its_end():
+    """``pending()`` (the serving op's end, in the pool) returns at once while a check runs: its table
+    is pending again from the snapshot that check started after, for the ``check`` op outside the pool."""
+    import threading
+    from types import SimpleNamespace
+
+    spec = make_spec("c3", "topic_c3")
+    release, reported = threading.Event(), []
+
+    class SlowChores(WorkerChores):
+        def evaluate(self, spec, after, run_id):
+            assert release.wait(10)
+            return 7, "outcome"
+
+        def report(self, spec, outcome):
+            reported.append(outcome)
+
+    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
+    chores = SlowChores(SimpleNamespace(run_id="run-3"), [spec], MaintenanceRota({}), env)
+    chores.committed(spec)
+    assert chores() is True
+    assert chores.pending() == {spec.identifier: None}, "not awaited: pending again, from where it started"
+    assert not release.is_set() and reported == []
+    release.set()
+
+
 def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
     settings, spark, kafka, catalog, kafka_config, unique, topic_factory
 ):
