@@ -39,14 +39,19 @@ from pathlib import Path
 from dagster import (
     AssetExecutionContext,
     AssetMaterialization,
+    AssetObservation,
     DagsterRunStatus,
     MaterializeResult,
     MetadataValue,
     RunsFilter,
 )
 
+from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.config.models import StreamSettings
+from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.kafka.admin import KafkaMetadata
+from kafka_iceberg.ops.incremental_check import snapshots_to_keep
+from kafka_iceberg.ops.rota import run_job
 
 POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
 
@@ -149,6 +154,31 @@ def wait_for_lag(kafka: KafkaMetadata, topic: str, committed: dict[int, int], ti
         time.sleep(POLL_S)
 
 
+def trim_snapshots(context, spark, catalog_name: str, pycatalog, spec: TableSpec, snapshots: int | None) -> bool:
+    """Expire ``spec``'s snapshots by count when its last commit left more than its
+    ``maintenance.max_snapshots`` (``snapshots``: the ones that commit planned on, ``BatchResult.snapshots``),
+    keeping those this run's ``duplicate_free`` check will read (it checks at the end of the run), and
+    log the expiry as an ``AssetObservation``. Skipped while that would expire fewer than half of the
+    snapshots between ``retain_last`` and the ceiling (the run's own commits stay until its check).
+    Returns whether it ran. Never raises: the commit stands, a failed expiry is logged as a warning,
+    and the next commit past the ceiling tries again."""
+    policy = spec.maintenance
+    if snapshots is None or snapshots + 1 <= policy.max_snapshots:
+        return False
+    try:
+        view = metadata_view(load_table(pycatalog, spec.identifier))
+        keep = snapshots_to_keep(view, context.run_id)
+        if len(view.snapshots) - max(keep, policy.retain_last) < (policy.max_snapshots - policy.retain_last) // 2:
+            return False
+        result = run_job(spark, catalog_name, spec, "expire_snapshots", lambda: view, keep=lambda _: keep)
+    except Exception as exc:  # noqa: BLE001 - maintenance must not fail a committed micro-batch
+        context.log.warning(f"{spec.identifier}: expiring snapshots past max_snapshots failed: {exc}")
+        return False
+    context.log.info(f"{spec.identifier}: {len(view.snapshots)} snapshots, past max_snapshots: {result.output}")
+    context.log_event(AssetObservation(asset_key=context.asset_key, metadata=result.as_metadata()))
+    return True
+
+
 def materialize_stream(
     context: AssetExecutionContext,
     kafka: KafkaMetadata,
@@ -197,5 +227,6 @@ __all__ = [
     "others_waiting",
     "pool_waiting",
     "stream_budget_s",
+    "trim_snapshots",
     "wait_for_lag",
 ]

@@ -50,7 +50,12 @@ from kafka_iceberg.lake_assets.asset_metadata import (
     freshness_policy,
 )
 from kafka_iceberg.lake_assets.check_alerts import alert_check
-from kafka_iceberg.lake_assets.streaming import lower_cpu_priority, materialize_stream, stream_budget_s
+from kafka_iceberg.lake_assets.streaming import (
+    lower_cpu_priority,
+    materialize_stream,
+    stream_budget_s,
+    trim_snapshots,
+)
 from kafka_iceberg.lake_assets.vocabulary import (
     IN_PROGRESS,
     MICRO_BATCHES,
@@ -200,6 +205,7 @@ def _one_batch(
     )
     if result.schema_changes:
         alert_schema_change(spec, result.schema_changes, slack.sink())
+    trim_snapshots(context, pyspark.spark_session, settings.catalog.name, catalog.load(), spec, result.snapshots)
     md = materialization_metadata(result)
     if result.total_records is not None:
         md["dagster/row_count"] = MetadataValue.int(result.total_records)

@@ -16,6 +16,12 @@ check starts while no table has records waiting, or once it has been pending :da
 while some table always has: a backlog is drained before its checks compete with it for the cores.
 Maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
 micro-batch runs meanwhile in another thread of the worker.
+
+A table whose last commit left it more than ``maintenance.max_snapshots`` snapshots has them expired
+by count as the next chore, down to ``retain_last`` (:func:`kafka_iceberg.ops.maintenance.expire`):
+a streaming table commits up to a few times a second, and each snapshot makes every later commit
+slower. Its pending check runs first, unless one started within :data:`TRIM_CHECK_S`, and the expiry
+keeps the snapshots that check will read from, so the check stays incremental.
 """
 
 from __future__ import annotations
@@ -32,11 +38,17 @@ from kafka_iceberg.lake_assets.tables import check_result
 from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
+from kafka_iceberg.ops.incremental_check import snapshots_to_keep
 from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job
 
 CHECK_EVERY_S = 300.0
 """Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
 sensor-launched run of the table would check it, at the end of its ``LAKE_STREAM_BUDGET_S``)."""
+
+
+TRIM_CHECK_S = 30.0
+"""Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
+expired without another one first (the expiry keeps the snapshots committed after its start)."""
 
 
 def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
@@ -77,15 +89,19 @@ class WorkerChores:
         self.spark, self.settings, self.catalog = env["spark"], env["settings"], env["catalog"]
         self.slack = env["slack"]
         self.unchecked: dict[str, float] = {}  # committed to since their last check -> since (monotonic s)
+        self.snapshots: dict[str, int] = {}  # identifier -> snapshots after its last commit (every ref's)
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
         self.running: tuple[str, float, int | None, Future] | None = None  # identifier, started, after, future
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-check")
 
-    def committed(self, spec: TableSpec) -> None:
+    def committed(self, spec: TableSpec, snapshots: int | None = None) -> None:
         """Note that ``spec``'s table got a commit of this run: its check is pending (since its first
-        commit after its last check; the least recently committed table comes first)."""
+        commit after its last check; the least recently committed table comes first). ``snapshots``:
+        the table's snapshots the commit planned on (``BatchResult.snapshots``; None: unknown)."""
         since = self.unchecked.pop(spec.identifier, None)
         self.unchecked[spec.identifier] = time.monotonic() if since is None else since
+        if snapshots is not None:
+            self.snapshots[spec.identifier] = snapshots + 1
 
     def __call__(self, idle: bool = True, busy: frozenset = frozenset()) -> bool:
         """One chore (see the class docstring); ``idle``: no table has records waiting; ``busy``: tables
@@ -97,6 +113,13 @@ class WorkerChores:
         due = self.rota.next_due(int(time.time() * 1000), skip=busy)
         if due is not None:
             self.maintain(self.by_id[due[0]], due[1])
+            return True
+        over = next(
+            (i for i, n in self.snapshots.items() if i not in busy and n > self.by_id[i].maintenance.max_snapshots),
+            None,
+        )
+        if over is not None:
+            self._trim(over)
             return True
         now = time.monotonic()
         ready = [
@@ -138,6 +161,16 @@ class WorkerChores:
             self._start_check(next(iter(self.unchecked)))
             self._collect()
 
+    def _trim(self, identifier: str) -> None:
+        """Expire the snapshots of ``identifier``, past its ``max_snapshots``, by count; first start its
+        pending check unless one started within :data:`TRIM_CHECK_S` (the expiry then waits for it)."""
+        last_check = self.checked.get(identifier, (None, None))[0]
+        if identifier in self.unchecked and (last_check is None or time.monotonic() - last_check > TRIM_CHECK_S):
+            self._start_check(identifier)
+            return
+        del self.snapshots[identifier]
+        self.maintain(self.by_id[identifier], "expire_snapshots")
+
     def _start_check(self, identifier: str) -> None:
         """Start the check of ``identifier`` in the background thread (:meth:`evaluate`)."""
         del self.unchecked[identifier]
@@ -178,6 +211,9 @@ class WorkerChores:
                 spec,
                 kind,
                 lambda: metadata_view(load_table(self.catalog, spec.identifier)),
+                keep=lambda view: snapshots_to_keep(
+                    view, self.context.run_id, self.checked.get(spec.identifier, (0, None))[1]
+                ),
             )
             record_run(self.catalog, spec.identifier, kind, started_ms)
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
@@ -214,4 +250,4 @@ class WorkerChores:
         )
 
 
-__all__ = ["CHECK_EVERY_S", "WorkerChores", "rota_for", "worker_alert"]
+__all__ = ["CHECK_EVERY_S", "TRIM_CHECK_S", "WorkerChores", "rota_for", "worker_alert"]

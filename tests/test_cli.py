@@ -82,6 +82,7 @@ def test_owners_and_tags_per_table_and_in_defaults(tmp_path):
             "maintenance.compact: '99 * * * *' is not a valid five-field cron",
         ),
         ({"maintenance": {"expire": "0 3 * *"}}, "maintenance.expire"),
+        ({"maintenance": {"max_snapshots": 100}}, "maintenance.max_snapshots must exceed retain_last, got 100 <= 100"),
         ({"owners": ["bob"]}, "must be e-mail addresses or team:<name>"),
         ({"tags": {"a b": "c"}}, "tags ['a b=c']"),
         ({"lag": {"window": 1}}, "table bad: lag needs window >= 2, got 1"),

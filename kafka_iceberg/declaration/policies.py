@@ -59,7 +59,9 @@ class LagPolicy:
 class MaintenancePolicy:
     """Maintenance schedules (cron, UTC) and their settings for one table.
 
-    ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``;
+    ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``; a table with more
+    than ``max_snapshots`` snapshots keeps only its newest ``retain_last`` (and what its ingest state
+    and a pending check need), and a worker run expires it as soon as it passes that ceiling;
     ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
     the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
     ``full_check_cron``: the full-scan ``duplicate_free`` check (after a run it is incremental).
@@ -74,6 +76,7 @@ class MaintenancePolicy:
     target_file_size_bytes: int
     full_check_cron: str
     pinned: tuple[str, ...]  # crons the table declares itself (run as written; others spread, ops/spread.py)
+    max_snapshots: int = 1000
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,15 @@ def maintenance_policy(m: MaintenanceDecl, where: str, own: dict) -> Maintenance
     the table itself wrote it (its crons are pinned, the others spread).
 
     Raises:
-        ConfigError: ``orphan_older_than`` below 24 h.
+        ConfigError: ``orphan_older_than`` below 24 h, or ``max_snapshots`` not above ``retain_last``.
     """
     orphan_s = parse_duration_s(m.orphan_older_than, f"{where} maintenance.orphan_older_than")
     if orphan_s < 86400:
         raise ConfigError(f"{where}: maintenance.orphan_older_than must be at least 24h (longer than any micro-batch)")
+    if m.max_snapshots <= m.retain_last:
+        raise ConfigError(
+            f"{where}: maintenance.max_snapshots must exceed retain_last, got {m.max_snapshots} <= {m.retain_last}"
+        )
     return MaintenancePolicy(
         m.compact,
         m.expire,
@@ -138,6 +145,7 @@ def maintenance_policy(m: MaintenanceDecl, where: str, own: dict) -> Maintenance
         m.target_file_size_bytes,
         m.full_check,
         tuple(k for k in ("compact", "expire", "remove_orphans", "full_check") if k in own),
+        m.max_snapshots,
     )
 
 

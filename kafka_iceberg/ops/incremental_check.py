@@ -34,6 +34,17 @@ def run_snapshots(view: TableMetadataView, commit_id: str, after: int | None = N
     return scope if done is None else scope[done + 1 :]
 
 
+def snapshots_to_keep(view: TableMetadataView, commit_id: str, after: int | None = None) -> int:
+    """How many of ``main``'s newest snapshots an incremental check of ``commit_id`` after snapshot
+    ``after`` reads from: its snapshots (:func:`run_snapshots`) and the parent its read starts after
+    (0 when it has none). Snapshot expiry that keeps them leaves the check incremental."""
+    scope = run_snapshots(view, commit_id, after)
+    if not scope:
+        return 0
+    newest_first = [s.snapshot_id for s in ancestors(view.snapshots, view.main)]
+    return newest_first.index(scope[0].snapshot_id) + 2
+
+
 def merged_ranges(snapshots: list[SnapshotInfo]) -> dict[int, list[tuple[int, int]]]:
     """The union of the snapshots' ``kafka.batch`` ranges per partition, as sorted disjoint
     half-open ``(start, end)`` offset ranges."""
@@ -66,14 +77,15 @@ def duplicate_free_since(
 ) -> dict | None:
     """The figures of the incremental check for the snapshots since ``commit_id``'s first one (after
     snapshot ``after``, the last one an earlier check of this commit id covered; see the module
-    docstring), or None when it does not apply: ``commit_id`` committed nothing (since ``after``), or
-    its first snapshot has no parent (then the full check reads no more than this would).
+    docstring), or None when it does not apply: ``commit_id`` committed nothing (since ``after``), its
+    first snapshot has no parent (then the full check reads no more than this would), or that parent
+    was expired (the rows of the expired snapshots can only be verified by the full check).
 
     Figures: ``snapshots_examined`` (summaries), ``snapshots_scanned`` and ``rows_scanned`` (the
     incremental read), ``overlapping_snapshot_pairs``, ``duplicate_offsets`` (extra copies among
     the scanned rows), ``rows_outside_batch_ranges``."""
     scope = run_snapshots(view, commit_id, after)
-    if not scope or scope[0].parent_id is None:
+    if not scope or scope[0].parent_id is None or scope[0].parent_id not in view.snapshots:
         return None
     history = ancestors(view.snapshots, view.main)
     overlaps = overlapping_batches(history)
@@ -142,4 +154,11 @@ def outcome_figures(figures: dict, sample: int = 10) -> tuple[bool, str, dict]:
     )
 
 
-__all__ = ["duplicate_free_since", "merged_ranges", "outcome_figures", "overlap_examples", "run_snapshots"]
+__all__ = [
+    "duplicate_free_since",
+    "merged_ranges",
+    "outcome_figures",
+    "overlap_examples",
+    "run_snapshots",
+    "snapshots_to_keep",
+]

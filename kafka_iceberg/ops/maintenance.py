@@ -11,7 +11,9 @@
 * :func:`expire` runs ``expire_snapshots``. The ingest state needs only the newest ingest
   snapshot of ``main`` (each one carries every partition's offsets; see
   :mod:`kafka_iceberg.state`); a compaction's ``replace`` snapshot does not carry them, so
-  ``retain_last`` is raised as far as needed to keep that ingest snapshot. What expiry does
+  ``retain_last`` is raised as far as needed to keep that ingest snapshot. A table past its
+  ``max_snapshots`` ceiling (a streaming table commits up to a few times a second) is cut back to
+  ``retain_last`` by count, whatever the snapshots' age. What expiry does
   remove is history: the duplicate-free check compares offset ranges across the snapshots
   that are left, so ``retain_last`` bounds how far back it can look.
 * :func:`remove_orphans` runs ``remove_orphan_files`` with a safety window (``older_than``)
@@ -204,16 +206,23 @@ def expire(
     max_snapshot_age_s: float,
     retain_last: int,
     view: TableMetadataView | None = None,
+    max_snapshots: int | None = None,
+    keep: int = 0,
 ) -> MaintenanceResult:
     """Expire snapshots older than ``max_snapshot_age_s`` seconds, keeping at least the last
-    ``retain_last`` (>= 1) of each branch and never the newest ingest snapshot of ``main``
-    (``retain_last`` is raised to :func:`snapshots_to_keep_state` of ``view``, the table's
-    current metadata); deletes the files only the expired snapshots referenced."""
+    ``retain_last`` (>= 1) of each branch, the newest ``keep`` of ``main`` (e.g. what a pending
+    incremental check reads from) and never the newest ingest snapshot of ``main`` (``retain_last``
+    is raised to :func:`snapshots_to_keep_state` of ``view``, the table's current metadata); deletes
+    the files only the expired snapshots referenced. A ``view`` with more than ``max_snapshots``
+    snapshots (every ref's) is cut back by count: every snapshot but those kept goes, however young
+    (the result's output then has ``over_max_snapshots``: the count before)."""
     if retain_last < 1:
         raise ValueError("retain_last must be at least 1")
+    retain_last = max(retain_last, keep)
     if view is not None:
         retain_last = max(retain_last, snapshots_to_keep_state(view))
-    older_than = _timestamp(time.time() * 1000 - max_snapshot_age_s * 1000)
+    by_count = view is not None and max_snapshots is not None and len(view.snapshots) > max_snapshots
+    older_than = _timestamp(time.time() * 1000 - (0 if by_count else max_snapshot_age_s * 1000))
     result = _run(
         spark,
         catalog,
@@ -222,6 +231,8 @@ def expire(
         f", older_than => TIMESTAMP '{older_than}', retain_last => {int(retain_last)}",
     )
     result.output["retain_last"] = int(retain_last)
+    if by_count:
+        result.output["over_max_snapshots"] = len(view.snapshots)
     return result
 
 

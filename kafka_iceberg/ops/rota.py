@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from croniter import croniter
 from pyiceberg.exceptions import CommitFailedException
 
+from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.cdc import tombstones
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.ops import maintenance
@@ -83,10 +84,18 @@ class MaintenanceRota:
         self._due_at.pop((identifier, kind), None)
 
 
-def run_job(spark, catalog_name: str, spec: TableSpec, kind: str, view: Callable[[], object]) -> MaintenanceResult:
+def run_job(
+    spark,
+    catalog_name: str,
+    spec: TableSpec,
+    kind: str,
+    view: Callable[[], TableMetadataView],
+    keep: Callable[[TableMetadataView], int] = lambda view: 0,
+) -> MaintenanceResult:
     """Run the maintenance job ``kind`` (one of :data:`KINDS`) on ``spec``'s table through Iceberg's
     Spark procedures (:mod:`kafka_iceberg.ops.maintenance`); ``view()`` gives the table's
-    :class:`~kafka_iceberg.catalog.tables.TableMetadataView` (snapshot expiry keeps the ingest state).
+    :class:`~kafka_iceberg.catalog.tables.TableMetadataView` (snapshot expiry keeps the ingest state,
+    and the newest ``keep(view)`` snapshots of ``main``; past ``max_snapshots`` it expires by count).
 
     Raises:
         ValueError: an unknown ``kind``.
@@ -97,8 +106,16 @@ def run_job(spark, catalog_name: str, spec: TableSpec, kind: str, view: Callable
         result = maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
         return with_tombstones(spark, catalog_name, spec, kind, result)
     if kind == "expire_snapshots":
+        current = view()
         result = maintenance.expire(
-            spark, catalog_name, spec.identifier, policy.max_snapshot_age_s, policy.retain_last, view=view()
+            spark,
+            catalog_name,
+            spec.identifier,
+            policy.max_snapshot_age_s,
+            policy.retain_last,
+            view=current,
+            max_snapshots=policy.max_snapshots,
+            keep=keep(current),
         )
         return with_tombstones(spark, catalog_name, spec, kind, result)
     if kind == "remove_orphan_files":

@@ -1,0 +1,106 @@
+"""A streaming table's snapshots stay bounded (``maintenance.max_snapshots``): a worker run checks the
+table and then expires it by count, keeping what the ingest state and the next incremental check
+need; a sensor-launched streaming run keeps its own commits for its check. Real Spark, the real
+catalog, the dev broker."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from devtools.demo.data import produce
+from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
+from kafka_iceberg.lake_assets.streaming import trim_snapshots
+from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.lake_assets.worker_chores import WorkerChores
+from kafka_iceberg.ops import checks
+from kafka_iceberg.ops.rota import MaintenanceRota
+from kafka_iceberg.state import state_at
+from tests.helpers import event_records, make_spec
+from tests.test_worker import _rows
+
+CEILING = {"retain_last": 2, "max_snapshots": 6}
+
+
+def _context(run_id: str, events: list, spec=None):
+    log = SimpleNamespace(info=lambda msg: None, error=events.append, warning=events.append)
+    key = table_key(spec) if spec is not None else None
+    return SimpleNamespace(run_id=run_id, log=log, log_event=events.append, asset_key=key)
+
+
+def _table(kafka_config, unique, topic_factory, records=200):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(records)))
+    return make_spec(unique, topic, max_records_per_partition=20, maintenance=CEILING)
+
+
+def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
+    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
+):
+    spec = _table(kafka_config, unique, topic_factory)
+    reported, events = [], []
+
+    class Chores(WorkerChores):
+        def report(self, spec, outcome):
+            reported.append(outcome)
+
+    context = _context(f"run-{unique}", events)
+    env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
+    chores = Chores(context, [spec], MaintenanceRota({}), env)
+
+    def commit() -> None:
+        result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
+        chores.committed(spec, result.snapshots)
+
+    for _ in range(5):  # the first commit makes two snapshots (an empty one as the table is created)
+        commit()
+    assert chores(False) is False, "6 snapshots: at the ceiling (and a busy worker checks later)"
+    commit()  # 7 snapshots: past it
+    assert chores(False) is True and chores.running is not None, "its pending check goes first"
+    chores.running[3].result(timeout=300)
+    assert chores(False) is True, "the check is logged, then the snapshots are expired"
+    assert reported[0].passed and reported[0].figures["scope"] == "incremental"
+    (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
+    assert observation.metadata["procedure_output"].value["over_max_snapshots"] == 7
+    view = metadata_view(load_table(catalog, spec.identifier))
+    assert len(view.snapshots) == 2, "cut back to retain_last"
+    assert state_at(view.snapshots, view.main).offsets == {0: 120}, "the ingest state survives"
+    assert chores(False) is False, "nothing left to do until the next commit"
+
+    for _ in range(4):
+        commit()
+    chores.finish()  # the next check reads after the snapshot the first one covered, which was kept
+    assert reported[1].passed and reported[1].figures["scope"] == "incremental"
+    assert reported[1].figures["rows_scanned"] == 80
+    assert _rows(settings, spec) == (200, 200)
+    # a check whose first snapshots were expired cannot read incrementally: it reads the whole table
+    view = metadata_view(load_table(catalog, spec.identifier))
+    full = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
+    assert full.passed and full.figures["scope"] == "full"
+
+
+def test_a_streaming_run_keeps_its_own_snapshots_for_its_check_and_expires_older_ones(
+    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
+):
+    spec = _table(kafka_config, unique, topic_factory)
+    for _ in range(4):  # an earlier run's commits
+        run_micro_batch(spark, settings, spec, commit_id=f"old-{unique}", kafka=kafka, catalog=catalog)
+    events = []
+    context = _context(f"run-{unique}", events, spec)
+    for _ in range(3):
+        result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
+    assert result.snapshots == 7, "the first commit made two"
+    assert trim_snapshots(context, spark, settings.catalog.name, catalog, spec, result.snapshots)
+    view = metadata_view(load_table(catalog, spec.identifier))
+    assert len(view.snapshots) == 4, "this run's 3 snapshots and the parent its check reads after"
+    outcome = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
+    assert outcome.passed and outcome.figures["scope"] == "incremental" and outcome.figures["rows_scanned"] == 60
+
+    for _ in range(3):
+        result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
+    assert result.snapshots == 6, "7 after this commit, past the ceiling"
+    assert not trim_snapshots(context, spark, settings.catalog.name, catalog, spec, result.snapshots), (
+        "only this run's own snapshots (and their parent) could go: not worth an expiry"
+    )
+    assert len(metadata_view(load_table(catalog, spec.identifier)).snapshots) == 7
+    assert [type(e).__name__ for e in events] == ["AssetObservation"]
