@@ -21,7 +21,11 @@ A table whose last commit left it more than ``maintenance.max_snapshots`` snapsh
 by count as the next chore, down to ``retain_last`` (:func:`kafka_iceberg.ops.maintenance.expire`):
 a streaming table commits up to a few times a second, and each snapshot makes every later commit
 slower. Its pending check runs first, unless one started within :data:`TRIM_CHECK_S`, and the expiry
-keeps the snapshots that check will read from, so the check stays incremental.
+keeps the snapshots that check will read from, so the check stays incremental. That expiry reads
+every manifest list of the table (seconds to tens of seconds), so it runs in the background thread, like
+a check, while the worker goes on committing, to that table too: its micro-batches commit on ``main``
+(conditional, each on the latest metadata), and Iceberg's expiry keeps the newest snapshots of the
+metadata it commits on (retrying on a conflicting commit), :data:`CONCURRENT_COMMITS` more than needed.
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ sensor-launched run of the table would check it, at the end of its ``LAKE_STREAM
 
 TRIM_CHECK_S = 30.0
 """Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
-expired without another one first (the expiry keeps the snapshots committed after its start)."""
+expired without another one first (the expiry keeps the snapshots committed after its start); and the
+least time between two expiries by count of one table."""
+
+
+CONCURRENT_COMMITS = 10
+"""Snapshots a background expiry keeps beyond what the next check reads from: commits of the table that
+land between reading its metadata and the expiry's own load of it."""
 
 
 def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
@@ -90,8 +100,10 @@ class WorkerChores:
         self.slack = env["slack"]
         self.unchecked: dict[str, float] = {}  # committed to since their last check -> since (monotonic s)
         self.snapshots: dict[str, int] = {}  # identifier -> snapshots after its last commit (every ref's)
+        self.trimmed: dict[str, float] = {}  # identifier -> when its last expiry by count started (monotonic s)
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
-        self.running: tuple[str, float, int | None, Future] | None = None  # identifier, started, after, future
+        # identifier, started (monotonic s), the check's after, future, what ("duplicate_free" or "expire_snapshots")
+        self.running: tuple[str, float, int | None, Future, str] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-check")
 
     def committed(self, spec: TableSpec, snapshots: int | None = None) -> None:
@@ -114,10 +126,7 @@ class WorkerChores:
         if due is not None:
             self.maintain(self.by_id[due[0]], due[1])
             return True
-        over = next(
-            (i for i, n in self.snapshots.items() if i not in busy and n > self.by_id[i].maintenance.max_snapshots),
-            None,
-        )
+        over = self._over_ceiling(busy)
         if over is not None:
             self._trim(over)
             return True
@@ -145,12 +154,16 @@ class WorkerChores:
         """The tables whose check is pending (oldest first), each with the snapshot its last check
         covered. A check that already ended is logged first; one still running in the background is
         not awaited (the serving op holds the pool, which a successor may wait for): its table is
-        pending again, from the snapshot that check started after, and its outcome is dropped."""
+        pending again, from the snapshot that check started after, and its outcome is dropped. An expiry
+        still running is not awaited either: it ends in its thread, and only its observation is lost."""
         if self.running is not None and not self.running[3].done():
-            identifier, started, after, _ = self.running
+            identifier, started, after, _, what = self.running
             self.running = None
-            self.unchecked.setdefault(identifier, started)
-            self.checked[identifier] = (started, after)
+            if what == "duplicate_free":
+                self.unchecked.setdefault(identifier, started)
+                self.checked[identifier] = (started, after)
+            else:
+                self.context.log.info(f"{identifier}: {what} still running at the end of serving, not awaited")
         self._collect()
         return {i: self.checked.get(i, (0.0, None))[1] for i in self.unchecked}
 
@@ -161,22 +174,36 @@ class WorkerChores:
             self._start_check(next(iter(self.unchecked)))
             self._collect()
 
+    def _over_ceiling(self, busy: frozenset) -> str | None:
+        """A table whose last commit left it past its ``max_snapshots``, not in ``busy``, and not expired
+        within :data:`TRIM_CHECK_S` (a commit planned before that expiry reports the count before it)."""
+        now = time.monotonic()
+        for identifier, n in self.snapshots.items():
+            recent = now - self.trimmed.get(identifier, -TRIM_CHECK_S) < TRIM_CHECK_S
+            if identifier not in busy and not recent and n > self.by_id[identifier].maintenance.max_snapshots:
+                return identifier
+        return None
+
     def _trim(self, identifier: str) -> None:
-        """Expire the snapshots of ``identifier``, past its ``max_snapshots``, by count; first start its
-        pending check unless one started within :data:`TRIM_CHECK_S` (the expiry then waits for it)."""
+        """Start the expiry by count of ``identifier``'s snapshots, past its ``max_snapshots``, in the background
+        thread; or first its pending check, unless one started within :data:`TRIM_CHECK_S`."""
         last_check = self.checked.get(identifier, (None, None))[0]
         if identifier in self.unchecked and (last_check is None or time.monotonic() - last_check > TRIM_CHECK_S):
             self._start_check(identifier)
             return
         del self.snapshots[identifier]
-        self.maintain(self.by_id[identifier], "expire_snapshots")
+        self.trimmed[identifier] = time.monotonic()
+        spec, started_ms, kind = self.by_id[identifier], int(time.time() * 1000), "expire_snapshots"
+        self.rota.mark(identifier, kind, started_ms)
+        future = self._thread.submit(self.job, spec, kind, started_ms)
+        self.running = (identifier, time.monotonic(), self.checked.get(identifier, (0.0, None))[1], future, kind)
 
     def _start_check(self, identifier: str) -> None:
         """Start the check of ``identifier`` in the background thread (:meth:`evaluate`)."""
         del self.unchecked[identifier]
         after = self.checked.get(identifier, (0.0, None))[1]
         future = self._thread.submit(self.evaluate, self.by_id[identifier], after, self.context.run_id)
-        self.running = (identifier, time.monotonic(), after, future)
+        self.running = (identifier, time.monotonic(), after, future, "duplicate_free")
 
     def _collect(self) -> None:
         """Wait for the running check, if any, and log its evaluation. One that raised (the catalog
@@ -184,8 +211,14 @@ class WorkerChores:
         commit makes it pending again, from the same snapshot, after :data:`CHECK_EVERY_S`."""
         if self.running is None:
             return
-        identifier, started, after, future = self.running
+        identifier, started, after, future, what = self.running
         self.running, spec = None, self.by_id[identifier]
+        if what != "duplicate_free":
+            try:
+                self.observe(spec, future.result())
+            except Exception as exc:  # noqa: BLE001 - the next commit past the ceiling tries again
+                self._alert(spec, what, exc)
+            return
         try:
             main, outcome = future.result()
         except Exception as exc:  # noqa: BLE001 - a chore must not stop the worker
@@ -200,25 +233,36 @@ class WorkerChores:
         self.slack.sink().send(worker_alert(spec, what, exc, self.context.run_id, "WARN"))
 
     def maintain(self, spec: TableSpec, kind: str) -> None:
-        """Run the maintenance job ``kind`` on ``spec``'s table, observe it and record when it ran;
-        a failure is logged and alerted (never raised), and the job waits for its next tick."""
+        """Run the maintenance job ``kind`` on ``spec``'s table here (:meth:`job`) and observe it; a
+        failure is logged and alerted (never raised), and the job waits for its next tick."""
         started_ms = int(time.time() * 1000)
         self.rota.mark(spec.identifier, kind, started_ms)
         try:
-            result = run_job(
-                self.spark,
-                self.settings.catalog.name,
-                spec,
-                kind,
-                lambda: metadata_view(load_table(self.catalog, spec.identifier)),
-                keep=lambda view: snapshots_to_keep(
-                    view, self.context.run_id, self.checked.get(spec.identifier, (0, None))[1]
-                ),
-            )
-            record_run(self.catalog, spec.identifier, kind, started_ms)
+            result = self.job(spec, kind, started_ms)
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
             self._alert(spec, kind, exc)
             return
+        self.observe(spec, result)
+
+    def job(self, spec: TableSpec, kind: str, started_ms: int):
+        """Run the maintenance job ``kind`` on ``spec``'s table (:func:`kafka_iceberg.ops.rota.run_job`;
+        an expiry keeps what its next check reads and :data:`CONCURRENT_COMMITS`) and record that it ran
+        at ``started_ms`` (ms since epoch). Returns its ``MaintenanceResult``; raises what Spark or the
+        catalog raise."""
+
+        def keep(view) -> int:
+            after = self.checked.get(spec.identifier, (0.0, None))[1]
+            return (snapshots_to_keep(view, self.context.run_id, after) or 1) + CONCURRENT_COMMITS
+
+        def view():
+            return metadata_view(load_table(self.catalog, spec.identifier))
+
+        result = run_job(self.spark, self.settings.catalog.name, spec, kind, view, keep=keep)
+        record_run(self.catalog, spec.identifier, kind, started_ms)
+        return result
+
+    def observe(self, spec: TableSpec, result) -> None:
+        """Log a maintenance job's ``MaintenanceResult`` as an ``AssetObservation`` of ``spec``'s table."""
         self.context.log.info(
             f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after} "
             f"in {result.seconds:.1f} s"
@@ -250,4 +294,4 @@ class WorkerChores:
         )
 
 
-__all__ = ["CHECK_EVERY_S", "TRIM_CHECK_S", "WorkerChores", "rota_for", "worker_alert"]
+__all__ = ["CHECK_EVERY_S", "CONCURRENT_COMMITS", "TRIM_CHECK_S", "WorkerChores", "rota_for", "worker_alert"]

@@ -153,8 +153,32 @@ def wait_caught_up(settings: Settings, kafka: KafkaMetadata, n: int, timeout_s: 
     raise TimeoutError(f"{len(pending)} of the {n} tables did not catch up within {timeout_s:.0f} s")
 
 
-def table_report(settings: Settings, name: str, delivered: dict[tuple[int, int], int], expected: int) -> dict:
-    """Freshness (s) of the records ``delivered`` and the exactly-once figures of table ``name``."""
+def logged_commits(home: Path) -> dict[str, dict[tuple[int, int], int]]:
+    """Per table name (the asset key's last part), (partition, offset) -> when the first materialization
+    whose ``offset_ranges`` hold it was logged (ms since epoch, just after its commit): the commit times
+    of the snapshots that ``maintenance.max_snapshots`` expired before the report reads the table."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    out: dict[str, dict[tuple[int, int], int]] = {}
+    with DagsterInstance.get() as instance:
+        for run in instance.get_runs():
+            for event in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+                mat = event.dagster_event.event_specific_data.materialization
+                ranges = mat.metadata.get("offset_ranges")
+                first = out.setdefault(mat.asset_key.path[-1], {})
+                for p, r in (ranges.value if ranges is not None else {}).items():
+                    for off in range(r["start"], r["end"]):
+                        first.setdefault((int(p), off), int(event.timestamp * 1000))
+    return out
+
+
+def table_report(
+    settings: Settings, name: str, delivered: dict[tuple[int, int], int], expected: int, logged: dict
+) -> dict:
+    """Freshness (s) of the records ``delivered`` and the exactly-once figures of table ``name``: a record
+    lands with the first ``main`` snapshot whose ``kafka.batch`` holds it, or, if that snapshot was
+    expired, when its materialization was logged (``logged``: :func:`logged_commits` of the table)."""
     table = load_catalog(settings.catalog).load_table(f"many.{name}")
     view = metadata_view(table)
     first: dict[tuple[int, int], int] = {}
@@ -162,6 +186,8 @@ def table_report(settings: Settings, name: str, delivered: dict[tuple[int, int],
         for p, (start, end) in batch_ranges(snap).items():
             for off in range(start, end):
                 first.setdefault((p, off), snap.timestamp_ms)
+    for key, ms in logged.items():
+        first[key] = min(ms, first.get(key, ms))
     fresh = [(first[k] - ts) / 1000 for k, ts in delivered.items() if k in first]
     total, distinct = (
         duck.connect()
@@ -247,8 +273,15 @@ def run_many(args, tmp: Path, settings: Settings) -> dict:
         stop_daemon(daemon)
     wall = time.monotonic() - t_start
     sampler.stop_event.set()
+    logged = logged_commits(home)
     steady = {
-        name: table_report(settings, name, spread.delivered[f"many.{name}"], 10 + len(spread.delivered[f"many.{name}"]))
+        name: table_report(
+            settings,
+            name,
+            spread.delivered[f"many.{name}"],
+            10 + len(spread.delivered[f"many.{name}"]),
+            logged.get(name, {}),
+        )
         for name in names(n)
     }
     backlog = _backlog(args, tmp, settings, config, kafka, df, topics, env, spread)
