@@ -89,7 +89,7 @@ def worker_alert(spec: TableSpec, what: str, error: BaseException, run_id: str, 
 
 class WorkerChores:
     """The chores of one worker run over ``specs``; call it for one chore (returns whether it ran or
-    started one; False while a check runs in the background), :meth:`committed` after each commit,
+    started one; False while a check or an expiry runs in the background), :meth:`committed` after each commit,
     and :meth:`finish` at the end of the run (the checks still pending). ``rota``: from
     :func:`rota_for`; the rest are the op's context and resources."""
 
@@ -104,7 +104,7 @@ class WorkerChores:
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
         # identifier, started (monotonic s), the check's after, future, what ("duplicate_free" or "expire_snapshots")
         self.running: tuple[str, float, int | None, Future, str] | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-check")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
 
     def committed(self, spec: TableSpec, snapshots: int | None = None) -> None:
         """Note that ``spec``'s table got a commit of this run: its check is pending (since its first
@@ -206,9 +206,10 @@ class WorkerChores:
         self.running = (identifier, time.monotonic(), after, future, "duplicate_free")
 
     def _collect(self) -> None:
-        """Wait for the running check, if any, and log its evaluation. One that raised (the catalog
-        unreachable) is logged and alerted, never raised: the worker goes on, and the table's next
-        commit makes it pending again, from the same snapshot, after :data:`CHECK_EVERY_S`."""
+        """Wait for the running check or expiry, if any, and log its evaluation or observation. One that
+        raised (the catalog unreachable) is logged and alerted, never raised: the worker goes on. A failed
+        check's table is pending again from the same snapshot at its next commit (after
+        :data:`CHECK_EVERY_S`); a failed expiry is tried again by the next commit past the ceiling."""
         if self.running is None:
             return
         identifier, started, after, future, what = self.running
