@@ -61,7 +61,7 @@ class MaintenancePolicy:
 
     ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``; a table with more
     than ``max_snapshots`` snapshots keeps only its newest ``retain_last`` (and what its ingest state
-    and a pending check need), and a worker run expires it as soon as it passes that ceiling;
+    and a pending check need), and a worker or streaming run expires it as soon as a commit passes that ceiling;
     ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
     the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
     ``full_check_cron``: the full-scan ``duplicate_free`` check (after a run it is incremental).
@@ -76,7 +76,7 @@ class MaintenancePolicy:
     target_file_size_bytes: int
     full_check_cron: str
     pinned: tuple[str, ...]  # crons the table declares itself (run as written; others spread, ops/spread.py)
-    max_snapshots: int = 1000
+    max_snapshots: int
 
 
 @dataclass(frozen=True)
