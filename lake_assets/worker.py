@@ -111,7 +111,7 @@ def _serve(
         if result.snapshot_id is not None:
             md = materialization_metadata(result)
             context.log_event(AssetMaterialization(asset_key=table_key(spec), metadata=md))
-            chores.committed(spec, result.snapshots)
+            chores.committed(spec, result.snapshots, result.data_files_added)
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")

@@ -14,24 +14,30 @@ While the run serves, a check reads in a background thread (one at a time, on th
 and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
 check starts while no table has records waiting, or once it has been pending :data:`CHECK_EVERY_S`
 while some table always has: a backlog is drained before its checks compete with it for the cores.
-Maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
+Scheduled maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
 micro-batch runs meanwhile in another thread of the worker.
 
 A table whose last commit left it more than ``maintenance.max_snapshots`` snapshots has them expired
 by count as the next chore, down to ``retain_last`` (:func:`kafka_iceberg.ops.maintenance.expire`):
 a streaming table commits up to a few times a second, and each snapshot makes every later commit
 slower. Its pending check runs first, unless one started within :data:`TRIM_CHECK_S`, and the expiry
-keeps the snapshots that check will read from, so the check stays incremental. That expiry reads
-every manifest list of the table (seconds to tens of seconds), so it runs in the background thread, like
-a check, while the worker goes on committing, to that table too: its micro-batches commit on ``main``
-(conditional, each on the latest metadata), and Iceberg's expiry keeps the newest snapshots of the
-metadata it commits on (retrying on a conflicting commit), :data:`CONCURRENT_COMMITS` more than needed.
+keeps the snapshots that check will read from, so the check stays incremental. Likewise a table whose
+commits in this run added ``maintenance.compact_after_data_files`` data files since its last compaction
+is compacted as the next chore: each micro-batch adds at least one data file, and each commit that
+merges manifests (about one in a hundred) rewrites an entry per data file, so the table's tail latency
+grows with them. Those two jobs read every manifest list or data file of the table (seconds to tens of
+seconds), so they run in the background thread, like a check, while the worker goes on committing, to
+that table too: its micro-batches commit on ``main`` (conditional, each on the latest metadata, and on
+top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and Iceberg's procedures
+retry a commit that conflicts with one of them. The expiry keeps the newest snapshots of the metadata it
+commits on, :data:`CONCURRENT_COMMITS` more than needed. At most one of each per table per :data:`TRIM_CHECK_S`.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
 
@@ -59,6 +65,18 @@ least time between two expiries by count of one table."""
 CONCURRENT_COMMITS = 10
 """Snapshots a background expiry keeps beyond what the next check reads from: commits of the table that
 land between reading its metadata and the expiry's own load of it."""
+
+
+class Chore(NamedTuple):
+    """A chore running in the background thread: ``what`` (``duplicate_free``, or the maintenance job
+    ``expire_snapshots`` or ``compact``) on table ``identifier``, started at ``started`` (monotonic s);
+    ``after``: the snapshot the table's check reads after; ``future``: its outcome."""
+
+    identifier: str
+    started: float
+    after: int | None
+    future: Future
+    what: str
 
 
 def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
@@ -99,27 +117,34 @@ class WorkerChores:
         self.spark, self.settings, self.catalog = env["spark"], env["settings"], env["catalog"]
         self.slack = env["slack"]
         self.unchecked: dict[str, float] = {}  # committed to since their last check -> since (monotonic s)
-        self.snapshots: dict[str, int] = {}  # identifier -> snapshots after its last commit (every ref's)
-        self.trimmed: dict[str, float] = {}  # identifier -> when its last expiry by count started (monotonic s)
+        self.over: dict[tuple[str, str], None] = {}  # (identifier, job) past its ceiling, in order
+        self.files_added: dict[str, int] = {}  # identifier -> data files its commits added since its last compaction
+        self.trimmed: dict[
+            tuple[str, str], float
+        ] = {}  # (identifier, job) -> when it last started by count (monotonic s)
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
-        # identifier, started (monotonic s), the check's after, future, what ("duplicate_free" or "expire_snapshots")
-        self.running: tuple[str, float, int | None, Future, str] | None = None
+        self.running: Chore | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
 
-    def committed(self, spec: TableSpec, snapshots: int | None = None) -> None:
+    def committed(self, spec: TableSpec, snapshots: int | None = None, data_files_added: int = 0) -> None:
         """Note that ``spec``'s table got a commit of this run: its check is pending (since its first
         commit after its last check; the least recently committed table comes first). ``snapshots``:
-        the table's snapshots the commit planned on (``BatchResult.snapshots``; None: unknown)."""
-        since = self.unchecked.pop(spec.identifier, None)
-        self.unchecked[spec.identifier] = time.monotonic() if since is None else since
-        if snapshots is not None:
-            self.snapshots[spec.identifier] = snapshots + 1
+        the table's snapshots the commit planned on (``BatchResult.snapshots``; None: unknown);
+        ``data_files_added``: the data files it added (``BatchResult.data_files_added``)."""
+        identifier, policy = spec.identifier, spec.maintenance
+        since = self.unchecked.pop(identifier, None)
+        self.unchecked[identifier] = time.monotonic() if since is None else since
+        if policy.past_max_snapshots(snapshots):
+            self.over[(identifier, "expire_snapshots")] = None
+        self.files_added[identifier] = self.files_added.get(identifier, 0) + data_files_added
+        if self.files_added[identifier] >= policy.compact_after_data_files:
+            self.over[(identifier, "compact")] = None
 
     def __call__(self, idle: bool = True, busy: frozenset = frozenset()) -> bool:
         """One chore (see the class docstring); ``idle``: no table has records waiting; ``busy``: tables
         whose micro-batch runs meanwhile (their maintenance waits)."""
         if self.running is not None:
-            if not self.running[3].done():
+            if not self.running.future.done():
                 return False  # one chore at a time; the worker goes on serving
             self._collect()
         due = self.rota.next_due(int(time.time() * 1000), skip=busy)
@@ -128,7 +153,7 @@ class WorkerChores:
             return True
         over = self._over_ceiling(busy)
         if over is not None:
-            self._trim(over)
+            self._trim(*over)
             return True
         now = time.monotonic()
         ready = [
@@ -156,7 +181,7 @@ class WorkerChores:
         not awaited (the serving op holds the pool, which a successor may wait for): its table is
         pending again, from the snapshot that check started after, and its outcome is dropped. An expiry
         still running is not awaited either: it ends in its thread, and only its observation is lost."""
-        if self.running is not None and not self.running[3].done():
+        if self.running is not None and not self.running.future.done():
             identifier, started, after, _, what = self.running
             self.running = None
             if what == "duplicate_free":
@@ -174,42 +199,47 @@ class WorkerChores:
             self._start_check(next(iter(self.unchecked)))
             self._collect()
 
-    def _over_ceiling(self, busy: frozenset) -> str | None:
-        """A table whose last commit left it past its ``max_snapshots``, not in ``busy``, and not expired
-        within :data:`TRIM_CHECK_S` (a commit planned before that expiry reports the count before it)."""
+    def _over_ceiling(self, busy: frozenset) -> tuple[str, str] | None:
+        """(identifier, job) of a table whose commits passed a ceiling (``max_snapshots``: ``expire_snapshots``;
+        ``compact_after_data_files``: ``compact``), not in ``busy``, and whose job did not start by count
+        within :data:`TRIM_CHECK_S` (a commit planned before an expiry reports the count before it)."""
         now = time.monotonic()
-        for identifier, n in self.snapshots.items():
-            recent = now - self.trimmed.get(identifier, -TRIM_CHECK_S) < TRIM_CHECK_S
-            if identifier not in busy and not recent and n > self.by_id[identifier].maintenance.max_snapshots:
-                return identifier
+        for identifier, kind in self.over:
+            recent = now - self.trimmed.get((identifier, kind), -TRIM_CHECK_S) < TRIM_CHECK_S
+            if identifier not in busy and not recent:
+                return identifier, kind
         return None
 
-    def _trim(self, identifier: str) -> None:
-        """Start the expiry by count of ``identifier``'s snapshots, past its ``max_snapshots``, in the background
-        thread; or first its pending check, unless one started within :data:`TRIM_CHECK_S`."""
+    def _trim(self, identifier: str, kind: str) -> None:
+        """Start the maintenance job ``kind`` on ``identifier``'s table, past its ceiling, in the background
+        thread; before an expiry, first its pending check, unless one started within :data:`TRIM_CHECK_S`."""
         last_check = self.checked.get(identifier, (None, None))[0]
-        if identifier in self.unchecked and (last_check is None or time.monotonic() - last_check > TRIM_CHECK_S):
+        stale = last_check is None or time.monotonic() - last_check > TRIM_CHECK_S
+        if kind == "expire_snapshots" and identifier in self.unchecked and stale:
             self._start_check(identifier)
             return
-        del self.snapshots[identifier]
-        self.trimmed[identifier] = time.monotonic()
-        spec, started_ms, kind = self.by_id[identifier], int(time.time() * 1000), "expire_snapshots"
+        del self.over[(identifier, kind)]
+        if kind == "compact":
+            self.files_added[identifier] = 0
+        self.trimmed[(identifier, kind)] = time.monotonic()
+        spec, started_ms = self.by_id[identifier], int(time.time() * 1000)
         self.rota.mark(identifier, kind, started_ms)
         future = self._thread.submit(self.job, spec, kind, started_ms)
-        self.running = (identifier, time.monotonic(), self.checked.get(identifier, (0.0, None))[1], future, kind)
+        self.running = Chore(identifier, time.monotonic(), self.checked.get(identifier, (0.0, None))[1], future, kind)
 
     def _start_check(self, identifier: str) -> None:
         """Start the check of ``identifier`` in the background thread (:meth:`evaluate`)."""
         del self.unchecked[identifier]
         after = self.checked.get(identifier, (0.0, None))[1]
         future = self._thread.submit(self.evaluate, self.by_id[identifier], after, self.context.run_id)
-        self.running = (identifier, time.monotonic(), after, future, "duplicate_free")
+        self.running = Chore(identifier, time.monotonic(), after, future, "duplicate_free")
 
     def _collect(self) -> None:
         """Wait for the running check or expiry, if any, and log its evaluation or observation. One that
         raised (the catalog unreachable) is logged and alerted, never raised: the worker goes on. A failed
         check's table is pending again from the same snapshot at its next commit (after
-        :data:`CHECK_EVERY_S`); a failed expiry is tried again by the next commit past the ceiling."""
+        :data:`CHECK_EVERY_S`); a failed expiry is tried again by the next commit past the ceiling, a
+        failed compaction once the table's commits added ``compact_after_data_files`` more data files."""
         if self.running is None:
             return
         identifier, started, after, future, what = self.running
@@ -238,6 +268,8 @@ class WorkerChores:
         failure is logged and alerted (never raised), and the job waits for its next tick."""
         started_ms = int(time.time() * 1000)
         self.rota.mark(spec.identifier, kind, started_ms)
+        if kind == "compact":
+            self.files_added[spec.identifier] = 0
         try:
             result = self.job(spec, kind, started_ms)
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
@@ -295,4 +327,4 @@ class WorkerChores:
         )
 
 
-__all__ = ["CHECK_EVERY_S", "CONCURRENT_COMMITS", "TRIM_CHECK_S", "WorkerChores", "rota_for", "worker_alert"]
+__all__ = ["CHECK_EVERY_S", "CONCURRENT_COMMITS", "TRIM_CHECK_S", "Chore", "WorkerChores", "rota_for", "worker_alert"]

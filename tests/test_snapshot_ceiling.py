@@ -55,12 +55,12 @@ def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_chec
         commit()
     assert chores(False) is False, "15 snapshots: at the ceiling (and a busy worker checks later)"
     commit()  # 16 snapshots: past it
-    assert chores(False) is True and chores.running[4] == "duplicate_free", "its pending check goes first"
-    chores.running[3].result(timeout=300)
-    assert chores(False) is True and chores.running[4] == "expire_snapshots", "then the expiry, in the background"
+    assert chores(False) is True and chores.running.what == "duplicate_free", "its pending check goes first"
+    chores.running.future.result(timeout=300)
+    assert chores(False) is True and chores.running.what == "expire_snapshots", "then the expiry, in the background"
     assert reported[0].passed and reported[0].figures["scope"] == "incremental"
     commit()  # the worker goes on committing to the table while it is expired
-    chores.running[3].result(timeout=300)
+    chores.running.future.result(timeout=300)
     assert chores(False) is False, "the expiry is logged; the count the commit reported is from before it"
     (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
     assert observation.metadata["procedure_output"].value["over_max_snapshots"] == 16
@@ -106,3 +106,52 @@ def test_a_streaming_run_keeps_its_own_snapshots_for_its_check_and_expires_older
     )
     assert len(metadata_view(load_table(catalog, spec.identifier)).snapshots) == 7
     assert [type(e).__name__ for e in events] == ["AssetObservation"]
+    # the run's own snapshots alone keep the table there: later commits of the run skip without loading it
+    assert not trim_snapshots(context, spark, settings.catalog.name, None, spec, result.snapshots + 1)
+    assert [type(e).__name__ for e in events] == ["AssetObservation"], "no catalog read (None would fail)"
+
+
+def test_a_worker_compacts_a_table_whose_commits_added_compact_after_data_files_in_the_background(
+    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(200)))
+    spec = make_spec(unique, topic, max_records_per_partition=20, maintenance={"compact_after_data_files": 15})
+    reported, events, added = [], [], []
+
+    class Chores(WorkerChores):
+        def report(self, spec, outcome):
+            reported.append(outcome)
+
+    context = _context(f"run-{unique}", events)
+    env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
+    chores = Chores(context, [spec], MaintenanceRota({}), env)
+
+    def commit() -> None:
+        result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
+        assert result.data_files_added >= 1, "a micro-batch adds a data file per partition it writes"
+        added.append(result.data_files_added)
+        chores.committed(spec, result.snapshots, result.data_files_added)
+
+    commit()
+    while sum(added) < 15:
+        assert chores(False) is False, f"{sum(added)} data files added: below compact_after_data_files"
+        commit()
+    assert chores(False) is True and chores.running.what == "compact", (
+        "15 or more (5 per partition, which rewrite_data_files bin-packs): compacted in the background"
+    )
+    commit()  # the worker goes on committing to the table while it is compacted
+    chores.running.future.result(timeout=300)
+    assert chores(False) is False, "the compaction is logged; the count starts again"
+    (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
+    assert observation.metadata["procedure"].value == "rewrite_data_files"
+    assert observation.metadata["data_files_before"].value > observation.metadata["data_files_after"].value
+    while len(added) < 10:
+        commit()
+    table = load_table(catalog, spec.identifier)
+    assert int(table.current_snapshot().summary["total-data-files"]) < sum(added), "compacted"
+    view = metadata_view(table)
+    assert state_at(view.snapshots, view.main).offsets == {0: 200}, "the ingest state reads through the replace"
+    chores.finish()
+    assert reported[0].passed, reported[0]
+    assert _rows(settings, spec) == (200, 200)

@@ -338,7 +338,7 @@ def test_a_check_reads_in_the_background_while_the_worker_goes_on():
     chores.committed(spec)
     assert chores() is True and chores() is False and reported == [], "the check runs on; nothing logged yet"
     release.set()
-    chores.running[3].result(timeout=10)
+    chores.running.future.result(timeout=10)
     assert chores() is False and reported == [(spec.identifier, "outcome")]
     chores.committed(spec)
     assert chores.pending() == {spec.identifier: 42}, "the next check reads after the snapshot this one covered"

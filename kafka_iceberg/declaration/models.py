@@ -129,6 +129,7 @@ class MaintenanceDecl(_Section):
     retain_last: int = Field(100, ge=1)
     max_snapshot_age: Duration = "7d"
     max_snapshots: int = Field(1000, ge=2)
+    compact_after_data_files: int = Field(2000, ge=1)
     orphan_older_than: Duration = "3d"
     target_file_size_bytes: int = Field(128 * 1024 * 1024, ge=1)
 

@@ -62,7 +62,9 @@ class MaintenancePolicy:
     ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``; a table with more
     than ``max_snapshots`` snapshots keeps only its newest ``retain_last`` (and what its ingest state
     and a pending check need), and a worker or streaming run expires it as soon as a commit passes that ceiling;
-    ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
+    a worker run compacts a table as soon as its commits added ``compact_after_data_files`` data files
+    since its last compaction (each micro-batch adds at least one, and every later commit that merges
+    manifests rewrites an entry per data file); ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
     the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
     ``full_check_cron``: the full-scan ``duplicate_free`` check (after a run it is incremental).
     """
@@ -77,6 +79,12 @@ class MaintenancePolicy:
     full_check_cron: str
     pinned: tuple[str, ...]  # crons the table declares itself (run as written; others spread, ops/spread.py)
     max_snapshots: int
+    compact_after_data_files: int
+
+    def past_max_snapshots(self, snapshots: int | None) -> bool:
+        """Whether a commit that planned on ``snapshots`` snapshots (``BatchResult.snapshots``, every
+        ref's; None: unknown) left its table with more than ``max_snapshots`` (the commit adds one)."""
+        return snapshots is not None and snapshots + 1 > self.max_snapshots
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,7 @@ def maintenance_policy(m: MaintenanceDecl, where: str, own: dict) -> Maintenance
         m.full_check,
         tuple(k for k in ("compact", "expire", "remove_orphans", "full_check") if k in own),
         m.max_snapshots,
+        m.compact_after_data_files,
     )
 
 
