@@ -39,20 +39,14 @@ from pathlib import Path
 from dagster import (
     AssetExecutionContext,
     AssetMaterialization,
-    AssetObservation,
     DagsterRunStatus,
     MaterializeResult,
     MetadataValue,
     RunsFilter,
 )
 
-from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.config.models import StreamSettings
-from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.kafka.admin import KafkaMetadata
-from kafka_iceberg.ops.incremental_check import snapshots_to_keep
-from kafka_iceberg.ops.maintenance import snapshots_to_keep_state
-from kafka_iceberg.ops.rota import run_job
 
 POLL_S = 0.25  # watermark polling interval while waiting for records (seconds)
 
@@ -155,40 +149,6 @@ def wait_for_lag(kafka: KafkaMetadata, topic: str, committed: dict[int, int], ti
         time.sleep(POLL_S)
 
 
-_NOT_WORTH_TRIMMING: set[tuple[str, str]] = set()
-"""(run id, identifier) of the streaming runs whose own commits alone keep the table past its ceiling:
-:func:`trim_snapshots` skips them for the rest of the run without loading the table again."""
-
-
-def trim_snapshots(context, spark, catalog_name: str, pycatalog, spec: TableSpec, snapshots: int | None) -> bool:
-    """Expire ``spec``'s snapshots by count when its last commit left more than its
-    ``maintenance.max_snapshots`` (``snapshots``: the ones that commit planned on, ``BatchResult.snapshots``),
-    keeping those this run's ``duplicate_free`` check will read (it checks at the end of the run) and
-    the ingest state, and log the expiry as an ``AssetObservation``. Skipped while that would expire
-    fewer than half of the snapshots between ``retain_last`` and the ceiling: the run's own commits stay
-    until its check, and once they alone keep the table there, the run skips it without reading the
-    table again. Returns whether it ran. Never raises: the commit stands, a failed expiry is logged as
-    a warning, and the next commit past the ceiling tries again."""
-    policy, memo = spec.maintenance, (context.run_id, spec.identifier)
-    if not policy.past_max_snapshots(snapshots) or memo in _NOT_WORTH_TRIMMING:
-        return False
-    try:
-        view = metadata_view(load_table(pycatalog, spec.identifier))
-        keep = snapshots_to_keep(view, context.run_id)
-        kept = max(keep, policy.retain_last, snapshots_to_keep_state(view))
-        if len(view.snapshots) - kept < (policy.max_snapshots - policy.retain_last) // 2:
-            if keep >= kept:
-                _NOT_WORTH_TRIMMING.add(memo)
-            return False
-        result = run_job(spark, catalog_name, spec, "expire_snapshots", lambda: view, keep=lambda _: keep)
-    except Exception as exc:  # noqa: BLE001 - maintenance must not fail a committed micro-batch
-        context.log.warning(f"{spec.identifier}: expiring snapshots past max_snapshots failed: {exc}")
-        return False
-    context.log.info(f"{spec.identifier}: {len(view.snapshots)} snapshots, past max_snapshots: {result.output}")
-    context.log_event(AssetObservation(asset_key=context.asset_key, metadata=result.as_metadata()))
-    return True
-
-
 def materialize_stream(
     context: AssetExecutionContext,
     kafka: KafkaMetadata,
@@ -237,6 +197,5 @@ __all__ = [
     "others_waiting",
     "pool_waiting",
     "stream_budget_s",
-    "trim_snapshots",
     "wait_for_lag",
 ]

@@ -50,11 +50,11 @@ from kafka_iceberg.lake_assets.asset_metadata import (
     freshness_policy,
 )
 from kafka_iceberg.lake_assets.check_alerts import alert_check
+from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
 from kafka_iceberg.lake_assets.streaming import (
     lower_cpu_priority,
     materialize_stream,
     stream_budget_s,
-    trim_snapshots,
 )
 from kafka_iceberg.lake_assets.vocabulary import (
     IN_PROGRESS,
@@ -183,8 +183,10 @@ def _one_batch(
     catalog: IcebergCatalogResource,
     slack: LakeSlackResource,
     settings: Settings,
+    expiry: StreamExpiry,
 ) -> MaterializeResult:
-    """One micro-batch of ``spec`` through the write path, as a materialization's metadata."""
+    """One micro-batch of ``spec`` through the write path, as a materialization's metadata; ``expiry``
+    expires the table's snapshots past its ceiling, in the background."""
     try:
         result = run_micro_batch(
             pyspark.spark_session,
@@ -205,7 +207,7 @@ def _one_batch(
     )
     if result.schema_changes:
         alert_schema_change(spec, result.schema_changes, slack.sink())
-    trim_snapshots(context, pyspark.spark_session, settings.catalog.name, catalog.load(), spec, result.snapshots)
+    expiry(result.snapshots)
     md = materialization_metadata(result)
     if result.total_records is not None:
         md["dagster/row_count"] = MetadataValue.int(result.total_records)
@@ -241,14 +243,18 @@ def table_asset(
     ) -> MaterializeResult:
         # a sensor-launched run keeps committing while lag remains (lake_assets/streaming.py)
         settings = settings_for(kafka, catalog)  # once per run, shared by its micro-batches
-        return materialize_stream(
-            context,
-            kafka.metadata(),
-            spec.topic,
-            lambda: _one_batch(spec, context, pyspark, kafka, catalog, slack, settings),
-            settings.stream,
-            table_pool(spec, sqlite_catalog),
-        )
+        expiry = StreamExpiry(context, pyspark.spark_session, settings.catalog.name, catalog.load(), spec)
+        try:
+            return materialize_stream(
+                context,
+                kafka.metadata(),
+                spec.topic,
+                lambda: _one_batch(spec, context, pyspark, kafka, catalog, slack, settings, expiry),
+                settings.stream,
+                table_pool(spec, sqlite_catalog),
+            )
+        finally:
+            expiry.close()
 
     _materialize.__name__ = f"ingest_{spec.name}"
     return _materialize

@@ -138,6 +138,7 @@ def _serve(
         hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
         grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
+        paused=chores.paused,
         threads=settings.stream.worker_threads,
     )
     return worker.run(), chores

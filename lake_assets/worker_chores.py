@@ -40,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
+from pyiceberg.exceptions import CommitFailedException
 
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.declaration.spec import TableSpec
@@ -49,7 +50,7 @@ from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.ops.incremental_check import snapshots_to_keep
-from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job
+from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job, set_table_property
 
 CHECK_EVERY_S = 300.0
 """Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
@@ -60,6 +61,12 @@ TRIM_CHECK_S = 30.0
 """Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
 expired without another one first (the expiry keeps the snapshots committed after its start); and the
 least time between two expiries by count of one table."""
+
+
+CONCURRENT_COMMIT_RETRIES = 20
+"""``commit.retry.num-retries`` a worker sets on a table it compacts in the background (unless the table
+has its own; Iceberg's default is 4): ``rewrite_data_files`` then commits beside micro-batches that
+commit several times a second, each of which makes its commit try again."""
 
 
 CONCURRENT_COMMITS = 10
@@ -119,9 +126,7 @@ class WorkerChores:
         self.unchecked: dict[str, float] = {}  # committed to since their last check -> since (monotonic s)
         self.over: dict[tuple[str, str], None] = {}  # (identifier, job) past its ceiling, in order
         self.files_added: dict[str, int] = {}  # identifier -> data files its commits added since its last compaction
-        self.trimmed: dict[
-            tuple[str, str], float
-        ] = {}  # (identifier, job) -> when it last started by count (monotonic s)
+        self.trimmed: dict[tuple[str, str], float] = {}  # (identifier, job) -> its last start by count (monotonic s)
         self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
         self.running: Chore | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
@@ -179,8 +184,8 @@ class WorkerChores:
         """The tables whose check is pending (oldest first), each with the snapshot its last check
         covered. A check that already ended is logged first; one still running in the background is
         not awaited (the serving op holds the pool, which a successor may wait for): its table is
-        pending again, from the snapshot that check started after, and its outcome is dropped. An expiry
-        still running is not awaited either: it ends in its thread, and only its observation is lost."""
+        pending again, from the snapshot that check started after, and its outcome is dropped. An expiry or
+        a compaction still running is not awaited either: it ends in its thread, and only its observation is lost."""
         if self.running is not None and not self.running.future.done():
             identifier, started, after, _, what = self.running
             self.running = None
@@ -198,6 +203,15 @@ class WorkerChores:
         while self.unchecked:
             self._start_check(next(iter(self.unchecked)))
             self._collect()
+
+    def paused(self) -> frozenset:
+        """The tables whose micro-batches wait (``Worker.paused``): an upsert table while it is compacted
+        in the background. Its micro-batch publishes by fast-forward, which a compaction's commit refuses,
+        while an append rebases onto the compaction."""
+        chore = self.running
+        if chore is None or chore.what != "compact" or chore.future.done():
+            return frozenset()
+        return frozenset({chore.identifier}) if self.by_id[chore.identifier].upsert is not None else frozenset()
 
     def _over_ceiling(self, busy: frozenset) -> tuple[str, str] | None:
         """(identifier, job) of a table whose commits passed a ceiling (``max_snapshots``: ``expire_snapshots``;
@@ -224,7 +238,7 @@ class WorkerChores:
         self.trimmed[(identifier, kind)] = time.monotonic()
         spec, started_ms = self.by_id[identifier], int(time.time() * 1000)
         self.rota.mark(identifier, kind, started_ms)
-        future = self._thread.submit(self.job, spec, kind, started_ms)
+        future = self._thread.submit(self.job, spec, kind, started_ms, True)
         self.running = Chore(identifier, time.monotonic(), self.checked.get(identifier, (0.0, None))[1], future, kind)
 
     def _start_check(self, identifier: str) -> None:
@@ -277,11 +291,14 @@ class WorkerChores:
             return
         self.observe(spec, result)
 
-    def job(self, spec: TableSpec, kind: str, started_ms: int):
+    def job(self, spec: TableSpec, kind: str, started_ms: int, concurrent: bool = False):
         """Run the maintenance job ``kind`` on ``spec``'s table (:func:`kafka_iceberg.ops.rota.run_job`;
         an expiry keeps what its next check reads and :data:`CONCURRENT_COMMITS`) and record that it ran
-        at ``started_ms`` (ms since epoch). Returns its ``MaintenanceResult``; raises what Spark or the
-        catalog raise."""
+        at ``started_ms`` (ms since epoch; when the table's own commits refuse that record three times,
+        the result's output says ``last_run_not_recorded``, and the rota of a later run may run the job
+        again at its next tick). ``concurrent``: the table's micro-batches commit meanwhile (a compaction
+        first sets :data:`CONCURRENT_COMMIT_RETRIES`). Returns its ``MaintenanceResult``; raises what Spark
+        or the catalog raise."""
 
         def keep(view) -> int:
             after = self.checked.get(spec.identifier, (0.0, None))[1]
@@ -290,8 +307,19 @@ class WorkerChores:
         def view():
             return metadata_view(load_table(self.catalog, spec.identifier))
 
+        if concurrent and kind == "compact":
+            set_table_property(
+                self.catalog,
+                spec.identifier,
+                "commit.retry.num-retries",
+                str(CONCURRENT_COMMIT_RETRIES),
+                unless_set=True,
+            )
         result = run_job(self.spark, self.settings.catalog.name, spec, kind, view, keep=keep)
-        record_run(self.catalog, spec.identifier, kind, started_ms)
+        try:
+            record_run(self.catalog, spec.identifier, kind, started_ms)
+        except CommitFailedException as exc:  # the job committed; only its time is not recorded
+            result.output["last_run_not_recorded"] = str(exc)
         return result
 
     def observe(self, spec: TableSpec, result) -> None:
@@ -327,4 +355,13 @@ class WorkerChores:
         )
 
 
-__all__ = ["CHECK_EVERY_S", "CONCURRENT_COMMITS", "TRIM_CHECK_S", "Chore", "WorkerChores", "rota_for", "worker_alert"]
+__all__ = [
+    "CHECK_EVERY_S",
+    "CONCURRENT_COMMITS",
+    "CONCURRENT_COMMIT_RETRIES",
+    "TRIM_CHECK_S",
+    "Chore",
+    "WorkerChores",
+    "rota_for",
+    "worker_alert",
+]

@@ -1,7 +1,8 @@
 """A streaming table's snapshots stay bounded (``maintenance.max_snapshots``): a worker run checks the
 table and then expires it by count, keeping what the ingest state and the next incremental check
-need; a sensor-launched streaming run keeps its own commits for its check. Real Spark, the real
-catalog, the dev broker."""
+need; a sensor-launched streaming run expires earlier runs' snapshots in the background and keeps its
+own for its check; a worker run compacts a table once its commits added ``compact_after_data_files``
+data files. Real Spark, the real catalog, the dev broker."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from types import SimpleNamespace
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
-from kafka_iceberg.lake_assets.streaming import trim_snapshots
+from kafka_iceberg.lake_assets.stream_expiry import CONCURRENT_COMMITS as STREAM_CONCURRENT_COMMITS
+from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMITS, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, CONCURRENT_COMMITS, WorkerChores
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.rota import MaintenanceRota
 from kafka_iceberg.state import state_at
@@ -81,34 +83,45 @@ def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_chec
     assert full.passed and full.figures["scope"] == "full"
 
 
-def test_a_streaming_run_keeps_its_own_snapshots_for_its_check_and_expires_older_ones(
+def test_a_streaming_run_expires_older_snapshots_in_the_background_and_keeps_its_own(
     settings, spark, kafka, catalog, kafka_config, unique, topic_factory
 ):
-    spec = _table(kafka_config, unique, topic_factory)
-    for _ in range(4):  # an earlier run's commits
+    spec = _table(kafka_config, unique, topic_factory, records=700, max_snapshots=20)
+    for _ in range(19):  # an earlier run's commits: 20 snapshots (the first commit made two)
         run_micro_batch(spark, settings, spec, commit_id=f"old-{unique}", kafka=kafka, catalog=catalog)
-    events = []
+    events, commits = [], [19]
     context = _context(f"run-{unique}", events, spec)
-    for _ in range(3):
-        result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
-    assert result.snapshots == 7, "the first commit made two"
-    assert trim_snapshots(context, spark, settings.catalog.name, catalog, spec, result.snapshots)
-    view = metadata_view(load_table(catalog, spec.identifier))
-    assert len(view.snapshots) == 4, "this run's 3 snapshots and the parent its check reads after"
-    outcome = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
-    assert outcome.passed and outcome.figures["scope"] == "incremental" and outcome.figures["rows_scanned"] == 60
+    expiry = StreamExpiry(context, spark, settings.catalog.name, catalog, spec)
 
-    for _ in range(3):
-        result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
-    assert result.snapshots == 6, "7 after this commit, past the ceiling"
-    assert not trim_snapshots(context, spark, settings.catalog.name, catalog, spec, result.snapshots), (
-        "only this run's own snapshots (and their parent) could go: not worth an expiry"
-    )
-    assert len(metadata_view(load_table(catalog, spec.identifier)).snapshots) == 7
-    assert [type(e).__name__ for e in events] == ["AssetObservation"]
-    # the run's own snapshots alone keep the table there: later commits of the run skip without loading it
-    assert not trim_snapshots(context, spark, settings.catalog.name, None, spec, result.snapshots + 1)
-    assert [type(e).__name__ for e in events] == ["AssetObservation"], "no catalog read (None would fail)"
+    def commit():
+        commits[0] += 1
+        return run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
+
+    result = commit()
+    assert result.snapshots == 20 and expiry(result.snapshots), "21 after this commit: past the ceiling"
+    commit()  # the run goes on committing while the expiry runs
+    expiry.collect(wait=True)
+    (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
+    assert observation.metadata["procedure_output"].value["over_max_snapshots"] in (21, 22)
+    view = metadata_view(load_table(catalog, spec.identifier))
+    kept = 2 + STREAM_CONCURRENT_COMMITS  # the run's first snapshot, the parent its check reads after, the margin
+    assert kept <= len(view.snapshots) <= kept + 1, "and the commit made meanwhile, unless it landed first"
+    outcome = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
+    assert outcome.passed and outcome.figures["scope"] == "incremental" and outcome.figures["rows_scanned"] == 40
+
+    started = False
+    while not started:  # past the ceiling again, with this run's own snapshots and the margin most of them
+        result = commit()
+        started = expiry(result.snapshots)
+        assert commits[0] < 40, "the table passes its ceiling again"
+    expiry.collect(wait=True)
+    assert expiry.not_worth_it, "only this run's own snapshots and the margin could go: not worth an expiry"
+    assert len(metadata_view(load_table(catalog, spec.identifier)).snapshots) == result.snapshots + 1
+    expiry.pycatalog = None  # the run's later commits skip it without reading the table
+    assert not expiry(result.snapshots + 1)
+    expiry.close()
+    assert [type(e).__name__ for e in events] == ["AssetObservation"], "no failed expiry logged"
+    assert _rows(settings, spec) == (20 * commits[0], 20 * commits[0])
 
 
 def test_a_worker_compacts_a_table_whose_commits_added_compact_after_data_files_in_the_background(
@@ -150,6 +163,7 @@ def test_a_worker_compacts_a_table_whose_commits_added_compact_after_data_files_
         commit()
     table = load_table(catalog, spec.identifier)
     assert int(table.current_snapshot().summary["total-data-files"]) < sum(added), "compacted"
+    assert table.properties["commit.retry.num-retries"] == str(CONCURRENT_COMMIT_RETRIES), "Iceberg's 4 is too few"
     view = metadata_view(table)
     assert state_at(view.snapshots, view.main).offsets == {0: 200}, "the ingest state reads through the replace"
     chores.finish()

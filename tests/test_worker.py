@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
@@ -21,7 +23,7 @@ from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
-from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, WorkerChores
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
@@ -128,6 +130,35 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
     assert busy.count("batch") == 12 and 2 <= len(chores_while_busy) <= 4, log
     assert not pending, "the rest ran once no table had records waiting"
     assert log[0] == "batch" and worker.chore_s == 6
+
+
+def test_a_paused_table_keeps_its_place_and_the_run_does_not_end_idle_while_it_waits():
+    """A fake clock: table pa is paused (its compaction runs) until second 5; pb is served meanwhile,
+    and with only pa's record left the run waits past ``idle_s`` for it instead of ending."""
+    a, b = make_spec("pa", "pa_topic"), make_spec("pb", "pb_topic")
+    now, order, done = [0.0], [], {a.identifier: 0, b.identifier: 0}
+
+    def run_batch(s):
+        now[0] += 1
+        order.append((s.name, now[0]))
+        done[s.identifier] += 1
+        return type("R", (), {"offsets": {0: done[s.identifier]}, "snapshot_id": 1})()
+
+    marks = {"pa_topic": {0: Watermarks(0, 1)}, "pb_topic": {0: Watermarks(0, 2)}}
+    Worker(
+        [a, b],
+        run_batch,
+        lambda topics: marks,
+        {a.identifier: {}, b.identifier: {}},
+        lambda s, r: None,
+        lambda s, e: None,
+        budget_s=60,
+        idle_s=1,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+        paused=lambda: frozenset({a.identifier}) if now[0] < 5 else frozenset(),
+    ).run()
+    assert order == [("pb", 1.0), ("pb", 2.0), ("pa", 6.0)]
 
 
 def test_with_two_threads_two_tables_commit_at_once_and_one_table_never_twice():
@@ -506,3 +537,21 @@ child.kill()
     assert nice == "[10]" and int(threads) >= int(changed) >= 4, out
     assert lines["again"] == "0", "only threads below the nice value are changed"
     assert os.getpriority(os.PRIO_PROCESS, 0) < 10, "the test process itself is untouched"
+
+
+def test_an_upsert_table_is_paused_while_it_is_compacted_in_the_background():
+    """Its micro-batch publishes by fast-forward, which a compaction's commit would refuse (the table
+    would be set aside); an append table rebases onto the compaction and keeps committing."""
+    append, upsert = make_spec("ap", "ap_topic"), make_spec("up", "up_topic", mode="upsert", key=["id"], cdc="none")
+    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
+    chores = WorkerChores(SimpleNamespace(run_id="r"), [append, upsert], MaintenanceRota({}), env)
+    running = Future()
+    chores.running = Chore(upsert.identifier, 0.0, None, running, "compact")
+    assert chores.paused() == frozenset({upsert.identifier})
+    chores.running = Chore(upsert.identifier, 0.0, None, running, "expire_snapshots")
+    assert chores.paused() == frozenset(), "an expiry does not move main"
+    chores.running = Chore(append.identifier, 0.0, None, running, "compact")
+    assert chores.paused() == frozenset()
+    running.set_result(None)
+    chores.running = Chore(upsert.identifier, 0.0, None, running, "compact")
+    assert chores.paused() == frozenset(), "the compaction ended"

@@ -84,7 +84,9 @@ class Worker:
     ``busy``: the identifiers whose micro-batch runs meanwhile (their maintenance must wait). It is
     called while no table has records waiting, and after a micro-batch while chores have taken at most
     ``chore_share`` of the run's time so far, so a backlog of chores slows ingestion by that share at
-    most and never stops it."""
+    most and never stops it. ``paused()``: the identifiers whose micro-batch must not start now (a chore
+    runs on them that their commit would conflict with); they keep their place in the line, and the run
+    does not count as idle while they have records waiting."""
 
     specs: Sequence[TableSpec]
     run_batch: Callable[[TableSpec], object]
@@ -100,6 +102,7 @@ class Worker:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
+    paused: Callable[[], frozenset] = frozenset
     chore_share: float = 0.25
     threads: int = 1
     chore_s: float = field(default=0.0, init=False)  # seconds spent in chores this run
@@ -122,6 +125,14 @@ class Worker:
                 else:
                     waiting_since.pop(s.identifier, None)
             due = sorted((s for s in live if s.identifier in waiting_since), key=lambda s: waiting_since[s.identifier])
+            paused = self.paused() if due else frozenset()
+            if paused and all(s.identifier in paused for s in due):
+                if self.budget_s <= 0 or self._spent() or self.should_stop():
+                    return served
+                if not self._chore(idle=False):
+                    self.sleep(POLL_S)  # their records wait for the chore, not for new records
+                continue
+            due = [s for s in due if s.identifier not in paused]
             if not due:
                 if self.budget_s <= 0 or self._spent() or self.should_stop():
                     return served

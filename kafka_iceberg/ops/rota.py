@@ -144,22 +144,47 @@ def with_tombstones(spark, catalog_name: str, spec: TableSpec, kind: str, result
 
 
 def record_run(catalog, identifier: str, kind: str, at_ms: int | None = None, attempts: int = 3) -> None:
-    """Set the table property :data:`LAST_RUN_PROPERTY` of ``kind`` to ``at_ms`` (default now) in a
-    commit of its own (pyiceberg's ``Transaction`` on the table loaded from ``catalog``); a commit
-    refused because another one changed the table first is retried on a fresh load, ``attempts`` in all.
+    """Set the table property :data:`LAST_RUN_PROPERTY` of ``kind`` to ``at_ms`` (default now)
+    (:func:`set_table_property`).
 
     Raises:
         CommitFailedException: every attempt was refused.
     """
     at_ms = int(time.time() * 1000) if at_ms is None else at_ms
+    set_table_property(catalog, identifier, LAST_RUN_PROPERTY.format(kind=kind), str(at_ms), attempts=attempts)
+
+
+def set_table_property(
+    catalog, identifier: str, key: str, value: str, unless_set: bool = False, attempts: int = 3
+) -> bool:
+    """Set the table property ``key`` to ``value`` in a commit of its own (pyiceberg's ``Transaction`` on
+    the table loaded from ``catalog``); with ``unless_set``, leave a property the table already has. A
+    commit refused because another one changed the table first is retried on a fresh load, ``attempts``
+    in all. Returns whether it committed.
+
+    Raises:
+        CommitFailedException: every attempt was refused.
+    """
     for attempt in range(1, attempts + 1):
         try:
-            tx = catalog.load_table(identifier).transaction()
-            tx.set_properties(**{LAST_RUN_PROPERTY.format(kind=kind): str(at_ms)}).commit_transaction()
-            return
+            table = catalog.load_table(identifier)
+            if unless_set and key in table.properties:
+                return False
+            table.transaction().set_properties(**{key: value}).commit_transaction()
+            return True
         except CommitFailedException:
             if attempt == attempts:
                 raise
+    return False
 
 
-__all__ = ["KINDS", "LAST_RUN_PROPERTY", "MaintenanceRota", "last_runs", "next_tick_ms", "record_run", "run_job"]
+__all__ = [
+    "KINDS",
+    "LAST_RUN_PROPERTY",
+    "MaintenanceRota",
+    "last_runs",
+    "next_tick_ms",
+    "record_run",
+    "run_job",
+    "set_table_property",
+]
