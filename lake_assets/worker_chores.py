@@ -141,6 +141,8 @@ class WorkerChores:
         self.unchecked[identifier] = time.monotonic() if since is None else since
         if policy.past_max_snapshots(snapshots):
             self.over[(identifier, "expire_snapshots")] = None
+        elif snapshots is not None:  # the latest count: one reported by a commit planned before an expiry is stale
+            self.over.pop((identifier, "expire_snapshots"), None)
         self.files_added[identifier] = self.files_added.get(identifier, 0) + data_files_added
         if self.files_added[identifier] >= policy.compact_after_data_files:
             self.over[(identifier, "compact")] = None
