@@ -7,7 +7,7 @@ ceiling starts :class:`StreamExpiry`'s expiry by count of the earlier runs' snap
 thread (one at a time, on the run's Spark session), and the run goes on committing: Iceberg's
 ``expire_snapshots`` reads every manifest list of the table (seconds to tens of seconds at 1,000
 snapshots) and retries its commit when a micro-batch's lands first. It keeps the snapshots this run's
-``duplicate_free`` check reads at the end of the run (and :data:`CONCURRENT_COMMITS` more, for the
+``duplicate_free`` check reads at the end of the run (and :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more, for the
 commits that land while it reads), and the ingest state. Its ``AssetObservation`` is logged after the
 next commit, or when the run's loop ends, which waits for it.
 """
@@ -21,12 +21,8 @@ from dagster import AssetObservation
 from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.ops.incremental_check import snapshots_to_keep
-from kafka_iceberg.ops.maintenance import snapshots_to_keep_state
+from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS, snapshots_to_keep_state
 from kafka_iceberg.ops.rota import run_job
-
-CONCURRENT_COMMITS = 10
-"""Snapshots the expiry keeps beyond what the run's check reads: the run's commits that land between
-the expiry's reading the table's metadata and its own commit."""
 
 
 class StreamExpiry:
@@ -36,13 +32,8 @@ class StreamExpiry:
     loop ends."""
 
     def __init__(self, context, spark, catalog_name: str, pycatalog, spec: TableSpec):
-        self.context, self.spark, self.catalog_name, self.pycatalog, self.spec = (
-            context,
-            spark,
-            catalog_name,
-            pycatalog,
-            spec,
-        )
+        self.context, self.spark, self.catalog_name = context, spark, catalog_name
+        self.pycatalog, self.spec = pycatalog, spec
         self.running: Future | None = None
         self.not_worth_it = False  # the run's own snapshots alone keep the table past its ceiling
         self._thread: ThreadPoolExecutor | None = None
@@ -100,4 +91,4 @@ class StreamExpiry:
             self._thread.shutdown(wait=True)
 
 
-__all__ = ["CONCURRENT_COMMITS", "StreamExpiry"]
+__all__ = ["StreamExpiry"]

@@ -30,7 +30,7 @@ seconds), so they run in the background thread, like a check, while the worker g
 that table too: its micro-batches commit on ``main`` (conditional, each on the latest metadata, and on
 top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and Iceberg's procedures
 retry a commit that conflicts with one of them. The expiry keeps the newest snapshots of the metadata it
-commits on, :data:`CONCURRENT_COMMITS` more than needed. At most one of each per table per :data:`TRIM_CHECK_S`.
+commits on, :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more than needed. At most one of each per table per :data:`TRIM_CHECK_S`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.ops.incremental_check import snapshots_to_keep
+from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job, set_table_property
 
 CHECK_EVERY_S = 300.0
@@ -67,11 +68,6 @@ CONCURRENT_COMMIT_RETRIES = 20
 """``commit.retry.num-retries`` a worker sets on a table it compacts in the background (unless the table
 has its own; Iceberg's default is 4): ``rewrite_data_files`` then commits beside micro-batches that
 commit several times a second, each of which makes its commit try again."""
-
-
-CONCURRENT_COMMITS = 10
-"""Snapshots a background expiry keeps beyond what the next check reads from: commits of the table that
-land between reading its metadata and the expiry's own load of it."""
 
 
 class Chore(NamedTuple):
@@ -235,12 +231,9 @@ class WorkerChores:
             self._start_check(identifier)
             return
         del self.over[(identifier, kind)]
-        if kind == "compact":
-            self.files_added[identifier] = 0
         self.trimmed[(identifier, kind)] = time.monotonic()
-        spec, started_ms = self.by_id[identifier], int(time.time() * 1000)
-        self.rota.mark(identifier, kind, started_ms)
-        future = self._thread.submit(self.job, spec, kind, started_ms, True)
+        started_ms = self._mark(identifier, kind)
+        future = self._thread.submit(self.job, self.by_id[identifier], kind, started_ms, concurrent=True)
         self.running = Chore(identifier, time.monotonic(), self.checked.get(identifier, (0.0, None))[1], future, kind)
 
     def _start_check(self, identifier: str) -> None:
@@ -282,10 +275,7 @@ class WorkerChores:
     def maintain(self, spec: TableSpec, kind: str) -> None:
         """Run the maintenance job ``kind`` on ``spec``'s table here (:meth:`job`) and observe it; a
         failure is logged and alerted (never raised), and the job waits for its next tick."""
-        started_ms = int(time.time() * 1000)
-        self.rota.mark(spec.identifier, kind, started_ms)
-        if kind == "compact":
-            self.files_added[spec.identifier] = 0
+        started_ms = self._mark(spec.identifier, kind)
         try:
             result = self.job(spec, kind, started_ms)
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
@@ -293,9 +283,19 @@ class WorkerChores:
             return
         self.observe(spec, result)
 
+    def _mark(self, identifier: str, kind: str) -> int:
+        """Note that the maintenance job ``kind`` starts on ``identifier``'s table now: not due again before
+        its cron's next tick, and a compaction starts the count of data files added again. Returns now
+        (ms since epoch)."""
+        started_ms = int(time.time() * 1000)
+        self.rota.mark(identifier, kind, started_ms)
+        if kind == "compact":
+            self.files_added[identifier] = 0
+        return started_ms
+
     def job(self, spec: TableSpec, kind: str, started_ms: int, concurrent: bool = False):
         """Run the maintenance job ``kind`` on ``spec``'s table (:func:`kafka_iceberg.ops.rota.run_job`;
-        an expiry keeps what its next check reads and :data:`CONCURRENT_COMMITS`) and record that it ran
+        an expiry keeps what its next check reads and :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS`) and record that it ran
         at ``started_ms`` (ms since epoch; when the table's own commits refuse that record three times,
         the result's output says ``last_run_not_recorded``, and the rota of a later run may run the job
         again at its next tick). ``concurrent``: the table's micro-batches commit meanwhile (a compaction
@@ -359,7 +359,6 @@ class WorkerChores:
 
 __all__ = [
     "CHECK_EVERY_S",
-    "CONCURRENT_COMMITS",
     "CONCURRENT_COMMIT_RETRIES",
     "TRIM_CHECK_S",
     "Chore",

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
-from kafka_iceberg.lake_assets.stream_expiry import CONCURRENT_COMMITS as STREAM_CONCURRENT_COMMITS
 from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, CONCURRENT_COMMITS, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, WorkerChores
 from kafka_iceberg.ops import checks
+from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota
 from kafka_iceberg.state import state_at
 from tests.helpers import event_records, make_spec
@@ -28,26 +28,34 @@ def _context(run_id: str, events: list, spec=None):
     return SimpleNamespace(run_id=run_id, log=log, log_event=events.append, asset_key=key)
 
 
-def _table(kafka_config, unique, topic_factory, records=200, max_snapshots=6):
+def _table(kafka_config, unique, topic_factory, records=200, max_snapshots=6, maintenance=None):
+    """A table of 20-record micro-batches on a one-partition topic holding ``records``; ``maintenance``
+    (default: ``retain_last`` 2 and ``max_snapshots``) is its declaration's section."""
     topic = topic_factory(unique, partitions=1)
     produce(kafka_config, topic, event_records(range(records)))
-    maintenance = {"retain_last": 2, "max_snapshots": max_snapshots}
+    maintenance = maintenance or {"retain_last": 2, "max_snapshots": max_snapshots}
     return make_spec(unique, topic, max_records_per_partition=20, maintenance=maintenance)
 
 
-def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
-    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
-):
-    spec = _table(kafka_config, unique, topic_factory, records=400, max_snapshots=15)
+def _chores(settings, spark, catalog, spec, unique):
+    """(the ``WorkerChores`` of run ``run-<unique>`` over ``spec``, the check outcomes it reports, the
+    events it logs)."""
     reported, events = [], []
 
     class Chores(WorkerChores):
         def report(self, spec, outcome):
             reported.append(outcome)
 
-    context = _context(f"run-{unique}", events)
     env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
-    chores = Chores(context, [spec], MaintenanceRota({}), env)
+    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env), reported, events
+
+
+def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
+    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
+):
+    spec = _table(kafka_config, unique, topic_factory, records=400, max_snapshots=15)
+    chores, reported, events = _chores(settings, spark, catalog, spec, unique)
+    context = chores.context
 
     def commit() -> None:
         result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
@@ -104,7 +112,7 @@ def test_a_streaming_run_expires_older_snapshots_in_the_background_and_keeps_its
     (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
     assert observation.metadata["procedure_output"].value["over_max_snapshots"] in (21, 22)
     view = metadata_view(load_table(catalog, spec.identifier))
-    kept = 2 + STREAM_CONCURRENT_COMMITS  # the run's first snapshot, the parent its check reads after, the margin
+    kept = 2 + CONCURRENT_COMMITS  # the run's first snapshot, the parent its check reads after, the margin
     assert kept <= len(view.snapshots) <= kept + 1, "and the commit made meanwhile, unless it landed first"
     outcome = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
     assert outcome.passed and outcome.figures["scope"] == "incremental" and outcome.figures["rows_scanned"] == 40
@@ -127,18 +135,9 @@ def test_a_streaming_run_expires_older_snapshots_in_the_background_and_keeps_its
 def test_a_worker_compacts_a_table_whose_commits_added_compact_after_data_files_in_the_background(
     settings, spark, kafka, catalog, kafka_config, unique, topic_factory
 ):
-    topic = topic_factory(unique, partitions=1)
-    produce(kafka_config, topic, event_records(range(200)))
-    spec = make_spec(unique, topic, max_records_per_partition=20, maintenance={"compact_after_data_files": 15})
-    reported, events, added = [], [], []
-
-    class Chores(WorkerChores):
-        def report(self, spec, outcome):
-            reported.append(outcome)
-
-    context = _context(f"run-{unique}", events)
-    env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
-    chores = Chores(context, [spec], MaintenanceRota({}), env)
+    spec = _table(kafka_config, unique, topic_factory, maintenance={"compact_after_data_files": 15})
+    chores, reported, events = _chores(settings, spark, catalog, spec, unique)
+    context, added = chores.context, []
 
     def commit() -> None:
         result = run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)

@@ -88,6 +88,23 @@ def test_the_order_is_by_waiting_time_and_fair():
     assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
 
 
+def _clocked_worker(specs, run_batch, marks, now: list, **options) -> Worker:
+    """A ``Worker`` over ``specs`` on the fake clock ``now[0]`` (seconds; sleeping moves it on), with the
+    watermarks ``marks`` (topic -> partition -> ``Watermarks``), nothing committed and callbacks that
+    do nothing; ``options``: the rest of its fields."""
+    return Worker(
+        list(specs),
+        run_batch,
+        lambda topics: marks,
+        {s.identifier: {} for s in specs},
+        lambda s, r: None,
+        lambda s, e: None,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+        **options,
+    )
+
+
 def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
     """A fake clock: each micro-batch takes 1 s and each chore 1 s. With a share of 0.25 a chore
     follows a micro-batch only while chores took at most a quarter of the run; idle time takes them all."""
@@ -110,20 +127,8 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
         log.append(pending.pop(0))
         return True
 
-    worker = Worker(
-        [spec],
-        run_batch,
-        lambda topics: {"busy_topic": {0: Watermarks(0, 12)}},
-        {spec.identifier: {}},
-        lambda s, r: None,
-        lambda s, e: None,
-        budget_s=600,
-        idle_s=1,
-        clock=lambda: now[0],
-        sleep=lambda s: now.__setitem__(0, now[0] + s),
-        chores=chores,
-        chore_share=0.25,
-    )
+    marks = {"busy_topic": {0: Watermarks(0, 12)}}
+    worker = _clocked_worker([spec], run_batch, marks, now, budget_s=600, idle_s=1, chores=chores, chore_share=0.25)
     worker.run()
     busy = log[: len(log) - log[::-1].index("batch")]  # up to the last micro-batch
     chores_while_busy = [e for e in busy if e != "batch"]
@@ -145,18 +150,9 @@ def test_a_paused_table_keeps_its_place_and_the_run_does_not_end_idle_while_it_w
         return type("R", (), {"offsets": {0: done[s.identifier]}, "snapshot_id": 1})()
 
     marks = {"pa_topic": {0: Watermarks(0, 1)}, "pb_topic": {0: Watermarks(0, 2)}}
-    Worker(
-        [a, b],
-        run_batch,
-        lambda topics: marks,
-        {a.identifier: {}, b.identifier: {}},
-        lambda s, r: None,
-        lambda s, e: None,
-        budget_s=60,
-        idle_s=1,
-        clock=lambda: now[0],
-        sleep=lambda s: now.__setitem__(0, now[0] + s),
-        paused=lambda: frozenset({a.identifier}) if now[0] < 5 else frozenset(),
+    until_5 = frozenset({a.identifier})
+    _clocked_worker(
+        [a, b], run_batch, marks, now, budget_s=60, idle_s=1, paused=lambda: until_5 if now[0] < 5 else frozenset()
     ).run()
     assert order == [("pb", 1.0), ("pb", 2.0), ("pa", 6.0)]
 
@@ -255,19 +251,9 @@ def test_past_its_budget_a_worker_serves_on_while_its_successor_starts_within_th
             batches.append(now[0])
             return type("R", (), {"offsets": {0: len(batches)}, "snapshot_id": 1})()
 
-        Worker(
-            [spec],
-            run_batch,
-            lambda topics: {"busy_topic": {0: Watermarks(0, 10**6)}},
-            {spec.identifier: {}},
-            lambda s, r: None,
-            lambda s, e: None,
-            budget_s=10,
-            idle_s=1,
-            hold=lambda: hold(now[0]),
-            grace_s=grace_s,
-            clock=lambda: now[0],
-            sleep=lambda s: now.__setitem__(0, now[0] + s),
+        marks = {"busy_topic": {0: Watermarks(0, 10**6)}}
+        _clocked_worker(
+            [spec], run_batch, marks, now, budget_s=10, idle_s=1, hold=lambda: hold(now[0]), grace_s=grace_s
         ).run()
         return batches[-1]
 

@@ -124,27 +124,24 @@ class Worker:
                     waiting_since.setdefault(s.identifier, now)
                 else:
                     waiting_since.pop(s.identifier, None)
-            due = sorted((s for s in live if s.identifier in waiting_since), key=lambda s: waiting_since[s.identifier])
-            paused = self.paused() if due else frozenset()
-            if paused and all(s.identifier in paused for s in due):
-                if self.budget_s <= 0 or self._spent() or self.should_stop():
-                    return served
-                if not self._chore(idle=False):
-                    self.sleep(POLL_S)  # their records wait for the chore, not for new records
-                continue
-            due = [s for s in due if s.identifier not in paused]
+            waiting = sorted(
+                (s for s in live if s.identifier in waiting_since), key=lambda s: waiting_since[s.identifier]
+            )
+            paused = self.paused() if waiting else frozenset()
+            due = [s for s in waiting if s.identifier not in paused]
             if not due:
-                if self.budget_s <= 0 or self._spent() or self.should_stop():
+                if self._ending():
                     return served
-                idle_until = idle_until or now + self.idle_s
-                if now >= idle_until:
-                    return served
-                if not self._chore(idle=True):
+                if not waiting:  # paused tables' records wait for a chore, not for new records: not idle
+                    idle_until = idle_until or now + self.idle_s
+                    if now >= idle_until:
+                        return served
+                if not self._chore(idle=not waiting):
                     self.sleep(POLL_S)
                 continue
             idle_until = None
             self._serve_round(due, served, waiting_since)
-            if self.budget_s <= 0 or self._spent() or self.should_stop():
+            if self._ending():
                 return served
 
     def run(self) -> dict[str, TableServed]:
@@ -172,6 +169,11 @@ class Worker:
             for future in done:
                 self._finish(running.pop(future), future, served, waiting_since)
                 self._chore(idle=False, busy=frozenset(s.identifier for s in running.values()))
+
+    def _ending(self) -> bool:
+        """Whether the run ends instead of waiting: one micro-batch per table (``budget_s`` 0), the budget
+        spent, or asked to stop."""
+        return self.budget_s <= 0 or self._spent() or self.should_stop()
 
     def _stopping(self) -> bool:
         return self.budget_s > 0 and (self._spent() or self.should_stop())

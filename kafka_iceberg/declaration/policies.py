@@ -61,11 +61,11 @@ class MaintenancePolicy:
 
     ``retain_last`` (snapshots) and ``max_snapshot_age_s`` drive ``expire_snapshots``; a table with more
     than ``max_snapshots`` snapshots keeps only its newest ``retain_last`` (and what its ingest state
-    and a pending check need), and a worker or streaming run expires it as soon as a commit passes that ceiling;
-    a worker run compacts a table as soon as its commits added ``compact_after_data_files`` data files
-    since its last compaction (each micro-batch adds at least one, and every later commit that merges
-    manifests rewrites an entry per data file); ``orphan_older_than_s`` is ``remove_orphan_files``' safety window (>= 24 h, longer than
-    the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
+    and a pending check need), and a worker or streaming run expires it as soon as a commit passes
+    that ceiling; a worker run compacts a table as soon as its commits added ``compact_after_data_files``
+    data files since its last compaction (each micro-batch adds at least one, and every later commit
+    that merges manifests rewrites an entry per data file); ``orphan_older_than_s`` is
+    ``remove_orphan_files``' safety window (>= 24 h, longer than the longest micro-batch); ``target_file_size_bytes`` drives ``rewrite_data_files``;
     ``full_check_cron``: the full-scan ``duplicate_free`` check (after a run it is incremental).
     """
 

@@ -190,6 +190,12 @@ counting and expiring. Maintenance jobs share the table's concurrency pool with 
 micro-batches, so at most one such commit is expected."""
 
 
+CONCURRENT_COMMITS = 10
+"""Snapshots an expiry by count beside a table that keeps committing (a worker's background expiry, a
+streaming run's) keeps beyond what it needs: the commits that land between its reading the table's
+metadata and its own commit."""
+
+
 def snapshots_to_keep_state(view: TableMetadataView) -> int:
     """How many of ``main``'s newest snapshots must be retained so that the newest ingest
     snapshot (the one holding the committed offsets) survives, plus a margin."""
