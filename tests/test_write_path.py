@@ -19,9 +19,15 @@ from devtools.rehearsal.run import kill_group
 from devtools.services.devbroker import free_port
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.recovery import BRANCH_PREFIX
-from kafka_iceberg.catalog.tables import load_table
+from kafka_iceberg.catalog.tables import ensure_dead_letter_table, ensure_table, load_table
 from kafka_iceberg.declaration.spec import parse_table_spec
-from kafka_iceberg.errors import CommitConflictError, DataLossError, MalformedRecordError, TopicNotFoundError
+from kafka_iceberg.errors import (
+    CommitConflictError,
+    ConfigError,
+    DataLossError,
+    MalformedRecordError,
+    TopicNotFoundError,
+)
 from kafka_iceberg.ops.checks import duplicate_free
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (
@@ -291,6 +297,22 @@ def test_records_that_do_not_fit_the_schema_fail_clearly(
     with pytest.raises(MalformedRecordError, match=reason):
         run(spark, settings, spec, kafka, catalog)
     assert current_view(catalog, spec).main is None
+
+
+def test_an_existing_table_is_checked_against_its_declaration(spark, settings, unique):
+    """An existing table is checked, not created again: a declared column of another type, and a table that
+    is not the declared dead-letter table, are clear errors; the matching table passes its check."""
+    spec = make_spec(unique, f"events.{unique}")
+    ensure_table(spark, settings, spec)
+    ensure_table(spark, settings, spec)
+    retyped = [{**c, "type": "string"} if c["name"] == "amount" else c for c in spec_dict(unique, "t")["schema"]]
+    with pytest.raises(ConfigError, match="column 'amount' is DOUBLE but tables.yaml declares STRING"):
+        ensure_table(spark, settings, make_spec(unique, f"events.{unique}", schema=retyped))
+    borrowed = make_spec(f"{unique}_b", "t", bad_records={"policy": "quarantine", "dead_letter_table": spec.identifier})
+    with pytest.raises(ConfigError, match="is not the dead-letter table of"):
+        ensure_dead_letter_table(spark, settings, borrowed)
+    ensure_dead_letter_table(spark, settings, make_spec(unique, "t", bad_records={"policy": "quarantine"}))
+    ensure_dead_letter_table(spark, settings, make_spec(unique, "t", bad_records={"policy": "quarantine"}))
 
 
 def test_missing_topic_is_a_clear_error(spark, settings, kafka, catalog, unique):

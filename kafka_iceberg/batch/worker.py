@@ -155,20 +155,28 @@ class Worker:
 
     def _serve_round(self, due: list[TableSpec], served: dict[str, TableServed], waiting_since: dict[str, float]):
         """One micro-batch of each due table, longest waiting first and up to :attr:`threads` at once;
-        each table goes to the back after its own. No micro-batch starts past the budget; those
-        running are awaited."""
+        each table goes to the back after its own. With several threads, the next tables' micro-batches
+        start before the finished ones are reported (``on_commit``: a write to the Dagster instance),
+        unless one crashed. No micro-batch starts past the budget; those running are awaited."""
         queue, running = list(due), {}
         while queue or running:
-            while queue and len(running) < max(1, self.threads) and not self._stopping():
-                spec = queue.pop(0)
-                served[spec.identifier].tried = True
-                running[self._start(spec)] = spec
+            self._fill(queue, running, served)
             if not running:
                 return
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                self._finish(running.pop(future), future, served, waiting_since)
+            finished = [(running.pop(future), future) for future in done]
+            if self.threads > 1 and not any(_crashed(f) for _, f in finished):
+                self._fill(queue, running, served)  # the next tables read while these are reported
+            for spec, future in finished:
+                self._finish(spec, future, served, waiting_since)
                 self._chore(idle=False, busy=frozenset(s.identifier for s in running.values()))
+
+    def _fill(self, queue: list[TableSpec], running: dict[Future, TableSpec], served: dict[str, TableServed]) -> None:
+        """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping."""
+        while queue and len(running) < max(1, self.threads) and not self._stopping():
+            spec = queue.pop(0)
+            served[spec.identifier].tried = True
+            running[self._start(spec)] = spec
 
     def _ending(self) -> bool:
         """Whether the run ends instead of waiting: one micro-batch per table (``budget_s`` 0), the budget
@@ -195,7 +203,7 @@ class Worker:
         """Report one finished micro-batch: its commit, or its failure (the table is set aside)."""
         waiting_since.pop(spec.identifier, None)
         error = future.exception()
-        if error is not None and not isinstance(error, Exception):
+        if _crashed(future):
             raise error  # a crash (SystemExit from a crash hook, a KeyboardInterrupt) ends the run
         if error is not None:
             served[spec.identifier].error = error
@@ -220,6 +228,12 @@ class Worker:
         if ran:
             self.chore_s += self.clock() - t0
         return ran
+
+
+def _crashed(future: Future) -> bool:
+    """Whether a finished micro-batch ended in a crash (a ``BaseException`` that is not an ``Exception``)."""
+    error = future.exception()
+    return error is not None and not isinstance(error, Exception)
 
 
 __all__ = ["POLL_S", "TableServed", "Worker", "assign_workers", "offset_lags"]

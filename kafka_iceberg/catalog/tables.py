@@ -182,10 +182,10 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
         ConfigError: the existing table lacks a declared column or has another type for it
             (the Iceberg table schema is the contract; it is never changed silently).
     """
-    existed = spark.catalog.tableExists(qualified(settings, spec))
-    create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
-    if spec.upsert and not existed:  # the key becomes the table's identifier fields
-        prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
+    if not spark.catalog.tableExists(qualified(settings, spec)):  # an existing one is only checked
+        create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
+        if spec.upsert:  # the key becomes the table's identifier fields
+            prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
     fields = spark.table(qualified(settings, spec)).schema.fields
     existing = {f.name: f.dataType.simpleString().upper() for f in fields}
     nullable = {f.name: f.nullable for f in fields}
@@ -225,7 +225,8 @@ def ensure_dead_letter_table(spark, settings: Settings, spec: TableSpec) -> None
         ConfigError: a table of that name exists but is not this table's dead-letter table.
     """
     ident = spec.bad_records.dead_letter_identifier
-    create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
+    if not spark.catalog.tableExists(f"{settings.catalog.name}.{ident}"):
+        create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
     owner = spark.sql(f"SHOW TBLPROPERTIES {settings.catalog.name}.{ident} ('lake.dead-letter-of')").collect()
     value = owner[0]["value"] if owner else None
     if value != spec.identifier:
