@@ -332,7 +332,8 @@ def _backlog(args, tmp, settings, config, kafka, df, topics, env, spread) -> dic
         "drain_s": drain_s,
         "polled_s": polled_s,
         "startup_s": startup_s,
-        "after_start_ratio": records / max(1e-9, drain_s - startup_s) / raw_rate,
+        # one commit (a backlog one micro-batch takes) has no span after the first commit
+        "after_start_ratio": records / (drain_s - startup_s) / raw_rate if drain_s - startup_s > 0.001 else None,
         "rate": records / drain_s,
         "raw_rate": raw_rate,
         "ratio": records / drain_s / raw_rate,
@@ -371,7 +372,8 @@ def _print_many(n, workers, steady, backlog, sampler, wall, runs) -> dict:
     )
     say(
         f"    of which {backlog['startup_s']:.1f} s before the first commit (daemon, sensor, run and Spark start); "
-        f"from it on: ratio {backlog['after_start_ratio']:.3f}"
+        "from it on: ratio "
+        + (f"{backlog['after_start_ratio']:.3f}" if backlog["after_start_ratio"] is not None else "- (one commit)")
     )
     return {
         "tables": n,
