@@ -330,7 +330,6 @@ def _backlog(args, tmp, settings, config, kafka, df, topics, env, spread) -> dic
     return {
         "records": records,
         "drain_s": drain_s,
-        "polled_s": polled_s,
         "startup_s": startup_s,
         # one commit (a backlog one micro-batch takes) has no span after the first commit
         "after_start_ratio": records / (drain_s - startup_s) / raw_rate if drain_s - startup_s > 0.001 else None,

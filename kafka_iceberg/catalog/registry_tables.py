@@ -35,12 +35,8 @@ def ensure_registry_table(spark, settings: Settings, spec: TableSpec) -> None:
     """Create a ``schema: from_registry`` table from its subject's latest schema if it is missing
     (logging the column mapping). An existing table is left as it is: from then on its schema
     changes only by the evolution rules, batch by batch."""
-    try:
-        spark.table(qualified(settings, spec)).schema  # noqa: B018 - exists?
+    if spark.catalog.tableExists(qualified(settings, spec)):
         return
-    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for a missing table
-        if "TABLE_OR_VIEW_NOT_FOUND" not in str(exc) and "not found" not in str(exc).lower():
-            raise
     cols = registry_columns(spec, settings.registry)
     log.warning(
         "table %s: created from subject %s: %s",

@@ -164,15 +164,19 @@ def table_ddl(settings: Settings, spec: TableSpec, columns: list[tuple[str, str,
     )
 
 
-def create_table(spark, settings: Settings, identifier: str, ddl: str) -> None:
-    """Run a ``CREATE TABLE IF NOT EXISTS`` after creating the namespace; a concurrent creator winning
-    the race is fine."""
+def create_table(spark, settings: Settings, identifier: str, ddl: str) -> bool:
+    """Create a missing table: run a ``CREATE TABLE IF NOT EXISTS`` after creating the namespace (a
+    concurrent creator winning the race is fine). An existing table is left alone, without a statement.
+    Returns whether the table was missing."""
+    if spark.catalog.tableExists(f"{settings.catalog.name}.{identifier}"):
+        return False
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {settings.catalog.name}.{identifier.rsplit('.', 1)[0]}")
     try:
         spark.sql(ddl)
     except Exception as exc:
         if "already exists" not in str(exc).lower():
             raise
+    return True
 
 
 def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
@@ -182,10 +186,9 @@ def ensure_table(spark, settings: Settings, spec: TableSpec) -> None:
         ConfigError: the existing table lacks a declared column or has another type for it
             (the Iceberg table schema is the contract; it is never changed silently).
     """
-    if not spark.catalog.tableExists(qualified(settings, spec)):  # an existing one is only checked
-        create_table(spark, settings, spec.identifier, table_ddl(settings, spec))
-        if spec.upsert:  # the key becomes the table's identifier fields
-            prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
+    created = create_table(spark, settings, spec.identifier, table_ddl(settings, spec))  # an existing one is checked
+    if created and spec.upsert:  # the key becomes the table's identifier fields
+        prepare_upsert_table(spark, qualified(settings, spec), list(spec.upsert.key))
     fields = spark.table(qualified(settings, spec)).schema.fields
     existing = {f.name: f.dataType.simpleString().upper() for f in fields}
     nullable = {f.name: f.nullable for f in fields}
@@ -225,8 +228,7 @@ def ensure_dead_letter_table(spark, settings: Settings, spec: TableSpec) -> None
         ConfigError: a table of that name exists but is not this table's dead-letter table.
     """
     ident = spec.bad_records.dead_letter_identifier
-    if not spark.catalog.tableExists(f"{settings.catalog.name}.{ident}"):
-        create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
+    create_table(spark, settings, ident, dead_letter_ddl(settings, spec))
     owner = spark.sql(f"SHOW TBLPROPERTIES {settings.catalog.name}.{ident} ('lake.dead-letter-of')").collect()
     value = owner[0]["value"] if owner else None
     if value != spec.identifier:
