@@ -16,7 +16,8 @@ from confluent_kafka import Producer
 
 from kafka_iceberg.batch import commit as commit_module
 from kafka_iceberg.batch import files as files_module
-from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
+from kafka_iceberg.batch.warm import warm_read_job
 from kafka_iceberg.catalog.tables import load_table
 from tests.helpers import BASE_TS_MS, current_view, data_files_on_disk, event, make_spec, referenced_data_files
 
@@ -287,3 +288,33 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
     ]
     assert len(offsets) == len(set(offsets)) == 42, "every good record once"
     assert data_files_on_disk(settings, driver) == referenced_data_files(spark, settings, driver)
+
+
+def test_warm_up_runs_the_read_job_on_no_records_and_changes_nothing(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+):
+    """``LAKE_WARM_READ_JOB``: a worker's warm-up runs the read phase's Spark job for a table read on the
+    pyarrow path, over an empty range: no record read, no file written, no snapshot. Off, or for a
+    table parsed by Spark (``LAKE_JSON_PARSER=spark``), no job runs."""
+    topic = topic_factory(unique, partitions=2)
+    _send(kafka_config, topic, GOOD[:20])
+    spec = make_spec(f"{unique}_warm", topic)
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    head, files = current_view(catalog, spec).main, data_files_on_disk(settings, spec)
+
+    def warm(conf, group: str) -> list:
+        spark.sparkContext.setJobGroup(group, group)
+        try:
+            assert warm_up(connect(spark, conf, kafka, catalog), [spec]) == {spec.identifier: "warm"}
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        return spark.sparkContext.statusTracker().getJobIdsForGroup(group)
+
+    assert warm(settings, f"{unique}-on"), "the read job ran"
+    assert warm(dataclasses.replace(settings, warm_read_job=False), f"{unique}-off") == []
+    assert warm(dataclasses.replace(settings, json_parser="spark"), f"{unique}-spark") == []
+    lake = connect(spark, dataclasses.replace(settings, json_parser="spark"), kafka, catalog)
+    assert warm_read_job(lake, spec) is None
+    assert current_view(catalog, spec).main == head and data_files_on_disk(settings, spec) == files
+    rows = _rows(spark, settings, spec.identifier)
+    assert len(rows) == 20

@@ -13,6 +13,7 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.evolve import evolve_schema, table_value_columns
 from kafka_iceberg.batch.files import discard, file_writer
 from kafka_iceberg.batch.formats import classify_registry
 from kafka_iceberg.batch.keys import parse_keys, with_key_problem
@@ -27,8 +28,6 @@ from kafka_iceberg.formats.transform import (
     classify,
     classify_parsed,
     iceberg_value_columns,
-    new_fields,
-    value_columns,
 )
 from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
 
@@ -55,14 +54,8 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str, tab
         LakeError: a record outside its planned range (a reader bug).
         DataLossError, ReadTimeoutError (wrapped in a Spark error; see ``errors.from_task_exception``).
     """
-    if (
-        lake.settings.json_parser == "arrow"
-        and spec.upsert is None
-        and spec.unknown_fields != "evolve"
-        and not spec.format.uses_registry
-        and spec.key_format is None
-    ):
-        columns = tuple(_arrow_columns(lake, plan.target.identifier, table))
+    if arrow_parsed(lake, spec):
+        columns = tuple(arrow_columns(lake, plan.target.identifier, table))
         if arrow_json.supported(columns):
             return _read_parsed(lake, spec, plan, columns, table)
     records = raw = raw_records(lake, spec.identifier, plan.offsets).persist()
@@ -73,10 +66,10 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str, tab
         schema_ids = {}
         if spec.format.uses_registry:
             classified, changes, schema_ids = classify_registry(lake, spec, raw, commit_id)
-            columns = tuple(_value_columns(lake, plan.target.identifier))
+            columns = tuple(table_value_columns(lake, plan.target.identifier))
         else:
             changes = evolve_schema(lake, spec, raw, commit_id) if spec.unknown_fields == "evolve" else ()
-            columns = tuple(_value_columns(lake, plan.target.identifier))
+            columns = tuple(table_value_columns(lake, plan.target.identifier))
             classified = _classify(raw, spec, list(columns))
         if keyed is not None:
             classified = with_key_problem(classified)
@@ -352,48 +345,22 @@ def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
     )
 
 
-def _arrow_columns(lake: Lake, identifier: str, table):
-    """The value columns of ``table`` (a pyiceberg ``Table``), else from Spark's catalog
-    (:func:`_value_columns`): a Spark table lookup would make Iceberg re-read the metadata the branch
-    commit just wrote."""
-    columns = iceberg_value_columns(table.schema()) if table is not None else None
-    return columns if columns is not None else _value_columns(lake, identifier)
-
-
-def _value_columns(lake: Lake, identifier: str):
-    qualified = f"{lake.catalog_name}.{identifier}"
-    return lake.retry(
-        f"table {identifier}: read the table schema", lambda: value_columns(lake.spark.table(qualified).schema)
+def arrow_parsed(lake: Lake, spec: TableSpec) -> bool:
+    """Whether ``spec``'s records may be parsed by pyarrow in the read task (if its columns allow,
+    :func:`kafka_iceberg.formats.arrow_json.supported`): JSON without schema evolution, upserts or a
+    ``key_format``, under ``LAKE_JSON_PARSER=arrow``."""
+    return (
+        lake.settings.json_parser == "arrow"
+        and spec.upsert is None
+        and spec.unknown_fields != "evolve"
+        and not spec.format.uses_registry
+        and spec.key_format is None
     )
 
 
-def evolve_schema(lake: Lake, spec: TableSpec, raw, commit_id: str) -> list[dict]:
-    """Schema evolution (``unknown_fields: evolve``): add an optional column for every new
-    top-level field of a primitive type in this batch (``ALTER TABLE ... ADD COLUMN``), before the
-    batch is written. Fields that cannot be added stay unknown and their records are
-    quarantined. Returns the columns added as ``{"column", "type"}``."""
-    fields = new_fields(lake.spark, raw, _value_columns(lake, spec.identifier))
-    added = []
-    for f in fields:
-        if f.type is None:
-            log.warning(
-                "table %s: new field %r is not added: %s; its records are quarantined",
-                spec.identifier,
-                f.name,
-                f.why_not,
-            )
-            continue
-        comment = f"added by schema evolution from topic {spec.topic} in run {commit_id}".replace("'", "")
-        sql = (
-            f"ALTER TABLE {lake.catalog_name}.{spec.identifier} ADD COLUMN `{f.name}` {f.type.upper()} "
-            f"COMMENT '{comment}'"
-        )
-
-        def exists(name=f.name):
-            return True if any(c.name == name for c in _value_columns(lake, spec.identifier)) else None
-
-        if exists() is None:
-            lake.sql(f"table {spec.identifier}: add column {f.name}", sql, before_retry=exists)
-        log.warning("table %s: schema evolved: added optional column %s %s", spec.identifier, f.name, f.type)
-        added.append({"column": f.name, "type": f.type})
-    return added
+def arrow_columns(lake: Lake, identifier: str, table):
+    """The value columns of ``table`` (a pyiceberg ``Table``), else from Spark's catalog
+    (:func:`kafka_iceberg.batch.evolve.table_value_columns`): a Spark table lookup would make Iceberg re-read the metadata the branch
+    commit just wrote."""
+    columns = iceberg_value_columns(table.schema()) if table is not None else None
+    return columns if columns is not None else table_value_columns(lake, identifier)

@@ -143,6 +143,11 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_DRIVER_READ_MAX_RECORDS",
         description="LAKE_DRIVER_READ_MAX_RECORDS: offsets up to which the driver reads a micro-batch (0: always Spark).",
     )
+    warm_read_job: bool = Field(
+        True,
+        validation_alias="LAKE_WARM_READ_JOB",
+        description="LAKE_WARM_READ_JOB: a worker's warm op runs the read phase's Spark job once, on no records.",
+    )
     attempt_timeout_s: float = Field(
         3600.0,
         ge=0,

@@ -177,6 +177,7 @@ class Settings:
     json_parser: str  # LAKE_JSON_PARSER: "arrow" (pyarrow in the read task) or "spark" (from_json)
     writer: str  # LAKE_WRITER: "arrow" (the read task writes what pyarrow parsed) or "spark"
     driver_read_max_records: int  # LAKE_DRIVER_READ_MAX_RECORDS: smaller arrow-writer batches skip the Spark job
+    warm_read_job: bool  # LAKE_WARM_READ_JOB: warm_up runs the read phase's Spark job once (kafka_iceberg.batch.warm)
     attempt_timeout_s: float
     orphan_clock_skew_s: float
     catalog_retry_s: float
@@ -324,6 +325,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         json_parser=run.json_parser,
         writer=run.writer,
         driver_read_max_records=run.driver_read_max_records,
+        warm_read_job=run.warm_read_job,
         attempt_timeout_s=run.attempt_timeout_s,
         orphan_clock_skew_s=run.orphan_clock_skew_s,
         catalog_retry_s=run.catalog_retry_s,

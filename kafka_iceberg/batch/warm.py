@@ -1,0 +1,68 @@
+"""Warming the read phase's Spark job before a worker's first large micro-batch.
+
+A micro-batch of more than ``LAKE_DRIVER_READ_MAX_RECORDS`` offsets is read by a Spark job
+(:func:`kafka_iceberg.batch.read.read_batch`). The first such job of a process pays, on the driver,
+for what the JVM has not done yet: loading the classes of ``mapInArrow``, the cache and the ``noop``
+write, parsing the schemas, and compiling the hot paths. On a 2-core machine that JVM work competes
+with the read tasks: a fresh process read its first 1,000,000-record micro-batch in 9.4 s and the next
+one in 5.0 s (docs/benchmark.md). Small micro-batches, read by the driver, never start that job, so a
+worker that starts on a large backlog paid this cost in its first micro-batch.
+
+:func:`warm_read_job` runs that Spark job once, over one empty offset range of a table's own
+topic: the same reader, parser, file writer and classification, no record read and no file written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.files import file_writer
+from kafka_iceberg.batch.read import RANGE_DDL, arrow_columns, arrow_parsed
+from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.formats import arrow_json
+from kafka_iceberg.formats.transform import classify_parsed
+from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
+
+log = logging.getLogger(__name__)
+
+
+def warm_read_job(lake: Lake, spec: TableSpec) -> float | None:
+    """Run the read phase's Spark job of ``spec``'s table once over the empty range
+    [0, 0) of its topic's partition 0 (nothing is read from Kafka, nothing written to the table).
+    ``spec``'s table must exist (its columns come from the catalog).
+
+    Returns the job's seconds, or None when the table's micro-batches never start this job (a
+    table not parsed by pyarrow in the read task: registry formats, upserts, ``unknown_fields:
+    evolve``, a ``key_format``, ``LAKE_JSON_PARSER=spark``).
+
+    Raises:
+        CatalogUnavailableError: the catalog did not answer within ``LAKE_CATALOG_RETRY_S``.
+        Py4JJavaError (Spark's own): the job failed; the caller decides whether that matters.
+    """
+    if not arrow_parsed(lake, spec):
+        return None
+    table = lake.load(spec.identifier)
+    columns = tuple(arrow_columns(lake, spec.identifier, table))
+    if not arrow_json.supported(columns):
+        return None
+    t0 = time.perf_counter()
+    parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
+    writer = written = None
+    if lake.settings.writer == "arrow":
+        writer, written = file_writer(table, spec, columns), stats_accumulator(lake.spark)
+    conf = lake.kafka.config.client_conf()
+    reader = make_task_reader(
+        conf, spec.identifier, lake.settings.read_timeout_s, parser, stats_accumulator(lake.spark), writer, written
+    )
+    ranges = lake.spark.createDataFrame([(spec.topic, 0, 0, 0)], RANGE_DDL)
+    read = ranges.mapInArrow(reader, f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}")
+    classified = classify_parsed(read, spec, list(columns)).persist()
+    try:
+        classified.write.format("noop").mode("overwrite").save()
+    finally:
+        classified.unpersist()
+    seconds = time.perf_counter() - t0
+    log.info("table %s: read job warmed in %.2f s", spec.identifier, seconds)
+    return seconds
