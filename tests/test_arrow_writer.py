@@ -318,3 +318,40 @@ def test_warm_up_runs_the_read_job_on_no_records_and_changes_nothing(
     assert current_view(catalog, spec).main == head and data_files_on_disk(settings, spec) == files
     rows = _rows(spark, settings, spec.identifier)
     assert len(rows) == 20
+
+
+def test_staging_transaction_builds_the_metadata_once_per_staged_change(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
+):
+    """Pins :class:`kafka_iceberg.batch.commit.StagingTransaction` on pyiceberg: it stages the same
+    updates as pyiceberg's ``Transaction``, sees each staged change, and builds the metadata fewer times."""
+    import pyiceberg.table
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update import AddSnapshotUpdate
+
+    from kafka_iceberg.batch.commit import StagingTransaction, staged_files, staged_updates
+
+    topic = topic_factory(unique, partitions=2)
+    _send(kafka_config, topic, GOOD[:10])
+    spec = make_spec(f"{unique}_staging", topic)
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    table = load_table(catalog, spec.identifier)
+    data_file = next(iter(table.scan().plan_files())).file
+    builds, real = [], pyiceberg.table.update_table_metadata
+    monkeypatch.setattr(pyiceberg.table, "update_table_metadata", lambda *a, **k: builds.append(1) or real(*a, **k))
+    staged = {}
+    for make in (Transaction, StagingTransaction):
+        builds.clear()
+        tx = make(table)
+        tx.set_properties(staged="yes")
+        assert tx.table_metadata.properties["staged"] == "yes", "a staged change is seen"
+        with tx.update_snapshot(snapshot_properties={"x": "1"}).merge_append() as append:
+            append.append_data_file(data_file)
+        assert tx.table_metadata.snapshot_by_id(tx.table_metadata.current_snapshot_id).summary["x"] == "1"
+        updates = staged_updates(tx)
+        snapshot = next(u.snapshot for u in updates if isinstance(u, AddSnapshotUpdate))
+        staged[make] = (len(builds), [type(u).__name__ for u in updates], snapshot.summary.additional_properties)
+        for path in staged_files(tx):
+            table.io.delete(path)
+    assert staged[StagingTransaction][1:] == staged[Transaction][1:]
+    assert staged[StagingTransaction][0] < staged[Transaction][0], staged
