@@ -290,34 +290,38 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
     assert data_files_on_disk(settings, driver) == referenced_data_files(spark, settings, driver)
 
 
-def test_warm_up_runs_the_read_job_on_no_records_and_changes_nothing(
+def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothing(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory
 ):
-    """``LAKE_WARM_READ_JOB``: a worker's warm-up runs the read phase's Spark job for a table read on the
-    pyarrow path, over an empty range: no record read, no file written, no snapshot. Off, or for a
-    table parsed by Spark (``LAKE_JSON_PARSER=spark``), no job runs."""
+    """``LAKE_WARM_READ_JOB``: a worker's warm-up runs the read phase's Spark job when a table's offset lag
+    is above ``LAKE_DRIVER_READ_MAX_RECORDS`` (its next micro-batch starts that job), over an empty range:
+    no record read, no file written, no snapshot. No job runs without such a lag, when off, or for a
+    table parsed by Spark (``LAKE_JSON_PARSER=spark``)."""
     topic = topic_factory(unique, partitions=2)
     _send(kafka_config, topic, GOOD[:20])
     spec = make_spec(f"{unique}_warm", topic)
     run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    _send(kafka_config, topic, GOOD[20:30])  # an offset lag of 10
     head, files = current_view(catalog, spec).main, data_files_on_disk(settings, spec)
 
-    def warm(conf, group: str) -> list:
+    def jobs(group: str, **changes) -> list:
         spark.sparkContext.setJobGroup(group, group)
         try:
-            assert warm_up(connect(spark, conf, kafka, catalog), [spec]) == {spec.identifier: "warm"}
+            lake = connect(spark, dataclasses.replace(settings, **changes), kafka, catalog)
+            assert warm_up(lake, [spec]) == {spec.identifier: "warm"}
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return spark.sparkContext.statusTracker().getJobIdsForGroup(group)
 
-    assert warm(settings, f"{unique}-on"), "the read job ran"
-    assert warm(dataclasses.replace(settings, warm_read_job=False), f"{unique}-off") == []
-    assert warm(dataclasses.replace(settings, json_parser="spark"), f"{unique}-spark") == []
-    lake = connect(spark, dataclasses.replace(settings, json_parser="spark"), kafka, catalog)
-    assert warm_read_job(lake, spec) is None
+    assert jobs(f"{unique}-backlog", driver_read_max_records=9), "a lag of 10 above 9: the read job ran"
+    assert jobs(f"{unique}-small", driver_read_max_records=10) == []
+    assert jobs(f"{unique}-off", driver_read_max_records=9, warm_read_job=False) == []
+    assert jobs(f"{unique}-spark", driver_read_max_records=9, json_parser="spark") == []
+    assert (
+        warm_read_job(connect(spark, dataclasses.replace(settings, json_parser="spark"), kafka, catalog), spec) is None
+    )
     assert current_view(catalog, spec).main == head and data_files_on_disk(settings, spec) == files
-    rows = _rows(spark, settings, spec.identifier)
-    assert len(rows) == 20
+    assert len(_rows(spark, settings, spec.identifier)) == 20
 
 
 def test_staging_transaction_builds_the_metadata_once_per_staged_change(

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from devtools.demo import data as demo_data
 from kafka_iceberg.batch.pipeline import BatchResult, TableWriter
-from kafka_iceberg.batch.pipeline import warm_up as worker_warm_up
+from kafka_iceberg.batch.warm import warm_read_job
 from kafka_iceberg.config.settings import CHECKOUT, Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, _parse_table
 from kafka_iceberg.kafka.admin import KafkaConfig
@@ -304,10 +304,10 @@ def timed_batch(writer: TableWriter) -> tuple[float, float, BatchResult, object]
 
 
 def warm_up(spark, settings: Settings, config: KafkaConfig, kafka, catalog, df) -> float:
-    """Run a 2,000-record table (its own topic) end to end, then what a worker's ``warm`` op runs
-    (:func:`kafka_iceberg.batch.pipeline.warm_up`: with ``LAKE_WARM_READ_JOB``, the read phase's Spark job
-    that a 2,000-record micro-batch, read by the driver, does not start), so the JVM, Iceberg's classes and
-    the Python workers are warm before a timed figure; returns its seconds."""
+    """Run a 2,000-record table (its own topic) end to end, then what a worker's ``warm`` op runs when a
+    table's next micro-batch is large (:func:`kafka_iceberg.batch.warm.warm_read_job`: the read phase's Spark
+    job, which a 2,000-record micro-batch, read by the driver, does not start), so the JVM, Iceberg's classes
+    and the Python workers are warm before a timed figure; returns its seconds."""
     t0 = time.perf_counter()
     demo_data.create_topic(config, WARMUP_TOPIC, PARTITIONS, TOPIC_CONFIG)
     demo_data.produce(config, WARMUP_TOPIC, flights_records(df, 0, WARMUP_RECORDS))
@@ -316,7 +316,7 @@ def warm_up(spark, settings: Settings, config: KafkaConfig, kafka, catalog, df) 
     writer.ensure_table()
     writer.recover()
     result = writer.execute(writer.plan(), str(uuid.uuid4()))
-    worker_warm_up(writer.lake, [spec])  # as a worker's warm op: with LAKE_WARM_READ_JOB, the Spark read job
+    warm_read_job(writer.lake, spec)  # as a worker's warm op on a backlog (kafka_iceberg.batch.warm)
     seconds = time.perf_counter() - t0
     say(
         f"warm-up: table bench.warmup ({WARMUP_RECORDS:,} records, its own topic) run end to end "

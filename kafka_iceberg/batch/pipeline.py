@@ -28,7 +28,7 @@ from kafka_iceberg.batch.read import read_batch
 from kafka_iceberg.batch.recover import dead_letters_id, recover_tables
 from kafka_iceberg.batch.recovery import Attempt, RecoveryReport, attempt_branch
 from kafka_iceberg.batch.types import BatchResult, PublishedCommit, ReadBatch, WritePlan
-from kafka_iceberg.batch.warm import warm_read_job
+from kafka_iceberg.batch.warm import warm_for_backlog
 from kafka_iceberg.batch.write import create_branch, max_timestamps, write_attempt
 from kafka_iceberg.catalog.tables import TableMetadataView, load_catalog
 from kafka_iceberg.config.settings import Settings
@@ -244,37 +244,26 @@ def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
     :meth:`Lake.ensure_tables` (once per process; read-only on existing tables) and a load of its metadata,
     so that a worker taking over does not pay for a cold Spark catalog in its first micro-batch.
 
-    With ``LAKE_WARM_READ_JOB`` it then runs the read phase's Spark job once, on no records, for the first
-    warm table that a large micro-batch would read with it (:func:`kafka_iceberg.batch.warm.warm_read_job`).
+    With ``LAKE_WARM_READ_JOB`` it then warms the read phase's Spark job if a table's next micro-batch
+    will start it (:func:`kafka_iceberg.batch.warm.warm_for_backlog`).
 
     Returns identifier -> ``warm``, ``missing`` (left to its first micro-batch, which creates it under the
     commit pool) or the error (the table's micro-batch reports it; nothing is raised)."""
-    done = {}
+    done, tables = {}, {}
     for spec in specs:
         try:
             dead_letter_missing = spec.bad_records.policy == "quarantine" and lake.find(dead_letters_id(spec)) is None
-            if dead_letter_missing or lake.find(spec.identifier) is None:
+            view = None if dead_letter_missing else lake.find(spec.identifier)
+            if view is None:
                 done[spec.identifier] = "missing"
                 continue
             lake.ensure_tables(spec)
-            done[spec.identifier] = "warm"
+            done[spec.identifier], tables[spec.identifier] = "warm", view.table
         except Exception as exc:  # noqa: BLE001 - the table's own micro-batch fails and reports it
             done[spec.identifier] = f"{type(exc).__name__}: {exc}"
-    if lake.settings.warm_read_job:
-        _warm_read_job(lake, [spec for spec in specs if done[spec.identifier] == "warm"])
+    if lake.settings.warm_read_job and tables:
+        warm_for_backlog(lake, [spec for spec in specs if spec.identifier in tables], tables)
     return done
-
-
-def _warm_read_job(lake: Lake, specs: list[TableSpec]) -> None:
-    """:func:`kafka_iceberg.batch.warm.warm_read_job` for the first of ``specs`` whose micro-batches use
-    that job; a failure is logged, not raised (a warm-up; the micro-batches report their own errors)."""
-    for spec in specs:
-        try:
-            if warm_read_job(lake, spec) is not None:
-                return
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            log.warning("table %s: the read job was not warmed: %s: %s", spec.identifier, type(exc).__name__, exc)
-            return
 
 
 def accept_gap(lake: Lake, spec: TableSpec, commit_id: str, reason: str) -> BatchResult:

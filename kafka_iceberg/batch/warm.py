@@ -10,6 +10,8 @@ worker that starts on a large backlog paid this cost in its first micro-batch.
 
 :func:`warm_read_job` runs that Spark job once, over one empty offset range of a table's own
 topic: the same reader, parser, file writer and classification, no record read and no file written.
+A worker's ``warm`` op runs it (:func:`warm_for_backlog`) only when a table's next micro-batch will
+start that job: a successor warming beside a current predecessor does not spend the CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.files import file_writer
 from kafka_iceberg.batch.read import RANGE_DDL, arrow_columns, arrow_parsed
+from kafka_iceberg.batch.worker import offset_lags
+from kafka_iceberg.catalog.tables import table_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.formats import arrow_json
 from kafka_iceberg.formats.transform import classify_parsed
@@ -28,10 +32,31 @@ from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_a
 log = logging.getLogger(__name__)
 
 
-def warm_read_job(lake: Lake, spec: TableSpec) -> float | None:
+def warm_for_backlog(lake: Lake, specs: list[TableSpec], tables: dict) -> str | None:
+    """:func:`warm_read_job` for the first of ``specs`` (existing tables; ``tables``: identifier -> the
+    loaded pyiceberg ``Table``) whose offset lag (one batched watermark call) is above
+    ``LAKE_DRIVER_READ_MAX_RECORDS``, so its next micro-batch starts the job, and that the job reads.
+    Returns that table's identifier, or None when no job ran. Nothing is raised: a failure is logged
+    (a warm-up; the micro-batches report their own errors)."""
+    try:
+        lags = offset_lags(
+            specs,
+            lake.kafka.watermarks_many(sorted({s.topic for s in specs})),
+            {i: table_state(t).offsets for i, t in tables.items()},
+        )
+        for spec in specs:
+            if lags[spec.identifier] > lake.settings.driver_read_max_records:
+                if warm_read_job(lake, spec, tables[spec.identifier]) is not None:
+                    return spec.identifier
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("the read job was not warmed: %s: %s", type(exc).__name__, exc)
+    return None
+
+
+def warm_read_job(lake: Lake, spec: TableSpec, table=None) -> float | None:
     """Run the read phase's Spark job of ``spec``'s table once over the empty range
     [0, 0) of its topic's partition 0 (nothing is read from Kafka, nothing written to the table).
-    ``spec``'s table must exist (its columns come from the catalog).
+    ``spec``'s table must exist; ``table``: its loaded pyiceberg ``Table`` (default: loaded here).
 
     Returns the job's seconds, or None when the table's micro-batches never start this job (a
     table not parsed by pyarrow in the read task: registry formats, upserts, ``unknown_fields:
@@ -43,7 +68,7 @@ def warm_read_job(lake: Lake, spec: TableSpec) -> float | None:
     """
     if not arrow_parsed(lake, spec):
         return None
-    table = lake.load(spec.identifier)
+    table = table if table is not None else lake.load(spec.identifier)
     columns = tuple(arrow_columns(lake, spec.identifier, table))
     if not arrow_json.supported(columns):
         return None

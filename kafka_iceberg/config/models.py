@@ -146,7 +146,8 @@ class RuntimeSettings(EnvGroup):
     warm_read_job: bool = Field(
         True,
         validation_alias="LAKE_WARM_READ_JOB",
-        description="LAKE_WARM_READ_JOB: a worker's warm op runs the read phase's Spark job once, on no records.",
+        description="LAKE_WARM_READ_JOB: a worker's warm op runs the read phase's Spark job once, on no records, "
+        "when a table's lag is above LAKE_DRIVER_READ_MAX_RECORDS.",
     )
     attempt_timeout_s: float = Field(
         3600.0,
