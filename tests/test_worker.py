@@ -157,6 +157,37 @@ def test_a_paused_table_keeps_its_place_and_the_run_does_not_end_idle_while_it_w
     assert order == [("pb", 1.0), ("pb", 2.0), ("pa", 6.0)]
 
 
+def test_a_table_a_chore_pauses_during_a_round_is_not_started_in_that_round():
+    """A fake clock: after qa's micro-batch a chore starts a background job on qb (paused until second 5),
+    while qb still waits in the same round behind qa. qb's micro-batch does not start while it is
+    paused; it keeps its place and runs once the job ends."""
+    a, b, c = make_spec("qa", "qa_topic"), make_spec("qb", "qb_topic"), make_spec("qc", "qc_topic")
+    now, order, done, paused, held = [0.0], [], {s.identifier: 0 for s in (a, b, c)}, [frozenset()], []
+
+    def run_batch(s):
+        if s.identifier in paused[0]:
+            held.append(s.name)  # started while the chore's job held it (its commit would conflict)
+        now[0] += 1
+        order.append((s.name, now[0]))
+        done[s.identifier] += 1
+        return type("R", (), {"offsets": {0: done[s.identifier]}, "snapshot_id": 1})()
+
+    def chores(idle, busy):
+        if order == [("qa", 1.0)] and not paused[0]:
+            paused[0] = frozenset({b.identifier})  # e.g. a compaction of upsert table qb, in the background
+            return True
+        return False
+
+    def current():
+        if now[0] >= 5:
+            paused[0] = frozenset()
+        return paused[0]
+
+    marks = {s.topic: {0: Watermarks(0, 1)} for s in (a, b, c)}
+    _clocked_worker([a, b, c], run_batch, marks, now, budget_s=60, idle_s=1, chores=chores, paused=current).run()
+    assert held == [] and [name for name, _ in order] == ["qa", "qc", "qb"] and order[-1][1] > 5, (held, order)
+
+
 def test_with_two_threads_two_tables_commit_at_once_and_one_table_never_twice():
     """Four tables with records waiting and ``threads=2``: two micro-batches run at once (each waits until
     the other has started), a table never has two, and the callbacks and chores run in the calling thread

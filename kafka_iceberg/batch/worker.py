@@ -172,9 +172,12 @@ class Worker:
                 self._chore(idle=False, busy=frozenset(s.identifier for s in running.values()))
 
     def _fill(self, queue: list[TableSpec], running: dict[Future, TableSpec], served: dict[str, TableServed]) -> None:
-        """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping."""
+        """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping. A table
+        that a chore paused since the round began is left for a later round (it keeps its place)."""
         while queue and len(running) < max(1, self.threads) and not self._stopping():
             spec = queue.pop(0)
+            if spec.identifier in self.paused():
+                continue
             served[spec.identifier].tried = True
             running[self._start(spec)] = spec
 
