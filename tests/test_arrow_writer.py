@@ -294,9 +294,9 @@ def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothi
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory
 ):
     """``LAKE_WARM_READ_JOB``: a worker's warm-up runs the read phase's Spark job when a table's offset lag
-    is above ``LAKE_DRIVER_READ_MAX_RECORDS`` (its next micro-batch starts that job), over an empty range:
-    no record read, no file written, no snapshot. No job runs without such a lag, when off, or for a
-    table parsed by Spark (``LAKE_JSON_PARSER=spark``)."""
+    is above ``LAKE_DRIVER_READ_MAX_RECORDS`` (its next micro-batch starts that job; any lag under
+    ``LAKE_WRITER=spark``), over an empty range: no record read, no file written, no snapshot. No job runs
+    without such a lag, when off, or for a table parsed by Spark (``LAKE_JSON_PARSER=spark``)."""
     topic = topic_factory(unique, partitions=2)
     _send(kafka_config, topic, GOOD[:20])
     spec = make_spec(f"{unique}_warm", topic)
@@ -315,6 +315,7 @@ def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothi
 
     assert jobs(f"{unique}-backlog", driver_read_max_records=9), "a lag of 10 above 9: the read job ran"
     assert jobs(f"{unique}-small", driver_read_max_records=10) == []
+    assert jobs(f"{unique}-spark-writer", driver_read_max_records=10, writer="spark"), "every batch starts the job"
     assert jobs(f"{unique}-off", driver_read_max_records=9, warm_read_job=False) == []
     assert jobs(f"{unique}-spark", driver_read_max_records=9, json_parser="spark") == []
     assert (

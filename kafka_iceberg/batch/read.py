@@ -360,7 +360,7 @@ def arrow_parsed(lake: Lake, spec: TableSpec) -> bool:
 
 def arrow_columns(lake: Lake, identifier: str, table):
     """The value columns of ``table`` (a pyiceberg ``Table``), else from Spark's catalog
-    (:func:`kafka_iceberg.batch.evolve.table_value_columns`): a Spark table lookup would make Iceberg re-read the metadata the branch
-    commit just wrote."""
+    (:func:`kafka_iceberg.batch.evolve.table_value_columns`): a Spark table lookup would make Iceberg
+    re-read the metadata the branch commit just wrote."""
     columns = iceberg_value_columns(table.schema()) if table is not None else None
     return columns if columns is not None else table_value_columns(lake, identifier)

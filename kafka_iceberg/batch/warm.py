@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 def warm_for_backlog(lake: Lake, specs: list[TableSpec], tables: dict) -> str | None:
     """:func:`warm_read_job` for the first of ``specs`` (existing tables; ``tables``: identifier -> the
     loaded pyiceberg ``Table``) whose offset lag (one batched watermark call) is above
-    ``LAKE_DRIVER_READ_MAX_RECORDS``, so its next micro-batch starts the job, and that the job reads.
+    ``LAKE_DRIVER_READ_MAX_RECORDS`` (above 0 under ``LAKE_WRITER=spark``, where every micro-batch starts
+    the job), so its next micro-batch starts the job, and that the job reads.
     Returns that table's identifier, or None when no job ran. Nothing is raised: a failure is logged
     (a warm-up; the micro-batches report their own errors)."""
     try:
@@ -44,8 +45,9 @@ def warm_for_backlog(lake: Lake, specs: list[TableSpec], tables: dict) -> str | 
             lake.kafka.watermarks_many(sorted({s.topic for s in specs})),
             {i: table_state(t).offsets for i, t in tables.items()},
         )
+        driver_reads = lake.settings.driver_read_max_records if lake.settings.writer == "arrow" else 0
         for spec in specs:
-            if lags[spec.identifier] > lake.settings.driver_read_max_records:
+            if lags[spec.identifier] > driver_reads:
                 if warm_read_job(lake, spec, tables[spec.identifier]) is not None:
                     return spec.identifier
     except Exception as exc:  # noqa: BLE001 - see the docstring
