@@ -249,7 +249,7 @@ def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
 
     Returns identifier -> ``warm``, ``missing`` (left to its first micro-batch, which creates it under the
     commit pool) or the error (the table's micro-batch reports it; nothing is raised)."""
-    done, tables = {}, {}
+    done, views = {}, {}
     for spec in specs:
         try:
             dead_letter_missing = spec.bad_records.policy == "quarantine" and lake.find(dead_letters_id(spec)) is None
@@ -258,11 +258,11 @@ def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
                 done[spec.identifier] = "missing"
                 continue
             lake.ensure_tables(spec)
-            done[spec.identifier], tables[spec.identifier] = "warm", view.table
+            done[spec.identifier], views[spec.identifier] = "warm", view
         except Exception as exc:  # noqa: BLE001 - the table's own micro-batch fails and reports it
             done[spec.identifier] = f"{type(exc).__name__}: {exc}"
-    if lake.settings.warm_read_job and tables:
-        warm_for_backlog(lake, [spec for spec in specs if spec.identifier in tables], tables)
+    if lake.settings.warm_read_job and views:
+        warm_for_backlog(lake, [spec for spec in specs if spec.identifier in views], views)
     return done
 
 

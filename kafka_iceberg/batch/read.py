@@ -91,18 +91,13 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
     not parsed good by pyarrow does a second job over the cache count the bad ones per partition.
     With ``LAKE_WRITER=arrow`` the tasks write the records pyarrow claimed as data files
     (:mod:`kafka_iceberg.batch.files`) and only the others are cached."""
-    parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
+    parser = arrow_parser(spec, columns)
     if lake.settings.writer == "arrow" and plan.offsets.offsets_planned <= lake.settings.driver_read_max_records:
         in_driver = _read_in_driver(lake, spec, plan, columns, parser, file_writer(table, spec, columns))
         if in_driver is not None:
             return in_driver
-    stats = stats_accumulator(lake.spark)
-    writer = written = None
-    if lake.settings.writer == "arrow":
-        writer = file_writer(table, spec, columns)
-        written = stats_accumulator(lake.spark)
-    read = raw_records(lake, spec.identifier, plan.offsets, parser, stats, writer, written)
-    classified = classify_parsed(read, spec, list(columns))
+    rows, one_task = _range_pieces(lake, plan.offsets), plan.offsets.one_read_task(lake.settings.max_records_per_task)
+    classified, stats, writer, written = parsed_records(lake, spec, columns, table, parser, rows, one_task)
     if writer is None:
         # only a dead-letter row needs the raw value, and pyarrow never claims a bad record: the cache
         # keeps the value of the other records only (about 300 of a flights record's cached bytes)
@@ -244,8 +239,30 @@ def raw_records(
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
     :meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see
     :func:`~kafka_iceberg.kafka.reader.make_task_reader`."""
-    rows = _range_pieces(lake, offsets)
-    one_task = offsets.one_read_task(lake.settings.max_records_per_task)
+    rows, one_task = _range_pieces(lake, offsets), offsets.one_read_task(lake.settings.max_records_per_task)
+    return _records_frame(lake, table, rows, one_task, parser, stats, writer, written)
+
+
+def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:
+    """The read task's pyarrow parser of ``spec``'s records for the table's value ``columns``."""
+    return arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
+
+
+def parsed_records(lake: Lake, spec: TableSpec, columns: tuple, table, parser, rows: list, one_task: bool) -> tuple:
+    """The pyarrow path's read job over ``rows`` (topic, partition, start, end; see :func:`raw_records`),
+    classified (:func:`~kafka_iceberg.formats.transform.classify_parsed`), neither persisted nor run.
+    Returns (frame, the ``stats`` accumulator, the ``FileWriter`` or None, the ``written`` accumulator or
+    None); with ``LAKE_WRITER=arrow`` the tasks write what pyarrow claimed through ``table``'s writer."""
+    stats = stats_accumulator(lake.spark)
+    writer = written = None
+    if lake.settings.writer == "arrow":
+        writer, written = file_writer(table, spec, columns), stats_accumulator(lake.spark)
+    read = _records_frame(lake, spec.identifier, rows, one_task, parser, stats, writer, written)
+    return classify_parsed(read, spec, list(columns)), stats, writer, written
+
+
+def _records_frame(lake: Lake, table: str, rows: list, one_task: bool, parser, stats, writer, written):
+    """:func:`raw_records` over the read task's input ``rows``."""
     ranges = lake.spark.sparkContext.parallelize(rows, 1 if one_task else max(1, len(rows)))
     ranges_df = lake.spark.createDataFrame(ranges, RANGE_DDL)
     reader = _task_reader(lake, table, parser, stats, writer, written)

@@ -20,21 +20,18 @@ import logging
 import time
 
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.files import file_writer
-from kafka_iceberg.batch.read import RANGE_DDL, arrow_columns, arrow_parsed
+from kafka_iceberg.batch.read import arrow_columns, arrow_parsed, arrow_parser, parsed_records
 from kafka_iceberg.batch.worker import offset_lags
-from kafka_iceberg.catalog.tables import table_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.formats import arrow_json
-from kafka_iceberg.formats.transform import classify_parsed
-from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
+from kafka_iceberg.state import state_at
 
 log = logging.getLogger(__name__)
 
 
-def warm_for_backlog(lake: Lake, specs: list[TableSpec], tables: dict) -> str | None:
-    """:func:`warm_read_job` for the first of ``specs`` (existing tables; ``tables``: identifier -> the
-    loaded pyiceberg ``Table``) whose offset lag (one batched watermark call) is above
+def warm_for_backlog(lake: Lake, specs: list[TableSpec], views: dict) -> str | None:
+    """:func:`warm_read_job` for the first of ``specs`` (existing tables; ``views``: identifier -> the
+    ``TableMetadataView`` of the loaded table) whose offset lag (one batched watermark call) is above
     ``LAKE_DRIVER_READ_MAX_RECORDS`` (above 0 under ``LAKE_WRITER=spark``, where every micro-batch starts
     the job), so its next micro-batch starts the job, and that the job reads.
     Returns that table's identifier, or None when no job ran. Nothing is raised: a failure is logged
@@ -43,12 +40,12 @@ def warm_for_backlog(lake: Lake, specs: list[TableSpec], tables: dict) -> str | 
         lags = offset_lags(
             specs,
             lake.kafka.watermarks_many(sorted({s.topic for s in specs})),
-            {i: table_state(t).offsets for i, t in tables.items()},
+            {i: state_at(v.snapshots, v.main).offsets for i, v in views.items()},
         )
         driver_reads = lake.settings.driver_read_max_records if lake.settings.writer == "arrow" else 0
         for spec in specs:
             if lags[spec.identifier] > driver_reads:
-                if warm_read_job(lake, spec, tables[spec.identifier]) is not None:
+                if warm_read_job(lake, spec, views[spec.identifier].table) is not None:
                     return spec.identifier
     except Exception as exc:  # noqa: BLE001 - see the docstring
         log.warning("the read job was not warmed: %s: %s", type(exc).__name__, exc)
@@ -75,17 +72,8 @@ def warm_read_job(lake: Lake, spec: TableSpec, table=None) -> float | None:
     if not arrow_json.supported(columns):
         return None
     t0 = time.perf_counter()
-    parser = arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
-    writer = written = None
-    if lake.settings.writer == "arrow":
-        writer, written = file_writer(table, spec, columns), stats_accumulator(lake.spark)
-    conf = lake.kafka.config.client_conf()
-    reader = make_task_reader(
-        conf, spec.identifier, lake.settings.read_timeout_s, parser, stats_accumulator(lake.spark), writer, written
-    )
-    ranges = lake.spark.createDataFrame([(spec.topic, 0, 0, 0)], RANGE_DDL)
-    read = ranges.mapInArrow(reader, f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}")
-    classified = classify_parsed(read, spec, list(columns)).persist()
+    rows = [(spec.topic, 0, 0, 0)]
+    classified = parsed_records(lake, spec, columns, table, arrow_parser(spec, columns), rows, True)[0].persist()
     try:
         classified.write.format("noop").mode("overwrite").save()
     finally:
