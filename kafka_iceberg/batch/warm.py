@@ -4,9 +4,9 @@ A micro-batch of more than ``LAKE_DRIVER_READ_MAX_RECORDS`` offsets is read by a
 (:func:`kafka_iceberg.batch.read.read_batch`). The first such job of a process pays, on the driver,
 for what the JVM has not done yet: loading the classes of ``mapInArrow``, the cache and the ``noop``
 write, parsing the schemas, and compiling the hot paths. On a 2-core machine that JVM work competes
-with the read tasks: a fresh process read its first 1,000,000-record micro-batch in 9.4 s and the next
-one in 5.0 s (docs/benchmark.md). Small micro-batches, read by the driver, never start that job, so a
-worker that starts on a large backlog paid this cost in its first micro-batch.
+with the read tasks: a fresh process read its first 1,000,000-record micro-batch in 9.4-10.4 s and the
+next one in 4.9-5.9 s (docs/benchmark.md). Small micro-batches, read by the driver, never start that
+job, so a worker that starts on a large backlog paid this cost in its first micro-batch.
 
 :func:`warm_read_job` runs that Spark job once, over one empty offset range of a table's own
 topic: the same reader, parser, file writer and classification, no record read and no file written.
