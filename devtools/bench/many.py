@@ -1,4 +1,4 @@
-"""Many tables on one deployment: N tables under a steady total load, then a backlog of N x R records.
+"""Many tables on one deployment: N tables under a steady total load, a burst and a backlog of N x R records.
 
 ``scripts/bench.py --many N [--workers W] [--minutes M] [--rate R] [--backlog B]`` declares N tables
 (the flights declaration on N fresh topics of 2 partitions), runs ``dagster-daemon run`` on this
@@ -8,6 +8,9 @@ checkout's code location with ``LAKE_WORKERS=W`` on the default SQLite catalog, 
   timestamp = produce time) for ``--minutes``; per table, freshness = commit time of the first
   ``main`` snapshot holding a record's offset minus its timestamp (p50, p90, max), and exactly once
   (DuckDB: count = distinct (partition, offset) = records produced);
+- burst: once the steady load caught up, ``--backlog`` records more per table produced at once into the
+  running deployment (its worker still serving): the seconds from the first record produced to the
+  last commit, against the same raw consume rate;
 - the runs the daemon launched, peak resident memory (the sum over the daemon's process group:
   daemon, code server, run workers, their JVMs) and CPU seconds per wall second;
 - backlog: ``--backlog`` records more per table produced while nothing ingests, then the seconds
@@ -229,6 +232,51 @@ def _produce_backlog(config: KafkaConfig, df, topics: list[str], per_topic: int,
         demo_data.produce(config, t, flights_records(df, offset, per_topic))
 
 
+def _burst(
+    settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, df, topics: list[str], per_topic: int
+) -> dict:
+    """A burst into the running deployment: ``per_topic`` records more per topic, built first, then produced at
+    once by one idempotent producer while the worker serves; timed from the first record handed to the
+    producer to the last commit of the tables once every one caught up."""
+    records = {t: list(flights_records(df, 2000, per_topic)) for t in topics}
+    producer = Producer(config.client_conf(**{"enable.idempotence": True, "linger.ms": 20, "compression.type": "lz4"}))
+    started_ms = time.time() * 1000
+    for t in topics:
+        for key, value, _ in records[t]:
+            while True:
+                try:
+                    producer.produce(t, key=key, value=value)
+                    break
+                except BufferError:  # the producer's queue is full: let it deliver
+                    producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(120) > 0:
+        raise RuntimeError("the burst was not delivered within 120 s")
+    produced_s = time.time() - started_ms / 1000
+    wait_caught_up(settings, kafka, len(topics), 900, poll_s=5.0)
+    commit_ms = _commits_after(settings, topics, started_ms)
+    return {
+        "records": per_topic * len(topics),
+        "produced_s": produced_s,
+        "drain_s": (max(commit_ms) - started_ms) / 1000,
+        "first_commit_s": (min(commit_ms) - started_ms) / 1000,
+    }
+
+
+def _commits_after(settings: Settings, topics: list[str], started_ms: float) -> list[int]:
+    """Commit times (ms since epoch) of the ingest snapshots on ``main`` of the topics' tables after ``started_ms``."""
+    catalog = load_catalog(settings.catalog)
+    out = []
+    for t in topics:
+        view = metadata_view(catalog.load_table(t))
+        out += [
+            s.timestamp_ms
+            for s in ancestors(view.snapshots, view.main)
+            if s.timestamp_ms > started_ms and batch_ranges(s)
+        ]
+    return out
+
+
 def _runs(home: Path) -> int:
     from dagster import DagsterInstance
 
@@ -272,6 +320,11 @@ def run_many(args, tmp: Path, settings: Settings) -> dict:
             f"steady load: {sum(map(len, spread.delivered.values())):,} records, table caught up "
             f"{wait_caught_up(settings, kafka, n, 900):.1f} s after the producer stopped"
         )
+        burst = _burst(settings, config, kafka, df, topics, args.backlog)
+        say(
+            f"burst: {burst['records']:,} records produced in {burst['produced_s']:.1f} s into the running "
+            f"deployment, all committed {burst['drain_s']:.1f} s after the first was produced"
+        )
     finally:
         stop_daemon(daemon)
     wall = time.monotonic() - t_start
@@ -282,19 +335,20 @@ def run_many(args, tmp: Path, settings: Settings) -> dict:
             settings,
             name,
             spread.delivered[f"many.{name}"],
-            10 + len(spread.delivered[f"many.{name}"]),
+            10 + len(spread.delivered[f"many.{name}"]) + args.backlog,
             logged.get(name, {}),
         )
         for name in names(n)
     }
     backlog = _backlog(args, tmp, settings, config, kafka, df, topics, env, spread)
+    backlog["burst"] = burst
     return _print_many(n, workers, steady, backlog, sampler, wall, _runs(home))
 
 
 def _backlog(args, tmp, settings, config, kafka, df, topics, env, spread) -> dict:
     """Backlog of ``args.backlog`` records per table: raw consume of the same topics, then the drain."""
     _produce_backlog(config, df, topics, args.backlog, 1000)
-    produced = {t: 10 + len(spread.delivered[t]) + args.backlog for t in topics}
+    produced = {t: 10 + len(spread.delivered[t]) + 2 * args.backlog for t in topics}  # the burst's and the backlog's
     raw = [raw_consume(config, t, list(range(PARTITIONS))) for t in topics]
     raw_rate = sum(r["records"] for r in raw) / max(1e-9, sum(r["seconds"] for r in raw))
     started_ms = time.time() * 1000
@@ -305,15 +359,9 @@ def _backlog(args, tmp, settings, config, kafka, df, topics, env, spread) -> dic
     finally:
         stop_daemon(daemon)
     catalog = load_catalog(settings.catalog)
-    exact, commit_ms = 0, []
+    commit_ms, exact = _commits_after(settings, topics, started_ms), 0
     for t in topics:
         table = catalog.load_table(t)
-        view = metadata_view(table)
-        commit_ms += [
-            s.timestamp_ms
-            for s in ancestors(view.snapshots, view.main)
-            if s.timestamp_ms > started_ms and batch_ranges(s)
-        ]
         total, distinct = (
             duck.connect()
             .execute(
@@ -373,6 +421,13 @@ def _print_many(n, workers, steady, backlog, sampler, wall, runs) -> dict:
         f"    of which {backlog['startup_s']:.1f} s before the first commit (daemon, sensor, run and Spark start); "
         "from it on: ratio "
         + (f"{backlog['after_start_ratio']:.3f}" if backlog["after_start_ratio"] is not None else "- (one commit)")
+    )
+    burst = backlog["burst"]
+    burst["ratio"] = burst["records"] / burst["drain_s"] / backlog["raw_rate"]
+    say(
+        f"  burst of {burst['records']:,} records into the running deployment (produced in {burst['produced_s']:.1f} s): "
+        f"committed {burst['drain_s']:.1f} s after the first was produced (first commit at {burst['first_commit_s']:.1f} s) "
+        f"= {burst['records'] / burst['drain_s']:,.0f} records/s: ratio {burst['ratio']:.3f} against the same raw consume"
     )
     return {
         "tables": n,
