@@ -236,22 +236,11 @@ def _burst(
     settings: Settings, config: KafkaConfig, kafka: KafkaMetadata, df, topics: list[str], per_topic: int
 ) -> dict:
     """A burst into the running deployment: ``per_topic`` records more per topic, built first, then produced at
-    once by one idempotent producer while the worker serves; timed from the first record handed to the
-    producer to the last commit of the tables once every one caught up."""
+    once by one idempotent producer (:func:`devtools.demo.data.produce_topics`) while the worker serves; timed
+    from the first record handed to the producer to the last commit of the tables once every one caught up."""
     records = {t: list(flights_records(df, 2000, per_topic)) for t in topics}
-    producer = Producer(config.client_conf(**{"enable.idempotence": True, "linger.ms": 20, "compression.type": "lz4"}))
     started_ms = time.time() * 1000
-    for t in topics:
-        for key, value, _ in records[t]:
-            while True:
-                try:
-                    producer.produce(t, key=key, value=value)
-                    break
-                except BufferError:  # the producer's queue is full: let it deliver
-                    producer.poll(0.05)
-        producer.poll(0)
-    if producer.flush(120) > 0:
-        raise RuntimeError("the burst was not delivered within 120 s")
+    demo_data.produce_topics(config, records)
     produced_s = time.time() - started_ms / 1000
     wait_caught_up(settings, kafka, len(topics), 900, poll_s=5.0)
     commit_ms = _commits_after(settings, topics, started_ms)

@@ -9,7 +9,7 @@ table's valid-through timestamp speak event time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -93,6 +93,19 @@ def produce(
     Raises:
         BrokerUnavailableError: any delivery failed.
     """
+    return produce_topics(config, {topic: records}, total)
+
+
+def produce_topics(
+    config: KafkaConfig, records: Mapping[str, Iterable[tuple[bytes, bytes, int]]], total: int | None = None
+) -> int:
+    """Produce each topic's ``records`` (topic -> (key, value, timestamp ms)), topic after topic, with one
+    idempotent producer that delivers them all before it returns; returns the count delivered. ``total``:
+    as in :func:`produce`.
+
+    Raises:
+        BrokerUnavailableError: any delivery failed.
+    """
     from devtools.progress import progress_bar
 
     errors: list[str] = []
@@ -106,24 +119,26 @@ def produce(
             **{"enable.idempotence": True, "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4"}
         )
     )
+    where = next(iter(records)) if len(records) == 1 else f"{len(records)} topics"
     n = 0
     with progress_bar() as bar:
-        task = bar.add_task(f"produce {topic}", total=total, visible=total is not None)
-        for key, value, ts in records:
-            while True:
-                try:
-                    producer.produce(topic, key=key, value=value, timestamp=ts, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            n += 1
-            if n % 20_000 == 0:
-                producer.poll(0)
-                bar.update(task, completed=n)
-        bar.update(task, completed=n, description=f"produce {topic}: flush")
+        task = bar.add_task(f"produce {where}", total=total, visible=total is not None)
+        for topic, topic_records in records.items():
+            for key, value, ts in topic_records:
+                while True:
+                    try:
+                        producer.produce(topic, key=key, value=value, timestamp=ts, on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                n += 1
+                if n % 20_000 == 0:
+                    producer.poll(0)
+                    bar.update(task, completed=n)
+        bar.update(task, completed=n, description=f"produce {where}: flush")
         remaining = producer.flush(config.timeout_s * 4)
     if remaining or errors:
-        raise BrokerUnavailableError(f"producing to {topic}: {remaining} undelivered, errors: {errors[:3]}")
+        raise BrokerUnavailableError(f"producing to {where}: {remaining} undelivered, errors: {errors[:3]}")
     return n
 
 

@@ -20,6 +20,7 @@ from kafka_iceberg.batch.keys import parse_keys, with_key_problem
 from kafka_iceberg.batch.planning import BatchPlan, split_ranges
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
 from kafka_iceberg.cdc.changes import parse_changes
+from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError, MalformedRecordError
 from kafka_iceberg.formats import arrow_json
@@ -92,11 +93,11 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
     With ``LAKE_WRITER=arrow`` the tasks write the records pyarrow claimed as data files
     (:mod:`kafka_iceberg.batch.files`) and only the others are cached."""
     parser = arrow_parser(spec, columns)
-    if lake.settings.writer == "arrow" and plan.offsets.offsets_planned <= lake.settings.driver_read_max_records:
+    if read_by_driver(lake.settings, plan.offsets.offsets_planned):
         in_driver = _read_in_driver(lake, spec, plan, columns, parser, file_writer(table, spec, columns))
         if in_driver is not None:
             return in_driver
-    rows, one_task = _range_pieces(lake, plan.offsets), plan.offsets.one_read_task(lake.settings.max_records_per_task)
+    rows, one_task = _task_input(lake, plan.offsets)
     classified, stats, writer, written = parsed_records(lake, spec, columns, table, parser, rows, one_task)
     if writer is None:
         # only a dead-letter row needs the raw value, and pyarrow never claims a bad record: the cache
@@ -239,8 +240,20 @@ def raw_records(
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
     :meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see
     :func:`~kafka_iceberg.kafka.reader.make_task_reader`."""
-    rows, one_task = _range_pieces(lake, offsets), offsets.one_read_task(lake.settings.max_records_per_task)
+    rows, one_task = _task_input(lake, offsets)
     return _records_frame(lake, table, rows, one_task, parser, stats, writer, written)
+
+
+def _task_input(lake: Lake, offsets: BatchPlan) -> tuple[list, bool]:
+    """The read tasks' input rows (topic, partition, start, end: one per range piece) and whether one task
+    reads them all (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`)."""
+    return _range_pieces(lake, offsets), offsets.one_read_task(lake.settings.max_records_per_task)
+
+
+def read_by_driver(settings: Settings, offsets: int) -> bool:
+    """Whether a micro-batch of ``offsets`` planned offsets is read by the driver rather than by a Spark job:
+    with ``LAKE_WRITER=arrow`` and at most ``LAKE_DRIVER_READ_MAX_RECORDS`` offsets."""
+    return settings.writer == "arrow" and offsets <= settings.driver_read_max_records
 
 
 def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:

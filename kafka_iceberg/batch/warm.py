@@ -20,7 +20,7 @@ import logging
 import time
 
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.read import arrow_columns, arrow_parsed, arrow_parser, parsed_records
+from kafka_iceberg.batch.read import arrow_columns, arrow_parsed, arrow_parser, parsed_records, read_by_driver
 from kafka_iceberg.batch.worker import offset_lags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.formats import arrow_json
@@ -42,9 +42,9 @@ def warm_for_backlog(lake: Lake, specs: list[TableSpec], views: dict) -> str | N
             lake.kafka.watermarks_many(sorted({s.topic for s in specs})),
             {i: state_at(v.snapshots, v.main).offsets for i, v in views.items()},
         )
-        driver_reads = lake.settings.driver_read_max_records if lake.settings.writer == "arrow" else 0
         for spec in specs:
-            if lags[spec.identifier] > driver_reads:
+            lag = lags[spec.identifier]
+            if lag > 0 and not read_by_driver(lake.settings, lag):
                 if warm_read_job(lake, spec, views[spec.identifier].table) is not None:
                     return spec.identifier
     except Exception as exc:  # noqa: BLE001 - see the docstring
