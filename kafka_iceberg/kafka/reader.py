@@ -67,7 +67,8 @@ def read_range(
     """Yield every record of ``topic``/``partition`` with ``start <= offset < end`` as Arrow batches.
 
     ``conf`` is a librdkafka consumer configuration (bootstrap servers and security); a
-    ``group.id`` is set but never joined or committed. Records arrive in offset order.
+    ``group.id`` is set but never joined or committed. Records arrive in offset order, in batches of
+    about ``_CHUNK`` records; the consumer is closed before the last batch is yielded.
 
     Raises:
         DataLossError: ``start`` (or a later offset of the range) no longer exists in the log.
@@ -79,9 +80,9 @@ def read_range(
     if end <= start:
         return
     consumer = _consumer(conf, table)
+    chunk = _Chunk()
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
-        chunk = _Chunk()
         position = start  # the next offset this task expects
         deadline = time.monotonic() + timeout_s
         done = False
@@ -97,12 +98,14 @@ def read_range(
                     f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
                     f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
                 )
-            if len(chunk.offsets) >= _CHUNK:
+            if not done and len(chunk.offsets) >= _CHUNK:
                 yield chunk.batch(topic, partition)
-        if chunk.offsets:
-            yield chunk.batch(topic, partition)
     finally:
+        # closed before the last batch goes to the caller: a consumer left open while the caller parses
+        # and writes that batch keeps fetching past the range (at the log end, empty fetches in a loop)
         consumer.close()
+    if chunk.offsets:
+        yield chunk.batch(topic, partition)
 
 
 def _consumer(conf: Mapping[str, object], table: str):
