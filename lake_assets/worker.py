@@ -5,7 +5,8 @@ op starts the session and checks the tables outside the pool, then its ``serve``
 serves its share of the tables (:func:`kafka_iceberg.batch.worker.assign_workers`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
-that table's asset, with the same metadata as a table asset's run. Between micro-batches the run does
+that table's asset, with the same metadata as a table asset's run; the consumer groups get the committed
+offsets every ``LAKE_GROUP_MIRROR_S`` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
 outside the pool and at a lower CPU priority. It hands over only when another run's step waits for its
@@ -35,6 +36,7 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
+from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.worker import Worker
 from kafka_iceberg.catalog.tables import load_table, table_state
@@ -106,6 +108,11 @@ def _serve(
     settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
     tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
+    mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
+
+    def flush(final: bool) -> None:
+        for identifier, error in (mirror.flush(final) if mirror is not None else {}).items():
+            context.log.warning(f"{identifier}: consumer group not updated (the table is the source of truth): {error}")
 
     def on_commit(spec: TableSpec, result) -> None:
         if result.snapshot_id is not None:
@@ -127,6 +134,7 @@ def _serve(
             kafka=metadata,
             catalog=pycatalog,
             is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
+            mirror=mirror,
         ),
         watermarks=metadata.watermarks_many,
         committed={i: table_state(t).offsets for i, t in tables.items()},
@@ -139,6 +147,7 @@ def _serve(
         grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
         paused=chores.paused,
+        flush=flush,
         threads=settings.stream.worker_threads,
     )
     return worker.run(), chores

@@ -14,10 +14,11 @@ from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools import duck
 from devtools.demo.data import produce
+from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
-from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.catalog.tables import load_catalog, read_state
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
@@ -61,11 +62,27 @@ def test_the_order_is_by_waiting_time_and_fair():
         done = committed[spec.identifier].get(0, 0) + (10 if spec.name == "t0" else 5)
         return type("R", (), {"offsets": {0: min(done, 10)}, "snapshot_id": 1})()
 
+    flushes = []
+
+    def flush(final):
+        flushes.append((final, len(order)))
+
     Worker(
-        specs, run_batch, lambda topics: marks, committed, lambda s, r: None, lambda s, e: None, budget_s=60, idle_s=0
+        specs,
+        run_batch,
+        lambda topics: marks,
+        committed,
+        lambda s, r: None,
+        lambda s, e: None,
+        budget_s=60,
+        idle_s=0,
+        flush=flush,
     ).run()
     # every table once per round, longest waiting first; t0 (one batch) drops out, t1 and t2 take a second turn
     assert order == ["t0", "t1", "t2", "t1", "t2"]
+    # the group mirror is flushed between rounds and once, final, at the end
+    assert [f for f, _ in flushes].count(True) == 1 and flushes[-1] == (True, 5)
+    assert (False, 3) in flushes, flushes
     assert offset_lags(specs, {**marks, "topic1": None}, committed) == {"test.t0": 0, "test.t1": 0, "test.t2": 0}
     # a table whose topic is missing is tried once, so its error is reported, then set aside
     failed = []
@@ -488,7 +505,7 @@ def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
 
 
 def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
-    settings, kafka_config, unique, topic_factory, monkeypatch
+    settings, kafka, kafka_config, unique, topic_factory, monkeypatch
 ):
     monkeypatch.setenv("LAKE_STREAM_BUDGET_S", "1800")
     monkeypatch.setenv("LAKE_STREAM_IDLE_S", "0")
@@ -518,6 +535,9 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     latest = instance.get_latest_materialization_event(table_key(specs[0])).asset_materialization
     assert latest.metadata["lag_after_commit"].value == 0 and latest.metadata["snapshot_id"].value != "none"
     assert _rows(settings, specs[0]) == (90, 90) and _rows(settings, specs[1]) == (30, 30)
+    pycatalog = load_catalog(settings.catalog)
+    for spec in specs[:2]:  # the deferred group mirror is flushed when the run stops serving
+        assert kafka.group_offsets(spec.consumer_group, spec.topic) == read_state(pycatalog, spec.identifier).offsets
     assert is_due(specs[0], 1, None, 0) and not is_due(specs[0], 0, None, 0)
     checked = {
         e.dagster_event.event_specific_data.asset_key: e.dagster_event.event_specific_data.passed
@@ -608,3 +628,28 @@ def test_an_upsert_table_is_paused_while_it_is_compacted_in_the_background():
     running.set_result(None)
     chores.running = Chore(upsert.identifier, 0.0, None, running, "compact")
     assert chores.paused() == frozenset(), "the compaction ended"
+
+
+def test_the_group_mirror_commits_the_latest_offsets_of_each_group_when_due_and_all_at_the_end(
+    kafka, kafka_config, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=2)
+    produce(kafka_config, topic, event_records(range(40)))
+    now = [0.0]
+    mirror = GroupMirror(kafka, 10, clock=lambda: now[0])
+    a, b = f"lake.{unique}.a", f"lake.{unique}.b"
+    mirror.note("t.a", a, topic, {0: 3, 1: 2})
+    mirror.note("t.a", a, topic, {0: 5, 1: 4})
+    mirror.note("t.b", b, topic, {0: 7})
+    mirror.note("t.c", None, topic, {0: 1})  # a table without a group has nothing to mirror
+    assert mirror.flush() == {} and mirror.pending == 2
+    assert kafka.group_offsets(a, topic) == {}, "not due yet: nothing committed"
+    now[0] = 10.0
+    assert mirror.flush() == {} and mirror.pending == 0
+    assert kafka.group_offsets(a, topic) == {0: 5, 1: 4} and kafka.group_offsets(b, topic) == {0: 7}
+    mirror.note("t.a", a, topic, {0: 9, 1: 8})
+    now[0] = 15.0
+    mirror.flush()
+    assert kafka.group_offsets(a, topic) == {0: 5, 1: 4}
+    mirror.flush(final=True)
+    assert kafka.group_offsets(a, topic) == {0: 9, 1: 8}

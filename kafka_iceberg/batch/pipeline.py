@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from kafka_iceberg.batch.context import CRASH_POINTS, CrashHook, Lake, no_crash
+from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.plan import plan_accept_gap, plan_ingest
 from kafka_iceberg.batch.publish import drop_branch, mirror_group, publish, publish_dead_letter
 from kafka_iceberg.batch.read import read_batch
@@ -50,11 +51,16 @@ def _timed(phases: dict[str, float], name: str):
 
 
 def run_batch(
-    lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str, phases: dict[str, float] | None = None
+    lake: Lake,
+    spec: TableSpec,
+    plan: WritePlan,
+    commit_id: str,
+    phases: dict[str, float] | None = None,
+    mirror: GroupMirror | None = None,
 ) -> BatchResult:
     """Read the planned ranges, write them to an attempt branch and publish it to the plan's target
     ref (dropping the branch in the same commit); then publish the dead-letter snapshot, drop its
-    branch and mirror the offsets.
+    branch and mirror the offsets (with a ``mirror``, note them there for its next flush).
 
     A plan with nothing to commit only re-mirrors the group (no Spark job). ``phases``: seconds
     per phase are added to it (and returned in the result).
@@ -85,7 +91,12 @@ def run_batch(
         with _timed(phases, "cleanup_s"):
             drop_branch(lake, plan.target.dead_letter_table, branch)
     with _timed(phases, "group_commit_s"):
-        error = mirror_group(lake, plan, plan.offsets.end_offsets)
+        if mirror is None:
+            error = mirror_group(lake, plan, plan.offsets.end_offsets)
+        else:
+            error = mirror.note(
+                spec.identifier, plan.target.consumer_group, plan.offsets.topic, plan.offsets.end_offsets
+            )
     return _result(spec, plan, commit_id, batch, published, phases, error)
 
 
@@ -201,12 +212,14 @@ def run_micro_batch(
     catalog=None,
     is_alive: Callable[[Attempt], bool] | None = None,
     crash_hook: CrashHook = no_crash,
+    mirror: GroupMirror | None = None,
 ) -> BatchResult:
     """Recover, plan and run one micro-batch of ``spec`` (the whole write path).
 
     ``commit_id`` identifies the run in the snapshot summary (the Dagster run id).
     ``is_alive`` decides which leftover attempts are dead (default: older than
     ``LAKE_ATTEMPT_TIMEOUT_S``). ``crash_hook`` is called at each of :data:`CRASH_POINTS`.
+    ``mirror``: the committed offsets go to its next flush instead of the consumer group now.
 
     Raises:
         See :func:`kafka_iceberg.batch.plan.plan_ingest` and :func:`run_batch`.
@@ -217,7 +230,7 @@ def run_micro_batch(
         recovery, history = prepare(lake, spec, is_alive)
     with _timed(phases, "plan_s"):
         plan = plan_ingest(lake, spec, history)
-    result = run_batch(lake, spec, plan, commit_id, phases)
+    result = run_batch(lake, spec, plan, commit_id, phases, mirror)
     head = history.snapshots.get(history.main) if history.main is not None else None
     total = result.total_records if result.committed or head is None else head.summary.get("total-records")
     return dataclasses.replace(

@@ -228,6 +228,14 @@ class StreamSettings(EnvGroup):
         description="LAKE_WORKER_THREADS: micro-batches of different tables a worker run (LAKE_WORKERS >= 1) "
         "runs at once, in threads of its one process and Spark session; 1: one at a time.",
     )
+    group_mirror_s: float = Field(
+        10.0,
+        validation_alias="LAKE_GROUP_MIRROR_S",
+        ge=0,
+        description="LAKE_GROUP_MIRROR_S: seconds between a worker run's consumer-group offset commits (the "
+        "latest committed offsets of every table it committed to, and all of them when it stops serving); "
+        "0: after every micro-batch.",
+    )
 
 
 DEFAULT_SLACK_CHANNEL = "#data-platform-alerts"
