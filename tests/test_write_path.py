@@ -19,7 +19,7 @@ from devtools.rehearsal.run import kill_group
 from devtools.services.devbroker import free_port
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.recovery import BRANCH_PREFIX
-from kafka_iceberg.catalog.tables import ensure_dead_letter_table, ensure_table, load_table
+from kafka_iceberg.catalog.tables import _columns_of, ensure_dead_letter_table, ensure_table, load_catalog, load_table
 from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.errors import (
     CommitConflictError,
@@ -313,6 +313,18 @@ def test_an_existing_table_is_checked_against_its_declaration(spark, settings, u
         ensure_dead_letter_table(spark, settings, borrowed)
     ensure_dead_letter_table(spark, settings, make_spec(unique, "t", bad_records={"policy": "quarantine"}))
     ensure_dead_letter_table(spark, settings, make_spec(unique, "t", bad_records={"policy": "quarantine"}))
+    # the same checks from the tables as pyiceberg loaded them (a worker's warm-up), without Spark's catalog
+    pycatalog = load_catalog(settings.catalog)
+    table = pycatalog.load_table(spec.identifier)
+    assert _columns_of(None, settings, spec, table) == _columns_of(spark, settings, spec, None)  # no Spark on the first
+    ensure_table(spark, settings, spec, table)
+    with pytest.raises(ConfigError, match="column 'amount' is DOUBLE but tables.yaml declares STRING"):
+        ensure_table(spark, settings, make_spec(unique, f"events.{unique}", schema=retyped), table)
+    with pytest.raises(ConfigError, match="is not the dead-letter table of"):
+        ensure_dead_letter_table(spark, settings, borrowed, table)
+    quarantined = make_spec(unique, "t", bad_records={"policy": "quarantine"})
+    dead_letter = pycatalog.load_table(quarantined.bad_records.dead_letter_identifier)
+    ensure_dead_letter_table(spark, settings, quarantined, dead_letter)
 
 
 def test_missing_topic_is_a_clear_error(spark, settings, kafka, catalog, unique):

@@ -137,9 +137,11 @@ class Lake:
         """Run one Spark SQL statement, retried on a transient catalog error."""
         return self.retry(what, lambda: self.spark.sql(statement), before_retry=before_retry)
 
-    def ensure_tables(self, spec: TableSpec) -> None:
+    def ensure_tables(self, spec: TableSpec, loaded: tuple = (None, None)) -> None:
         """Create the table (and, under ``bad_records.policy: quarantine``, its dead-letter table)
         from its declaration if missing, checking an existing one; once per process and table.
+        ``loaded``: (the table, its dead-letter table) as pyiceberg loaded them, None where not known;
+        a loaded table exists and is checked from its metadata where it can be, without Spark.
 
         Raises:
             ConfigError: an existing table does not match its declaration.
@@ -149,10 +151,10 @@ class Lake:
             return
         with _ENSURING:
             if key not in _ENSURED:
-                self._ensure_tables(spec)
+                self._ensure_tables(spec, *loaded)
                 _ENSURED.add(key)
 
-    def _ensure_tables(self, spec: TableSpec) -> None:
+    def _ensure_tables(self, spec: TableSpec, table=None, dead_letter=None) -> None:
         if spec.columns_from_registry:
             self.retry(
                 f"table {spec.identifier}: create the table from the registry",
@@ -161,18 +163,19 @@ class Lake:
         else:
             self.retry(
                 f"table {spec.identifier}: create or check the table",
-                lambda: ensure_table(self.spark, self.settings, spec),
+                lambda: ensure_table(self.spark, self.settings, spec, table),
             )
         if spec.key_format is not None:
             ensure_key_column(self, spec)
         if spec.bad_records.policy == "quarantine":
-            self.ensure_dead_letter_table(spec)
+            self.ensure_dead_letter_table(spec, dead_letter)
 
-    def ensure_dead_letter_table(self, spec: TableSpec) -> None:
-        """Create ``spec``'s dead-letter table if missing (see :func:`catalog.ensure_dead_letter_table`)."""
+    def ensure_dead_letter_table(self, spec: TableSpec, table=None) -> None:
+        """Create ``spec``'s dead-letter table if missing (see :func:`catalog.ensure_dead_letter_table`);
+        ``table``: the dead-letter table as pyiceberg loaded it, if known."""
         self.retry(
             f"table {spec.identifier}: create the dead-letter table",
-            lambda: ensure_dead_letter_table(self.spark, self.settings, spec),
+            lambda: ensure_dead_letter_table(self.spark, self.settings, spec, table),
         )
 
     def forget_tables(self, spec: TableSpec) -> None:

@@ -253,9 +253,10 @@ def connect(
 
 def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
     """Prepare this process for the first micro-batches of ``specs`` without committing anything: for each
-    table that exists (and, under ``quarantine``, whose dead-letter table exists), the checks of
-    :meth:`Lake.ensure_tables` (once per process; read-only on existing tables) and a load of its metadata,
-    so that a worker taking over does not pay for a cold Spark catalog in its first micro-batch.
+    table that exists (and, under ``quarantine``, whose dead-letter table exists), a load of its metadata
+    and the checks of :meth:`Lake.ensure_tables` on it (once per process; read-only; from the loaded metadata,
+    without Spark's catalog, where the column types allow), so that a worker taking over does not pay for
+    them in its first micro-batch.
 
     With ``LAKE_WARM_READ_JOB`` it then warms the read phase's Spark job if a table's next micro-batch
     will start it (:func:`kafka_iceberg.batch.warm.warm_for_backlog`).
@@ -265,12 +266,13 @@ def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
     done, views = {}, {}
     for spec in specs:
         try:
-            dead_letter_missing = spec.bad_records.policy == "quarantine" and lake.find(dead_letters_id(spec)) is None
-            view = None if dead_letter_missing else lake.find(spec.identifier)
+            dead_letter = lake.find(dead_letters_id(spec)) if spec.bad_records.policy == "quarantine" else None
+            missing = spec.bad_records.policy == "quarantine" and dead_letter is None
+            view = None if missing else lake.find(spec.identifier)
             if view is None:
                 done[spec.identifier] = "missing"
                 continue
-            lake.ensure_tables(spec)
+            lake.ensure_tables(spec, (view.table, dead_letter.table if dead_letter is not None else None))
             done[spec.identifier], views[spec.identifier] = "warm", view
         except Exception as exc:  # noqa: BLE001 - the table's own micro-batch fails and reports it
             done[spec.identifier] = f"{type(exc).__name__}: {exc}"
