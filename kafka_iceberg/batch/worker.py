@@ -65,28 +65,28 @@ class TableServed:
 @dataclass
 class Worker:
     """Serves ``specs`` until no records wait for ``idle_s`` seconds, ``budget_s`` seconds pass (no
-        micro-batch starts after it), or ``should_stop()`` is true. With ``budget_s`` 0 every table with
-        records waiting gets one micro-batch. Past the budget, the run keeps serving while ``hold()`` is true
-        (a successor is on its way but not ready to take over), ``grace_s`` seconds at most.
+    micro-batch starts after it), or ``should_stop()`` is true. With ``budget_s`` 0 every table with
+    records waiting gets one micro-batch. Past the budget, the run keeps serving while ``hold()`` is true
+    (a successor is on its way but not ready to take over), ``grace_s`` seconds at most.
 
-        ``run_batch(spec)`` runs one micro-batch and returns its ``BatchResult`` (``offsets``: the
-        committed offsets after it); ``watermarks(topics)`` returns the watermarks of every partition
-        of the topics (one batched call; ``None`` for a missing topic); ``committed`` holds each table's
-        committed offsets when the run starts; ``on_commit(spec, result)`` and ``on_failure(spec, error)``
-        report each micro-batch (they must not raise).
+    ``run_batch(spec)`` runs one micro-batch and returns its ``BatchResult`` (``offsets``: the
+    committed offsets after it); ``watermarks(topics)`` returns the watermarks of every partition
+    of the topics (one batched call; ``None`` for a missing topic); ``committed`` holds each table's
+    committed offsets when the run starts; ``on_commit(spec, result)`` and ``on_failure(spec, error)``
+    report each micro-batch (they must not raise).
 
-        ``threads``: micro-batches of different tables run at once (1: one at a time, in the calling
-        thread). ``run_batch`` must then be safe to call from several threads at once; the callbacks and
-        chores are always called from the thread that called :meth:`run`.
+    ``threads``: micro-batches of different tables run at once (1: one at a time, in the calling
+    thread). ``run_batch`` must then be safe to call from several threads at once; the callbacks and
+    chores are always called from the thread that called :meth:`run`.
 
-        ``chores(idle, busy)`` does one piece of other work (a due maintenance job, a pending check) and
-        returns whether there was any (it must not raise); ``idle``: no table has records waiting;
-        ``busy``: the identifiers whose micro-batch runs meanwhile (their maintenance must wait). It is
-        called while no table has records waiting, and after a micro-batch while chores have taken at most
-        ``chore_share`` of the run's time so far, so a backlog of chores slows ingestion by that share at
-        most and never stops it. ``paused()``: the identifiers whose micro-batch must not start now (a chore
-        runs on them that their commit would conflict with); they keep their place in the line, and the run
-        does not count as idle while they have records waiting. ``flush(final)`` is called from the same thread
+    ``chores(idle, busy)`` does one piece of other work (a due maintenance job, a pending check) and
+    returns whether there was any (it must not raise); ``idle``: no table has records waiting;
+    ``busy``: the identifiers whose micro-batch runs meanwhile (their maintenance must wait). It is
+    called while no table has records waiting, and after a micro-batch while chores have taken at most
+    ``chore_share`` of the run's time so far, so a backlog of chores slows ingestion by that share at
+    most and never stops it. ``paused()``: the identifiers whose micro-batch must not start now (a chore
+    runs on them that their commit would conflict with); they keep their place in the line, and the run
+    does not count as idle while they have records waiting. ``flush(final)`` is called from the same thread
     between micro-batches and while idle (``final`` False), and once when the run ends normally (``final``
     True): the Dagster layer commits the deferred consumer-group mirrors there
     (:class:`kafka_iceberg.batch.mirror.GroupMirror`); it must not raise."""
