@@ -597,7 +597,14 @@ changed = lower_cpu_priority(10)
 late = threading.Thread(target=lambda: print("late", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
 late.start(); late.join()
 tids = [int(t) for pid in (os.getpid(), child.pid) for t in os.listdir(f"/proc/{pid}/task")]
-print("changed", changed, "nice", sorted({os.getpriority(os.PRIO_PROCESS, t) for t in tids}), "threads", len(tids))
+def nice(t):
+    try:
+        return os.getpriority(os.PRIO_PROCESS, t)
+    except ProcessLookupError:  # a thread that ended after the listing (the joined one may linger there)
+        return None
+nices = {t: nice(t) for t in tids}
+tids = [t for t in tids if nices[t] is not None]
+print("changed", changed, "nice", sorted({nices[t] for t in tids}), "threads", len(tids))
 print("again", lower_cpu_priority(10))
 child.kill()
 """
