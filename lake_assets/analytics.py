@@ -76,11 +76,11 @@ def hourly_delay_sql(flights: str, weather: str) -> str:
 
 
 def hourly_departure_delay(
-    context: AssetExecutionContext, pyspark: PySparkResource, lake_reader: LakeTableReader
+    context: AssetExecutionContext, lake_pyspark: PySparkResource, lake_reader: LakeTableReader
 ) -> MaterializeResult:
     """Rebuild ``analytics.hourly_departure_delay`` with ``CREATE OR REPLACE`` (an atomic Iceberg commit)
     from the snapshots of ``nyc.flights`` and ``nyc.weather`` their materializations recorded."""
-    spark = pyspark.spark_session
+    spark = lake_pyspark.spark_session
     name = lake_reader.catalog.name
     flights, weather = lake_reader.snapshot(context, FLIGHTS), lake_reader.snapshot(context, WEATHER)
     flights.to_spark(spark).createOrReplaceTempView("hdd_flights")

@@ -3,7 +3,6 @@ dead-letter accounting (see :func:`kafka_iceberg.ops.checks.quarantine`). A chan
 alerts Slack through the ``slack`` resource, like the table's other checks."""
 
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, asset_check
-from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
@@ -11,11 +10,11 @@ from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.tables import check_result
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.ops import checks
-from kafka_iceberg.resources import IcebergCatalogResource, LakeSlackResource
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
 
-def quarantine_check(spec: TableSpec):
-    """The non-blocking ``quarantine`` check of ``spec``'s table asset (severity WARN)."""
+def quarantine_check(spec: TableSpec, keys: ResourceKeys = LAKE_KEYS):
+    """The non-blocking ``quarantine`` check of ``spec``'s table asset (severity WARN); ``keys``: the lake's resource keys."""
 
     @asset_check(
         asset=table_key(spec),
@@ -26,13 +25,10 @@ def quarantine_check(spec: TableSpec):
             f"no record blocked by the table schema, and read = added + quarantined, reconciled "
             f"with {spec.bad_records.dead_letter_identifier}."
         ),
+        required_resource_keys=keys.required("pyspark", "catalog", "slack"),
     )
-    def _quarantine(
-        context: AssetCheckExecutionContext,
-        pyspark: PySparkResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ) -> AssetCheckResult:
+    def _quarantine(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        pyspark, catalog, slack = keys.of(context, "pyspark", "catalog", "slack")
         cat = catalog.load()
         table = load_table(cat, spec.identifier)
         if table is None:

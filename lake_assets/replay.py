@@ -16,7 +16,6 @@ from dagster import (
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from kafka_iceberg.batch.recovery import commit_token
@@ -26,7 +25,7 @@ from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.lake_assets.component import declared_specs
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, commit_pool
 from kafka_iceberg.replay import ReplayRequest, ReplayResult, run_replay
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, settings_for
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, settings_for
 
 
 class ReplayConfig(Config):
@@ -132,8 +131,8 @@ def _target_event(result, catalog_name: str, pycatalog):
     return AssetMaterialization(asset_key=key, description=f"replay of {result.original}", metadata=md)
 
 
-def replay_job(sqlite_catalog: bool = True):
-    """The ``replay`` job: one op that replays, validates, and records the target table.
+def replay_job(sqlite_catalog: bool = True, keys: ResourceKeys = LAKE_KEYS):
+    """The ``replay`` job (named by ``keys``, :meth:`ResourceKeys.name`): one op that replays, validates, and records the target table.
 
     A new target table gets an ``AssetMaterialization`` (asset key ``lake/<namespace>/<table>``);
     a branch rebuild, which leaves ``main`` as it is, an ``AssetObservation`` of the table. Both
@@ -146,14 +145,10 @@ def replay_job(sqlite_catalog: bool = True):
         pool=commit_pool(sqlite_catalog),
         out={},
         description="Replay a table's Kafka offset range into a new table or a replay_ branch, then validate it.",
+        required_resource_keys=keys.required("pyspark", "kafka", "catalog"),
     )
-    def _replay(
-        context: OpExecutionContext,
-        config: ReplayConfig,
-        pyspark: PySparkResource,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-    ):
+    def _replay(context: OpExecutionContext, config: ReplayConfig):
+        pyspark, kafka, catalog = keys.of(context, "pyspark", "kafka", "catalog")
         # a generator, so the target's event is recorded even when the run then fails on a mismatch
         settings = settings_for(kafka, catalog)
         specs = declared_specs(settings)
@@ -182,7 +177,7 @@ def replay_job(sqlite_catalog: bool = True):
         context.log.info(report.summary() if report else f"replay {'complete' if result.complete else 'incomplete'}")
 
     @job(
-        name="replay",
+        name=keys.name("replay"),
         description="Replay a declared table's Kafka offset range into a new table or a branch "
         "(replay_<name>), validated against the original. Configure in the Launchpad.",
     )

@@ -68,7 +68,14 @@ from kafka_iceberg.lake_assets.vocabulary import (
 )
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import AlertSink
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
+from kafka_iceberg.resources import (
+    LAKE_KEYS,
+    IcebergCatalogResource,
+    KafkaResource,
+    LakeSlackResource,
+    ResourceKeys,
+    settings_for,
+)
 from kafka_iceberg.state import state_at
 
 
@@ -139,8 +146,10 @@ def materialization_metadata(result: BatchResult) -> dict[str, object]:
     return md
 
 
-def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: Path | None, catalog_name: str):
-    """The ``@asset`` decorator of :func:`table_asset`, with its policies and metadata."""
+def _table_asset_decorator(
+    spec: TableSpec, sqlite_catalog: bool, tables_file: Path | None, catalog_name: str, keys: ResourceKeys
+):
+    """The ``@asset`` decorator of :func:`table_asset`, with its policies, metadata and resource ``keys``."""
     if tables_file is None:
         tables_file = load_settings().tables_file
 
@@ -153,6 +162,7 @@ def _table_asset_decorator(spec: TableSpec, sqlite_catalog: bool, tables_file: P
             deps=[topic_key(spec)],
             group_name="lake",
             kinds={"iceberg", "spark", "kafka"},
+            required_resource_keys=keys.required("pyspark", "kafka", "catalog", "slack"),
             description=spec.description or f"Iceberg table {spec.identifier} ingested from Kafka topic {spec.topic}.",
             metadata={
                 "iceberg_table": spec.identifier,
@@ -220,7 +230,11 @@ def _one_batch(
 
 
 def table_asset(
-    spec: TableSpec, sqlite_catalog: bool = True, tables_file: Path | None = None, catalog_name: str = "lake"
+    spec: TableSpec,
+    sqlite_catalog: bool = True,
+    tables_file: Path | None = None,
+    catalog_name: str = "lake",
+    keys: ResourceKeys = LAKE_KEYS,
 ):
     """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot).
 
@@ -231,16 +245,11 @@ def table_asset(
     references come from the declaration (:mod:`kafka_iceberg.lake_assets.asset_metadata`); ``tables_file``
     (default: the declarations file of the settings) is what the code references point at.
     """
-    decorator = _table_asset_decorator(spec, sqlite_catalog, tables_file, catalog_name)
+    decorator = _table_asset_decorator(spec, sqlite_catalog, tables_file, catalog_name, keys)
 
     @decorator
-    def _materialize(
-        context: AssetExecutionContext,
-        pyspark: PySparkResource,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ) -> MaterializeResult:
+    def _materialize(context: AssetExecutionContext) -> MaterializeResult:
+        pyspark, kafka, catalog, slack = keys.of(context, "pyspark", "kafka", "catalog", "slack")
         # a sensor-launched run keeps committing while lag remains (lake_assets/streaming.py)
         settings = settings_for(kafka, catalog)  # once per run, shared by its micro-batches
         expiry = StreamExpiry(context, pyspark.spark_session, settings.catalog.name, catalog.load(), spec)
@@ -309,26 +318,22 @@ def check_result(outcome: checks.CheckOutcome, severity: AssetCheckSeverity) -> 
     return AssetCheckResult(passed=outcome.passed, severity=severity, description=outcome.summary, metadata=md)
 
 
-def table_checks(spec: TableSpec) -> list:
+def table_checks(spec: TableSpec, keys: ResourceKeys = LAKE_KEYS) -> list:
     """The ``duplicate_free`` and ``freshness`` asset checks of one table. Each posts to Slack when its
     status changes (:func:`kafka_iceberg.lake_assets.check_alerts.alert_check`)."""
-    return [_duplicate_free_check(spec), _freshness_check(spec)]
+    return [_duplicate_free_check(spec, keys), _freshness_check(spec, keys)]
 
 
-def _duplicate_free_check(spec: TableSpec):
+def _duplicate_free_check(spec: TableSpec, keys: ResourceKeys):
     @asset_check(
         asset=table_key(spec),
         name="duplicate_free",
         blocking=False,
         description="No overlapping snapshot offset ranges, no (partition, offset) twice, no data file twice.",
+        required_resource_keys=keys.required("pyspark", "kafka", "catalog", "slack"),
     )
-    def _duplicate_free(
-        context: AssetCheckExecutionContext,
-        pyspark: PySparkResource,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ) -> AssetCheckResult:
+    def _duplicate_free(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        pyspark, kafka, catalog, slack = keys.of(context, "pyspark", "kafka", "catalog", "slack")
         settings = settings_for(kafka, catalog)
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
@@ -347,19 +352,16 @@ def _duplicate_free_check(spec: TableSpec):
     return _duplicate_free
 
 
-def _freshness_check(spec: TableSpec):
+def _freshness_check(spec: TableSpec, keys: ResourceKeys):
     @asset_check(
         asset=table_key(spec),
         name="freshness",
         blocking=False,
         description="Age of the latest snapshot and of its valid-through timestamp against the declared thresholds.",
+        required_resource_keys=keys.required("kafka", "catalog", "slack"),
     )
-    def _freshness(
-        context: AssetCheckExecutionContext,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ) -> AssetCheckResult:
+    def _freshness(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        kafka, catalog, slack = keys.of(context, "kafka", "catalog", "slack")
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")

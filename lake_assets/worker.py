@@ -34,7 +34,6 @@ from dagster import (
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
@@ -52,7 +51,7 @@ from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_m
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
+from kafka_iceberg.resources import LAKE_KEYS, ROLES, ResourceKeys, settings_for
 
 
 def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
@@ -153,13 +152,18 @@ def _serve(
     return worker.run(), chores
 
 
-def _warm_op(name: str, specs: list[TableSpec]):
+def _warm_op(name: str, specs: list[TableSpec], keys: ResourceKeys):
     """The op ``warm_<name>``: starts the Spark session and checks the existing tables
     (:func:`kafka_iceberg.batch.pipeline.warm_up`, no commit) outside the pool, so a successor is warm when it
     takes over."""
 
-    @op(name=f"warm_{name}", description="Start the Spark session and check the tables, outside the pool.")
-    def _warm(context, pyspark: PySparkResource, kafka: KafkaResource, catalog: IcebergCatalogResource) -> None:
+    @op(
+        name=f"warm_{name}",
+        description="Start the Spark session and check the tables, outside the pool.",
+        required_resource_keys=keys.required("pyspark", "kafka", "catalog"),
+    )
+    def _warm(context) -> None:
+        pyspark, kafka, catalog = keys.of(context, "pyspark", "kafka", "catalog")
         spark = pyspark.spark_session
         spark.range(1).count()  # one job: the session, its executors and JIT
         lake = connect(spark, settings_for(kafka, catalog), kafka.metadata(), catalog.load())
@@ -169,19 +173,16 @@ def _warm_op(name: str, specs: list[TableSpec]):
     return _warm
 
 
-def _check_op(name: str, specs: list[TableSpec]):
+def _check_op(name: str, specs: list[TableSpec], keys: ResourceKeys):
     """The op ``check_<name>``: the checks the serving op left pending, outside the pool (a successor may serve)."""
 
-    @op(name=f"check_{name}", description="The checks still pending after serving, outside the pool.")
-    def _check(
-        context,
-        pending: dict,
-        pyspark: PySparkResource,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ) -> None:
-        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
+    @op(
+        name=f"check_{name}",
+        description="The checks still pending after serving, outside the pool.",
+        required_resource_keys=keys.required(*ROLES),
+    )
+    def _check(context, pending: dict) -> None:
+        resources = dict(zip(ROLES, keys.of(context, *ROLES)))
         env = _chores_env(resources)  # the Spark session first: its JVM is then one of this process's children
         niceness = env["settings"].stream.check_niceness
         if pending and niceness:
@@ -192,14 +193,18 @@ def _check_op(name: str, specs: list[TableSpec]):
 
 
 def worker_job(
-    index: int, specs: list[TableSpec], sqlite_catalog: bool, crons: dict[str, dict[str, str]] | None = None
+    index: int,
+    specs: list[TableSpec],
+    sqlite_catalog: bool,
+    crons: dict[str, dict[str, str]] | None = None,
+    keys: ResourceKeys = LAKE_KEYS,
 ) -> JobDefinition:
     """The job ``lake_worker_<index>``: ``warm`` (the Spark session), ``serve`` (``specs``, their chores), ``check``
     (the checks still pending, outside the pool). The serving op runs their maintenance under
     ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
     catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
     limit 1 by default)."""
-    name = worker_job_name(index)
+    name = keys.name(worker_job_name(index))
     crons = crons or maintenance_crons(specs)
     pool = SQLITE_POOL if sqlite_catalog else name
 
@@ -208,15 +213,10 @@ def worker_job(
         pool=pool,
         ins={"warm": In(Nothing)},
         description=f"Serve {len(specs)} tables: one micro-batch at a time, most-waiting table first.",
+        required_resource_keys=keys.required(*ROLES),
     )
-    def _serve_op(
-        context,  # OpExecutionContext (not annotated: annotations are strings here, which Dagster refuses)
-        pyspark: PySparkResource,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ) -> dict:
-        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
+    def _serve_op(context) -> dict:  # OpExecutionContext (not annotated: annotations are strings here)
+        resources = dict(zip(ROLES, keys.of(context, *ROLES)))
         served, chores = _serve(context, specs, crons, pool, resources)
         commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
         context.log.info(f"{name}: commits per table {commits}")
@@ -232,7 +232,7 @@ def worker_job(
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
-        _check_op(name, specs)(_serve_op(_warm_op(name, specs)()))
+        _check_op(name, specs, keys)(_serve_op(_warm_op(name, specs, keys)()))
 
     return _job
 

@@ -19,6 +19,8 @@ the UI shows the variable's name. The catalog's credentials (``PYICEBERG_CATALOG
 
 import dataclasses
 import json
+import re
+from typing import Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import PySparkResource
@@ -36,6 +38,49 @@ from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 from kafka_iceberg.resources.catalog import IcebergCatalogResource
 from kafka_iceberg.resources.reader import LakeTableReader, TableSnapshot, source_snapshots
 from kafka_iceberg.resources.slack import LakeSlackResource
+
+ROLES = ("kafka", "catalog", "pyspark", "slack", "reader")
+"""The resources of one lake, by role; their keys are ``<prefix><role>``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceKeys:
+    """The resource keys of one lake (one ``KafkaIcebergTables`` instance): ``<prefix>kafka``,
+    ``<prefix>catalog``, ``<prefix>pyspark``, ``<prefix>slack``, ``<prefix>reader``. Default prefix
+    ``lake_``; another instance in the same code location takes another prefix, so neither collides
+    with the other's keys nor with a host project's own ``kafka`` or ``catalog``.
+
+    Raises:
+        ValueError: ``prefix`` is not lower-case letters, digits and underscores ending in ``_``.
+    """
+
+    prefix: str = "lake_"
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*_", self.prefix):
+            raise ValueError(f"resource key prefix {self.prefix!r}: lower-case letters, digits, _; ending in _")
+
+    def key(self, role: str) -> str:
+        """The key of the resource of ``role`` (one of :data:`ROLES`)."""
+        if role not in ROLES:
+            raise ValueError(f"unknown resource role {role!r}; one of {ROLES}")
+        return f"{self.prefix}{role}"
+
+    def required(self, *roles: str) -> set[str]:
+        """The keys of ``roles``, as an op's, asset's, check's or sensor's ``required_resource_keys``."""
+        return {self.key(r) for r in roles}
+
+    def of(self, context: Any, *roles: str) -> tuple:
+        """The resources of ``roles`` from a Dagster ``context`` (its ``resources``), in that order."""
+        return tuple(getattr(context.resources, self.key(r)) for r in roles)
+
+    def name(self, name: str) -> str:
+        """A job's or sensor's name that exists once per lake: as is for the default prefix, else prefixed."""
+        return name if self.prefix == LAKE_KEYS.prefix else f"{self.prefix}{name}"
+
+
+LAKE_KEYS = ResourceKeys()
+"""The default keys: ``lake_kafka``, ``lake_catalog``, ``lake_pyspark``, ``lake_slack``, ``lake_reader``."""
 
 
 class KafkaResource(ConfigurableResource):
@@ -114,14 +159,14 @@ def _from_env_or(settings: Settings, name: str, value: str):
     return EnvVar(name) if name in settings.from_process_env else value
 
 
-def default_resources(settings: Settings | None = None) -> dict[str, object]:
-    """The resources of the code location, configured from ``settings`` (default: the environment).
+def default_resources(settings: Settings | None = None, keys: ResourceKeys = LAKE_KEYS) -> dict[str, object]:
+    """The resources of one lake, configured from ``settings`` (default: the environment).
 
-    Keys: ``kafka`` (:class:`KafkaResource`), ``catalog`` (:class:`IcebergCatalogResource`),
-    ``pyspark`` (:class:`LakeSparkResource` with the Iceberg runtime jar, the JDBC catalog and
-    ``SPARK_MASTER``, default ``local[*]``), ``slack`` (:class:`LakeSlackResource`, token
-    ``EnvVar("SLACK_BOT_TOKEN")``), ``lake_reader`` (:class:`LakeTableReader`, the read path of
-    downstream assets). Opens no connection.
+    Keys (:class:`ResourceKeys`, default prefix ``lake_``): ``lake_kafka`` (:class:`KafkaResource`),
+    ``lake_catalog`` (:class:`IcebergCatalogResource`), ``lake_pyspark`` (:class:`LakeSparkResource`
+    with the Iceberg runtime jar, the JDBC catalog and ``SPARK_MASTER``, default ``local[*]``),
+    ``lake_slack`` (:class:`LakeSlackResource`, token ``EnvVar("SLACK_BOT_TOKEN")``), ``lake_reader``
+    (:class:`LakeTableReader`, the read path of downstream assets). Opens no connection.
 
     Raises:
         ConfigError: a JDBC driver jar is missing (see :func:`kafka_iceberg.catalog.spark.spark_conf`).
@@ -141,7 +186,7 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
         properties_json=_from_env_or(settings, "LAKE_CATALOG_PROPERTIES", ""),
     )
     visible_conf = {k: v for k, v in spark_conf(settings).items() if not _is_secret_key(k, catalog.name)}
-    return {
+    resources = {
         "kafka": KafkaResource(
             bootstrap_servers=settings.kafka_bootstrap_servers,
             client_config_json=_from_env_or(settings, "KAFKA_CLIENT_CONFIG", json.dumps(settings.kafka_client_config)),
@@ -153,17 +198,21 @@ def default_resources(settings: Settings | None = None) -> dict[str, object]:
         ),
         # the token is an EnvVar of the process, so the other Slack settings come from its environment too
         "slack": LakeSlackResource.from_env(),
-        "lake_reader": LakeTableReader(catalog=catalog_resource),
+        "reader": LakeTableReader(catalog=catalog_resource),
     }
+    return {keys.key(role): resource for role, resource in resources.items()}
 
 
 __all__ = [
     "IcebergCatalogResource",
     "KafkaResource",
+    "LAKE_KEYS",
     "LakeSlackResource",
     "LakeSparkResource",
     "LakeTableReader",
     "PySparkResource",
+    "ROLES",
+    "ResourceKeys",
     "TableSnapshot",
     "default_resources",
     "settings_for",

@@ -17,20 +17,22 @@ and only the full-scan schedules remain.
 from __future__ import annotations
 
 from kafka_iceberg.ops.spread import maintenance_crons
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 from kafka_iceberg.schedules.checks import full_check_schedule
 from kafka_iceberg.schedules.maintenance import maintenance_schedules
 
 
-def all_schedules(specs, sqlite_catalog: bool = True, workers: int = 0) -> list:
+def all_schedules(specs, sqlite_catalog: bool = True, workers: int = 0, keys: ResourceKeys = LAKE_KEYS) -> list:
     """Three maintenance schedules and the full-scan ``duplicate_free`` schedule per declared table,
     their crons spread over time among all of ``specs``. With ``workers`` >= 1 only the full-scan
-    schedules: the worker runs do the maintenance of their tables (:mod:`kafka_iceberg.ops.rota`)."""
+    schedules: the worker runs do the maintenance of their tables (:mod:`kafka_iceberg.ops.rota`).
+    ``keys``: the lake's resource keys."""
     crons = maintenance_crons(specs)
     return [
         sched
         for spec in specs
         for sched in [
-            *([] if workers else maintenance_schedules(spec, sqlite_catalog, crons[spec.identifier])),
+            *([] if workers else maintenance_schedules(spec, sqlite_catalog, crons[spec.identifier], keys)),
             full_check_schedule(spec, crons[spec.identifier]["full_check"]),
         ]
     ]

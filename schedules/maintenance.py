@@ -15,23 +15,27 @@ from dagster import (
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import table_key, table_pool
 from kafka_iceberg.ops.rota import KINDS, record_run, run_job
 from kafka_iceberg.ops.spread import maintenance_crons
-from kafka_iceberg.resources import IcebergCatalogResource
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
 MAINTENANCE_TAG = "lake/maintenance"
 """Run tag of every scheduled maintenance run (value: the job kind); dagster.yaml's
 ``concurrency.runs.tag_concurrency_limits`` bounds the runs carrying it (all kinds together)."""
 
 
-def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
-    @op(name=f"{kind}_{spec.name}_op", pool=table_pool(spec, sqlite_catalog))
-    def _op(context: OpExecutionContext, pyspark: PySparkResource, catalog: IcebergCatalogResource):
+def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool, keys: ResourceKeys = LAKE_KEYS):
+    @op(
+        name=f"{kind}_{spec.name}_op",
+        pool=table_pool(spec, sqlite_catalog),
+        required_resource_keys=keys.required("pyspark", "catalog"),
+    )
+    def _op(context: OpExecutionContext):
+        pyspark, catalog = keys.of(context, "pyspark", "catalog")
         result = run_job(
             pyspark.spark_session,
             catalog.name,
@@ -59,16 +63,16 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool):
 
 
 def maintenance_schedules(
-    spec: TableSpec, sqlite_catalog: bool, crons: dict[str, str] | None = None
+    spec: TableSpec, sqlite_catalog: bool, crons: dict[str, str] | None = None, keys: ResourceKeys = LAKE_KEYS
 ) -> list[ScheduleDefinition]:
     """The table's three maintenance schedules (running by default, UTC). ``crons``: job kind -> cron,
     from :func:`kafka_iceberg.ops.spread.maintenance_crons` over all the location's tables (default:
-    spread among this table alone)."""
+    spread among this table alone); ``keys``: the lake's resource keys."""
     crons = crons or maintenance_crons([spec])[spec.identifier]
     return [
         ScheduleDefinition(
             name=f"{kind}_{spec.name}_schedule",
-            job=_maintenance_job(spec, kind, sqlite_catalog),
+            job=_maintenance_job(spec, kind, sqlite_catalog, keys),
             cron_schedule=crons[kind],
             execution_timezone="UTC",
             default_status=DefaultScheduleStatus.RUNNING,

@@ -18,14 +18,16 @@ from collections.abc import Callable
 from dagster import (
     AssetKey,
     DagsterEventType,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunFailureSensorContext,
+    RunStatusSensorContext,
+    RunStatusSensorDefinition,
     SensorDefinition,
-    run_failure_sensor,
 )
 
 from kafka_iceberg.ops.alerts import Alert, AlertSink, alert_on_check, pick_measure
-from kafka_iceberg.resources.slack import LakeSlackResource
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,7 @@ def make_run_failure_alert_sensor(
     name: str = "run_failure_alert_sensor",
     sink_factory: Callable[[], AlertSink] | None = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+    keys: ResourceKeys = LAKE_KEYS,
 ) -> SensorDefinition:
     """A ``run_failure_sensor`` that posts :func:`run_failure_alert` for each failed run.
 
@@ -152,24 +155,29 @@ def make_run_failure_alert_sensor(
         sink_factory: builds the :class:`AlertSink` at each evaluation (default: the ``slack``
             resource's, :class:`kafka_iceberg.resources.slack.LakeSlackResource`).
         default_status: RUNNING by default, so alerts work without a click in the UI.
+        keys: the lake's resource keys (the Slack resource is ``keys.key("slack")``).
 
     Monitors the jobs of its own code location (``ingest_all`` and UI materializations).
     A failed post is logged; the sensor tick still succeeds and the run is not revisited.
     """
 
-    @run_failure_sensor(
+    def _run_failure_alert(context: RunStatusSensorContext, **_by_key):  # a direct call also passes them by key
+        (slack,) = keys.of(context, "slack")
+        failure = context.for_run_failure()  # what @run_failure_sensor passes; it takes no resource keys
+        sink = sink_factory() if sink_factory else slack.sink()
+        alert = run_failure_alert(failure)
+        if sink.send(alert):
+            failure.log.info(f"posted a Slack alert for failed run {alert.run_id} to {sink.channel}")
+
+    return RunStatusSensorDefinition(
         name=name,
+        run_status=DagsterRunStatus.FAILURE,
+        run_status_sensor_fn=_run_failure_alert,
         default_status=default_status,
         description="Posts one Slack alert per failed run (job, run id, failed assets, error, run link). "
         "Without SLACK_BOT_TOKEN the alert is only logged.",
+        required_resource_keys=keys.required("slack"),
     )
-    def _run_failure_alert(context: RunFailureSensorContext, slack: LakeSlackResource):
-        sink = sink_factory() if sink_factory else slack.sink()
-        alert = run_failure_alert(context)
-        if sink.send(alert):
-            context.log.info(f"posted a Slack alert for failed run {alert.run_id} to {sink.channel}")
-
-    return _run_failure_alert
 
 
 run_failure_alert_sensor = make_run_failure_alert_sensor()

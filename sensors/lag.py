@@ -52,7 +52,7 @@ from kafka_iceberg.lake_assets.backfill import (
 from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_alert, table_key
 from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.ops.lag import STALL_ATTEMPTS, LagEvaluation, LagHistory, LagRules, observation
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
 
 def observation_metadata(evaluation: LagEvaluation, last_commit_ms) -> dict:
@@ -165,7 +165,7 @@ def _requests(
     return [run], [MICRO_BATCHES.build_add_request(new)] if new else [], what
 
 
-def lag_sensor(spec: TableSpec):
+def lag_sensor(spec: TableSpec, keys: ResourceKeys = LAKE_KEYS):
     """The lag sensor of one table (named ``<table name>_lag``); see the module docstring."""
     rules = LagRules.of(spec.lag)
 
@@ -176,13 +176,10 @@ def lag_sensor(spec: TableSpec):
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Consumer lag of {spec.identifier} on {spec.topic}: observe, judge over its commits and cadence, "
         "trigger a micro-batch, or a backfill of micro-batches when the backlog exceeds one.",
+        required_resource_keys=keys.required("kafka", "catalog", "slack"),
     )
-    def _lag(
-        context: SensorEvaluationContext,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ):
+    def _lag(context: SensorEvaluationContext, **_by_key):  # a direct call also passes the resources by key
+        kafka, catalog, slack = keys.of(context, "kafka", "catalog", "slack")
         now_ms = int(time.time() * 1000)
         state = read_state(catalog.load(), spec.identifier)
         last_commit_ms = state.snapshot_timestamp_ms

@@ -23,7 +23,7 @@ from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key, topic_key
 from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.ops.retention import PartitionRetention, evaluate
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
 
 def retention_metadata(status: str, parts: list[PartitionRetention], retention_ms: int) -> dict:
@@ -107,23 +107,20 @@ def evaluate_table(spec: TableSpec, meta, pycatalog, watermarks: Mapping[int, Wa
     return status, parts, retention_ms
 
 
-def all_tables_retention_sensor(specs: list[TableSpec]):
+def all_tables_retention_sensor(specs: list[TableSpec], keys: ResourceKeys = LAKE_KEYS):
     """One retention-headroom sensor for every table (``lake_retention``, with ``LAKE_WORKERS`` >= 1):
     the watermarks of all topics in one batched call; per table the same figures, observations and
     alerts as :func:`retention_sensor`; a table whose evaluation fails is logged and skipped."""
 
     @sensor(
-        name="lake_retention",
+        name=keys.name("lake_retention"),
         minimum_interval_seconds=60,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Retention headroom of all {len(specs)} tables in one tick.",
+        required_resource_keys=keys.required("kafka", "catalog", "slack"),
     )
-    def _retention(
-        context: SensorEvaluationContext,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ):
+    def _retention(context: SensorEvaluationContext, **_by_key):  # a direct call also passes them by key
+        kafka, catalog, slack = keys.of(context, "kafka", "catalog", "slack")
         now_ms, meta, pycatalog = int(time.time() * 1000), kafka.metadata(), catalog.load()
         marks = meta.watermarks_many(sorted({s.topic for s in specs}))
         statuses = json.loads(context.cursor) if context.cursor else {}
@@ -150,7 +147,7 @@ def all_tables_retention_sensor(specs: list[TableSpec]):
     return _retention
 
 
-def retention_sensor(spec: TableSpec):
+def retention_sensor(spec: TableSpec, keys: ResourceKeys = LAKE_KEYS):
     """The retention-headroom sensor of one table (named ``<table name>_retention``)."""
 
     @sensor(
@@ -158,13 +155,10 @@ def retention_sensor(spec: TableSpec):
         minimum_interval_seconds=60,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Retention headroom of {spec.identifier} on {spec.topic}: time and share of the log left before unread records are deleted.",
+        required_resource_keys=keys.required("kafka", "catalog", "slack"),
     )
-    def _retention(
-        context: SensorEvaluationContext,
-        kafka: KafkaResource,
-        catalog: IcebergCatalogResource,
-        slack: LakeSlackResource,
-    ):
+    def _retention(context: SensorEvaluationContext, **_by_key):  # a direct call also passes them by key
+        kafka, catalog, slack = keys.of(context, "kafka", "catalog", "slack")
         now_ms = int(time.time() * 1000)
         meta = kafka.metadata()
         watermarks = meta.watermarks(spec.topic)

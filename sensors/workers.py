@@ -35,7 +35,7 @@ from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, table_key, worker_job_name
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
 OBSERVE_EVERY_S = 30
 """Seconds between two lag observations of one table (sooner when its topic appears or vanishes)."""
@@ -49,20 +49,22 @@ def is_due(spec: TableSpec, lag: int, last_commit_ms: int | None, now_ms: int) -
     return lag > 0 and (last_commit_ms is None or now_ms - last_commit_ms >= spec.lag.max_interval_s * 1000)
 
 
-def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]):
+def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition], keys: ResourceKeys = LAKE_KEYS):
     """The one sensor of every table in worker mode; ``groups``: worker -> its tables; ``jobs``: their jobs."""
     specs = [s for group in groups.values() for s in group]
     worker_of = {s.identifier: k for k, group in groups.items() for s in group}
     interval = int(min((s.lag.interval_s for s in specs), default=30))
 
     @sensor(
-        name="lake_workers",
+        name=keys.name("lake_workers"),
+        required_resource_keys=keys.required("kafka", "catalog"),
         minimum_interval_seconds=max(1, interval),
         jobs=jobs,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Lag of all {len(specs)} tables in one tick; launches worker runs ({len(groups)} workers).",
     )
-    def _tick(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
+    def _tick(context: SensorEvaluationContext, **_by_key):  # a direct call also passes the resources by key
+        kafka, catalog = keys.of(context, "kafka", "catalog")
         now_ms = int(time.time() * 1000)
         cursor = json.loads(context.cursor) if context.cursor else {}
         busy = _busy_workers(context, list(groups), load_settings().stream.budget_s, now_ms / 1000)

@@ -251,7 +251,7 @@ def _failure_context(instance, run_id):
         dagster_event=records[0].event_log_entry.dagster_event,
         dagster_instance=instance,
         dagster_run=run,
-        resources={"slack": LakeSlackResource.from_env()},
+        resources={"lake_slack": LakeSlackResource.from_env()},
     ).for_run_failure()
 
 
@@ -397,7 +397,7 @@ def test_slack_resource_is_dagster_slack_with_base_url_timeout_and_token_from_en
     assert slack.requests[0]["authorization"] == f"Bearer {TOKEN}"
     slack.delay_s = 5.0
     assert resolved.sink().send(_alert()) is False, "the timeout bounds a slow Slack"
-    assert isinstance(default_resources()["slack"], LakeSlackResource)
+    assert isinstance(default_resources()["lake_slack"], LakeSlackResource)
 
 
 def test_slack_resource_without_token_only_logs(slack, monkeypatch, caplog):
@@ -459,12 +459,12 @@ def test_a_dagster_check_alerts_on_status_changes_read_from_the_instance(slack_e
         return 1
 
     @asset_check(asset=table_key(spec), name="duplicate_free")
-    def duplicate_free(context: AssetCheckExecutionContext, slack: LakeSlackResource) -> AssetCheckResult:
+    def duplicate_free(context: AssetCheckExecutionContext, lake_slack: LakeSlackResource) -> AssetCheckResult:
         passed = verdicts[-1]
         outcome = CheckOutcome(
             passed, "clean" if passed else "3 duplicate offsets", {"duplicate_offsets": 0 if passed else 3}
         )
-        alert_check(context, slack, spec, "duplicate_free", outcome, "ERROR")
+        alert_check(context, lake_slack, spec, "duplicate_free", outcome, "ERROR")
         return AssetCheckResult(passed=passed)
 
     check_key = AssetCheckKey(table_key(spec), "duplicate_free")
@@ -473,7 +473,7 @@ def test_a_dagster_check_alerts_on_status_changes_read_from_the_instance(slack_e
         for passed in (True, False, False, True, True, False):
             verdicts.append(passed)
             result = materialize(
-                [table, duplicate_free], instance=instance, resources={"slack": LakeSlackResource.from_env()}
+                [table, duplicate_free], instance=instance, resources={"lake_slack": LakeSlackResource.from_env()}
             )
             assert result.success
             runs.append(result.run_id)

@@ -82,7 +82,7 @@ def test_lag_sensor_reports_the_catalog_outage(unreachable_env):
     from kafka_iceberg.resources import default_resources
     from kafka_iceberg.sensors.lag import lag_sensor
 
-    resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("kafka", "catalog", "slack")}
+    resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
     sensor = lag_sensor(make_spec("outage", "outage.topic"))
     with pytest.raises(CatalogUnavailableError, match="cannot open Iceberg catalog lake"):
         sensor(build_sensor_context(resources=resources))
@@ -128,13 +128,13 @@ def test_catalog_properties_reach_runs_and_their_credentials_stay_hidden(tmp_pat
     assert S3_SECRET not in snapshot
 
     resources = default_resources(settings)
-    assert not any(S3_SECRET in str(v) for v in resources["pyspark"].spark_config.values())
-    with build_resources({"catalog": resources["catalog"]}) as built:
-        cat = built.catalog.catalog_settings()
+    assert not any(S3_SECRET in str(v) for v in resources["lake_pyspark"].spark_config.values())
+    with build_resources({"lake_catalog": resources["lake_catalog"]}) as built:
+        cat = built.lake_catalog.catalog_settings()
         assert cat.config.properties["s3.secret-access-key"] == S3_SECRET  # the run resolves the credentials
         assert cat.warehouse == "s3://lake-bucket/warehouse"
         assert catalog_conf(cat)["spark.sql.catalog.lake.s3.secret-access-key"] == S3_SECRET
         assert catalog_conf(cat)["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
-        loaded = built.catalog.load()  # pyiceberg gets the s3.* properties
+        loaded = built.lake_catalog.load()  # pyiceberg gets the s3.* properties
         assert loaded.properties["s3.endpoint"] == props["s3.endpoint"]
         assert loaded.properties["s3.secret-access-key"] == S3_SECRET

@@ -103,7 +103,7 @@ def test_a_downstream_asset_reads_the_snapshot_its_upstream_recorded(
     materialize([pinned], resources=resources, instance=instance)
     assert (seen[-1][0].pinned_by, seen[-1][1]) == ("argument", 150)
     with pytest.raises(ConfigError, match="has no snapshot 42"):
-        LakeTableReader(catalog=resources["catalog"]).snapshot(None, spec.identifier, snapshot_id=42)
+        LakeTableReader(catalog=resources["lake_catalog"]).snapshot(None, spec.identifier, snapshot_id=42)
 
     # an instance that never materialized the table: the current snapshot, with a warning
     materialize([downstream], resources=resources, instance=DagsterInstance.ephemeral())
