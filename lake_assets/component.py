@@ -1,22 +1,28 @@
-"""The table declarations as a Dagster Component: ``KafkaIcebergTables``, one instance per ``defs.yaml``.
+"""The lake as a Dagster Component: ``KafkaIcebergTables``, one instance per ``defs.yaml``.
 
 A ``defs.yaml`` of type ``kafka_iceberg.lake_assets.component.KafkaIcebergTables`` has the
 attributes of a ``tables.yaml``: ``defaults`` (:class:`~kafka_iceberg.declaration.models.Defaults`)
 and ``tables`` (a list of :class:`~kafka_iceberg.declaration.models.TableEntry`, the pydantic
-models of :mod:`kafka_iceberg.declaration.models`). ``dg check yaml`` validates them against these
-models and reports a bad field with its file and line; ``{{ env.X }}`` templates are resolved by
-Dagster when the instance loads; then every table is parsed into a
-:class:`~kafka_iceberg.declaration.spec.TableSpec` exactly as a ``tables.yaml`` entry is.
+models of :mod:`kafka_iceberg.declaration.models`); and the instance's own (:class:`InstanceAttributes`):
+``key_prefix`` of its resource keys, its Kafka cluster and catalog (unset: the environment's), and
+``location_sensors``. ``dg check yaml`` validates them and reports a bad field with its file and
+line; ``{{ env.X }}`` templates are resolved by Dagster when the instance loads; then every table is
+parsed into a :class:`~kafka_iceberg.declaration.spec.TableSpec` exactly as a ``tables.yaml`` entry is.
 
-One instance builds the per-table definitions of its tables (:func:`table_definitions`): the topic
-and table assets, their checks, the lag and retention sensors, the maintenance and full-check
-schedules with their jobs. The per-location definitions (resources, executor, the replay job, the
-run-failure and run-liveness sensors, the demo's downstream asset) are built once by
-:mod:`kafka_iceberg.lake_assets.definitions`, so several instances live in one project; their
-tables must not share a name, identifier or topic (:func:`component_specs`).
+One instance is all a code location needs (:func:`lake_definitions`): per table the topic and
+table assets, their checks, the lag and retention sensors, the maintenance and full-check schedules
+(:func:`table_definitions`); and once per instance its resources under its own keys
+(:class:`~kafka_iceberg.resources.ResourceKeys`), the worker jobs with their sensor, the replay job,
+the executor; with ``location_sensors`` the run-failure alert and run-liveness sensors. Several
+instances (two Kafka clusters, two catalogs) live in one code location when their key prefixes
+differ and one of them brings the location's sensors; their tables must not share a name,
+identifier or topic (:func:`component_specs`).
 """
 
+import dataclasses
+import functools
 import importlib
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,15 +31,22 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import dagster as dg
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from kafka_iceberg import schedules, sensors
-from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, Settings, load_settings
+from kafka_iceberg.batch.worker import assign_workers
+from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, SECRET_BEARING, Settings, load_settings
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
 from kafka_iceberg.declaration.spec import TableSpec, check_unique, load_table_specs, parse_declarations
 from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.lake_assets.analytics import KEY as DOWNSTREAM_KEY
+from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset, refresh_sensor
+from kafka_iceberg.lake_assets.liveness import liveness_executor
 from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
+from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.ops.spread import maintenance_crons
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, default_resources
 
 DEFS_FILE = "defs.yaml"
 SHIPPED_DEFS = "kafka_iceberg.defs"
@@ -64,12 +77,35 @@ def _resolve_tables(context: dg.ResolutionContext, model: Any) -> list[TableSpec
     return parse_declarations({"defaults": defaults, "tables": tables}, str(where))
 
 
+class InstanceAttributes(TablesAttributes):
+    """The attributes of one ``KafkaIcebergTables`` instance: the tables (``defaults``, ``tables``) and
+    the lake they live in. Each connection attribute left out is the environment's setting."""
+
+    key_prefix: str = Field(
+        LAKE_KEYS.prefix,
+        pattern=r"^[a-z][a-z0-9_]*_$",
+        description="Prefix of the instance's resource keys (<prefix>kafka, <prefix>catalog, ...); "
+        "another instance in the same code location takes another one.",
+    )
+    kafka_bootstrap_servers: str | None = Field(None, description="Default: KAFKA_BOOTSTRAP_SERVERS.")
+    catalog_name: str | None = Field(None, description="Default: LAKE_CATALOG_NAME.")
+    catalog_uri: str | None = Field(None, description="Default: LAKE_CATALOG_URI.")
+    warehouse: str | None = Field(None, description="Default: LAKE_WAREHOUSE.")
+    location_sensors: bool | None = Field(
+        None,
+        description="Bring the code location's run-failure alert and run-liveness sensors (exactly one "
+        "instance of a code location does); default: the instance with the default key_prefix.",
+    )
+
+
 @dataclass
 class KafkaIcebergTables(dg.Component, dg.Resolvable):
-    """Kafka topics ingested exactly once into Iceberg tables, one asset per table (docs/tables.md).
+    """Kafka topics ingested exactly once into Iceberg tables, one asset per table, with everything they
+    need: resources, worker jobs, sensors, checks, alerts (docs/tables.md).
 
     Attributes: ``defaults``, merged under every table (a table's own value wins; ``tags`` merge),
-    and ``tables``, one entry per Kafka topic. In Python, pass the parsed ``tables`` directly.
+    ``tables``, one entry per Kafka topic, and those of :class:`InstanceAttributes`. In Python, pass
+    the parsed ``tables`` directly.
     """
 
     tables: Annotated[
@@ -88,36 +124,139 @@ class KafkaIcebergTables(dg.Component, dg.Resolvable):
             description="Merged under every table; a table's own value wins, tags merge.",
         ),
     ] = None
+    key_prefix: str = LAKE_KEYS.prefix
+    kafka_bootstrap_servers: str | None = None
+    catalog_name: str | None = None
+    catalog_uri: str | None = None
+    warehouse: str | None = None
+    location_sensors: bool | None = None
 
     @classmethod
     def model(cls) -> type[BaseModel]:
         """The attributes' pydantic model: the declaration models as they are, without Dagster's
         whole-attribute template alternative, so ``dg check yaml`` reports a bad field at its line."""
-        return TablesAttributes
+        return InstanceAttributes
+
+    def settings(self, base: Settings) -> Settings:
+        """``base`` (the environment's settings) with this instance's Kafka cluster and catalog.
+
+        Raises:
+            ConfigError: the catalog attributes are malformed (e.g. an unsupported URI).
+        """
+        return connection_settings(
+            base, self.kafka_bootstrap_servers, self.catalog_name, self.catalog_uri, self.warehouse
+        )
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """The per-table definitions of this instance's tables; opens no connection."""
+        """Everything this instance's tables need (:func:`lake_definitions`); opens no connection."""
         declared_in = context.path / DEFS_FILE if (context.path / DEFS_FILE).exists() else None
-        return table_definitions(load_settings(), self.tables, declared_in)
+        keys = ResourceKeys(self.key_prefix)
+        location = keys == LAKE_KEYS if self.location_sensors is None else self.location_sensors
+        return lake_definitions(self.settings(load_settings()), self.tables, declared_in, keys, location)
 
 
-def table_definitions(settings: Settings, specs: list[TableSpec], declared_in: Path | None) -> dg.Definitions:
+_CATALOG_FROM_ENV = frozenset(SECRET_BEARING) - {"KAFKA_CLIENT_CONFIG"}
+
+
+def connection_settings(
+    base: Settings,
+    bootstrap_servers: str | None = None,
+    catalog_name: str | None = None,
+    catalog_uri: str | None = None,
+    warehouse: str | None = None,
+) -> Settings:
+    """``base`` with another Kafka cluster (``bootstrap_servers``, host:port list) and another catalog
+    (``catalog_name``, ``catalog_uri``, ``warehouse``; what is None stays the environment's). The
+    catalog's credentials still come from ``PYICEBERG_CATALOG__<NAME>__*`` when a run starts.
+
+    Raises:
+        ConfigError: a malformed catalog URI.
+    """
+    if bootstrap_servers:
+        base = dataclasses.replace(base, kafka_bootstrap_servers=bootstrap_servers, use_dev_broker=False)
+    overlay = {"LAKE_CATALOG_NAME": catalog_name, "LAKE_CATALOG_URI": catalog_uri, "LAKE_WAREHOUSE": warehouse}
+    overlay = {k: v for k, v in overlay.items() if v}
+    if not overlay:
+        return base
+    catalog = load_settings({**os.environ, **overlay}).catalog
+    hidden = frozenset(k for k in base.from_process_env if k in _CATALOG_FROM_ENV or k.startswith("PYICEBERG_"))
+    return dataclasses.replace(base, catalog=catalog, from_process_env=base.from_process_env - hidden)
+
+
+def table_definitions(
+    settings: Settings, specs: list[TableSpec], declared_in: Path | None, keys: ResourceKeys = LAKE_KEYS
+) -> dg.Definitions:
     """Per table of ``specs``: the topic and table assets, the ``duplicate_free``, ``freshness`` and
-    ``quarantine`` checks, the lag and retention sensors, the maintenance and full-check schedules.
-    ``declared_in`` (a ``defs.yaml`` or ``tables.yaml``) is where the code references point."""
-    sqlite = settings.catalog.is_sqlite
+    ``quarantine`` checks, the lag and retention sensors, the maintenance and full-check schedules,
+    all on the resources of ``keys``. ``declared_in`` (a ``defs.yaml`` or ``tables.yaml``) is where the
+    code references point."""
+    sqlite, name, workers = settings.catalog.is_sqlite, settings.catalog.name, settings.stream.workers
     return dg.Definitions(
         assets=[
             *(topic_asset(s) for s in specs),
-            *(
-                table_asset(s, sqlite_catalog=sqlite, tables_file=declared_in, catalog_name=settings.catalog.name)
-                for s in specs
-            ),
+            *(table_asset(s, sqlite, tables_file=declared_in, catalog_name=name, keys=keys) for s in specs),
         ],
-        asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
-        sensors=sensors.table_sensors(specs, settings.stream.workers),
-        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=settings.stream.workers),
+        asset_checks=[*(c for s in specs for c in table_checks(s, keys)), *(quarantine_check(s, keys) for s in specs)],
+        sensors=sensors.table_sensors(specs, workers, keys),
+        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=workers, keys=keys),
     )
+
+
+@functools.cache
+def executor(name: str) -> dg.ExecutorDefinition:
+    """The executor of every job, from ``LAKE_DAGSTER_EXECUTOR`` ``name``: ``in_process`` (default; SQLite
+    admits one committing process, so steps share one process and one Spark session), or with a
+    PostgreSQL catalog ``multiprocess`` or ``k8s`` (dagster-k8s) to run tables in parallel. Each tags
+    its runs with their worker's liveness and reaps dead runs (:mod:`kafka_iceberg.lake_assets.liveness`).
+    One object per name, so the instances of one code location share it."""
+    if name == "multiprocess":
+        return liveness_executor(dg.multiprocess_executor)
+    if name == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        return liveness_executor(k8s_job_executor)
+    return liveness_executor(dg.in_process_executor)
+
+
+ingest_all = dg.define_asset_job(
+    "ingest_all",
+    selection=dg.AssetSelection.groups("lake", "analytics"),
+    description="One micro-batch of every table, then the downstream assets, then all checks.",
+)
+
+
+def lake_definitions(
+    settings: Settings,
+    specs: list[TableSpec],
+    declared_in: Path | None,
+    keys: ResourceKeys = LAKE_KEYS,
+    location_sensors: bool = True,
+) -> dg.Definitions:
+    """All a code location needs for the tables ``specs``: :func:`table_definitions`; the resources
+    under ``keys`` (configured from ``settings``), the executor, the replay job, with ``LAKE_WORKERS``
+    >= 1 the worker jobs and the sensors that watch every table; with ``location_sensors`` the
+    run-failure and run-liveness sensors; and the demo's downstream asset (with the sensor that
+    refreshes it) and ``ingest_all`` when ``specs`` declare the demo's source tables
+    (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`). Opens no connection."""
+    from kafka_iceberg.lake_assets.replay import replay_job  # its op reads declared_specs from this module
+
+    sqlite = settings.catalog.is_sqlite
+    demo = SOURCE_TABLES <= {s.identifier for s in specs} and keys == LAKE_KEYS  # it takes lake_pyspark, lake_reader
+    workers = settings.stream.workers
+    groups = assign_workers(specs, workers) if workers else {}
+    crons = maintenance_crons(specs)  # spread over every table, as the schedules would be
+    workers_jobs = [worker_job(k, group, sqlite, crons, keys) for k, group in groups.items() if group]
+    lake = dg.Definitions(
+        assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],
+        jobs=[*([ingest_all] if demo else []), replay_job(sqlite, keys), *workers_jobs],
+        sensors=[
+            *sensors.location_sensors(groups, workers_jobs, keys, location_sensors),
+            *([refresh_sensor([DOWNSTREAM_KEY])] if demo else []),
+        ],
+        resources=default_resources(settings, keys),
+        executor=executor(settings.dagster_executor),
+    )
+    return dg.Definitions.merge(table_definitions(settings, specs, declared_in, keys), lake)
 
 
 @contextmanager
@@ -154,11 +293,18 @@ def component_specs(tree: dg.ComponentTree) -> list[TableSpec]:
     """The tables of every ``KafkaIcebergTables`` instance of ``tree``, in load order.
 
     Raises:
-        ConfigError: two instances declare a table with the same name, identifier or topic.
+        ConfigError: two instances declare a table with the same name, identifier or topic, or share
+            a ``key_prefix`` (their resources, jobs and sensors would collide).
     """
+    where = f"the KafkaIcebergTables instances of {tree.defs_module_name}"
     with quiet_components():
-        specs = [s for c in tree.get_all_components(of_type=KafkaIcebergTables) for s in c.tables]
-    check_unique(specs, f"the KafkaIcebergTables instances of {tree.defs_module_name}")
+        instances = tree.get_all_components(of_type=KafkaIcebergTables)
+    prefixes = [c.key_prefix for c in instances]
+    if len(set(prefixes)) < len(prefixes):
+        repeated = sorted({p for p in prefixes if prefixes.count(p) > 1})
+        raise ConfigError(f"{where}: key_prefix must differ between instances (one lake each), repeated: {repeated}")
+    specs = [s for c in instances for s in c.tables]
+    check_unique(specs, where)
     return specs
 
 

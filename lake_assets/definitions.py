@@ -1,16 +1,13 @@
-"""The composition root of the Dagster code location: the tables of the ``KafkaIcebergTables``
-Component instances in the defs folder ``LAKE_DEFS_MODULE`` (default ``kafka_iceberg.defs``; or of the file
-``LAKE_TABLES_FILE``), with what a location has once: the demo's downstream asset and ``ingest_all``
-(when the demo's tables are declared), the replay job, the shared sensors, resources and executor.
+"""The composition root of the Dagster code location: the ``KafkaIcebergTables`` Component instances
+in the defs folder ``LAKE_DEFS_MODULE`` (default ``kafka_iceberg.defs``), or one instance holding the
+tables of the file ``LAKE_TABLES_FILE``. Each instance brings everything its tables need
+(:func:`kafka_iceberg.lake_assets.component.lake_definitions`: resources, jobs, sensors, checks, alerts).
 
-With :mod:`kafka_iceberg.lake_assets.component` (the per-table definitions), the only module that
-imports :mod:`sensors` and :mod:`schedules`; they take their shared names from
-:mod:`kafka_iceberg.lake_assets.vocabulary`, never from an asset module. Settings are read once
-(:func:`kafka_iceberg.config.settings.load_settings`: the environment, no connection) and the resources
-built once from them; loading the code location opens no catalog and no broker connection, so a
-catalog or broker outage leaves the UI and the sensors up (the sensors' ticks report the outage).
-Only a tables file with a ``topic_pattern:`` entry lists the broker's topics at load
-(:func:`topic_lister`); a reload of the code location lists them again.
+Settings are read once (:func:`kafka_iceberg.config.settings.load_settings`: the environment, no
+connection); loading the code location opens no catalog and no broker connection, so a catalog or
+broker outage leaves the UI and the sensors up (the sensors' ticks report the outage). Only a tables
+file with a ``topic_pattern:`` entry lists the broker's topics at load (:func:`topic_lister`); a
+reload of the code location lists them again.
 """
 
 from __future__ import annotations
@@ -18,29 +15,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from dagster import (
-    AssetSelection,
-    Definitions,
-    ExecutorDefinition,
-    define_asset_job,
-    in_process_executor,
-    multiprocess_executor,
-)
+from dagster import Definitions
 
-from kafka_iceberg import sensors
-from kafka_iceberg.batch.worker import assign_workers
 from kafka_iceberg.config.settings import Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
 from kafka_iceberg.errors import BrokerUnavailableError
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
-from kafka_iceberg.lake_assets.analytics import KEY as DOWNSTREAM_KEY
-from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset, refresh_sensor
-from kafka_iceberg.lake_assets.component import component_specs, defs_tree, quiet_components, table_definitions
-from kafka_iceberg.lake_assets.liveness import liveness_executor
-from kafka_iceberg.lake_assets.replay import replay_job
-from kafka_iceberg.lake_assets.worker import worker_job
-from kafka_iceberg.ops.spread import maintenance_crons
-from kafka_iceberg.resources import default_resources
+from kafka_iceberg.lake_assets.component import (
+    component_specs,
+    defs_tree,
+    executor,
+    ingest_all,
+    lake_definitions,
+    quiet_components,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,64 +58,17 @@ def topic_lister(settings: Settings) -> Callable[[], list[str] | None]:
     return list_topics
 
 
-def executor(settings: Settings) -> ExecutorDefinition:
-    """The executor of every job, from ``LAKE_DAGSTER_EXECUTOR``: ``in_process`` (default; SQLite
-    admits one committing process, so steps share one process and one Spark session), or with a
-    PostgreSQL catalog ``multiprocess`` or ``k8s`` (dagster-k8s) to run tables in parallel. Each
-    tags its runs with their worker's liveness and reaps dead runs (:mod:`kafka_iceberg.lake_assets.liveness`)."""
-    if settings.dagster_executor == "multiprocess":
-        return liveness_executor(multiprocess_executor)
-    if settings.dagster_executor == "k8s":
-        from dagster_k8s import k8s_job_executor
-
-        return liveness_executor(k8s_job_executor)
-    return liveness_executor(in_process_executor)
-
-
-ingest_all = define_asset_job(
-    "ingest_all",
-    selection=AssetSelection.groups("lake", "analytics"),
-    description="One micro-batch of every table, then the downstream assets, then all checks.",
-)
-
-
-def location_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
-    """The definitions a code location has once, whatever Component instances declare its tables
-    ``specs``: the resources, the executor, the replay job, the run-failure and run-liveness sensors,
-    with ``LAKE_WORKERS`` >= 1 the worker jobs and the sensors that watch every table, and the demo's
-    downstream asset (with the sensor that refreshes it) and ``ingest_all`` when ``specs`` declare the
-    demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`). Opens no connection."""
-    sqlite = settings.catalog.is_sqlite
-    demo = SOURCE_TABLES <= {s.identifier for s in specs}
-    workers = settings.stream.workers
-    groups = assign_workers(specs, workers) if workers else {}
-    crons = maintenance_crons(specs)  # spread over every table, as the schedules would be
-    workers_jobs = [worker_job(k, group, sqlite, crons) for k, group in groups.items() if group]
-    return Definitions(
-        assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],
-        jobs=[*([ingest_all] if demo else []), replay_job(sqlite_catalog=sqlite), *workers_jobs],
-        sensors=[
-            *sensors.location_sensors(groups, workers_jobs),
-            *([refresh_sensor([DOWNSTREAM_KEY])] if demo else []),
-        ],
-        resources=default_resources(settings),
-        executor=executor(settings),
-    )
-
-
 def build_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
-    """The code location's definitions for the declared tables ``specs`` (the per-table definitions of
-    :func:`kafka_iceberg.lake_assets.component.table_definitions` and the per-location ones, with code
-    references to ``LAKE_TABLES_FILE``). Opens no connection."""
-    return Definitions.merge(
-        table_definitions(settings, specs, settings.tables_file), location_definitions(settings, specs)
-    )
+    """The code location of one ``KafkaIcebergTables`` instance with the tables ``specs``, the default
+    resource keys and the environment's connections (code references to ``LAKE_TABLES_FILE``). Opens no
+    connection."""
+    return lake_definitions(settings, specs, settings.tables_file)
 
 
 def load_definitions(settings: Settings) -> tuple[Definitions, list[TableSpec]]:
     """The code location and its declared tables: the tables of ``LAKE_TABLES_FILE`` when it is set,
     else the ``KafkaIcebergTables`` instances of the defs folder ``LAKE_DEFS_MODULE`` (default
-    ``kafka_iceberg.defs``; each builds its tables' definitions), merged with the per-location definitions.
+    ``kafka_iceberg.defs``; each builds everything its tables need).
 
     Raises:
         ConfigError: a declaration is invalid, two instances declare the same table, or the defs
@@ -139,9 +80,10 @@ def load_definitions(settings: Settings) -> tuple[Definitions, list[TableSpec]]:
     tree = defs_tree(settings.defs_module)
     specs = component_specs(tree)
     with quiet_components():
-        tables = tree.build_defs()
-    return Definitions.merge(tables, location_definitions(settings, specs)), specs
+        return tree.build_defs(), specs
 
+
+__all__ = ["build_definitions", "executor", "ingest_all", "load_definitions", "topic_lister"]
 
 settings = load_settings()
 defs, specs = load_definitions(settings)

@@ -141,7 +141,7 @@ def replay_job(sqlite_catalog: bool = True, keys: ResourceKeys = LAKE_KEYS):
     """
 
     @op(
-        name="replay_and_validate",
+        name=keys.name("replay_and_validate"),
         pool=commit_pool(sqlite_catalog),
         out={},
         description="Replay a table's Kafka offset range into a new table or a replay_ branch, then validate it.",

@@ -93,8 +93,8 @@ def _project(root: Path, instances: dict[str, str]) -> Path:
     return root
 
 
-def _instance(tables: list[dict], defaults: dict | None = None) -> str:
-    attributes = {"defaults": defaults or {}, "tables": tables}
+def _instance(tables: list[dict], defaults: dict | None = None, **lake) -> str:
+    attributes = {"defaults": defaults or {}, "tables": tables, **lake}
     return yaml.safe_dump({"type": COMPONENT, "attributes": attributes}, sort_keys=False)
 
 
@@ -130,11 +130,8 @@ def test_dg_check_yaml_reports_a_bad_declaration_with_its_line(tmp_path):
 
 
 def _load(project: Path, monkeypatch):
-    """The definitions and tables of ``project``'s defs folder, as the code location merges them."""
-    from dagster import Definitions
-
+    """The definitions and tables of ``project``'s defs folder, as the code location loads them."""
     from kafka_iceberg.lake_assets.component import component_specs, defs_tree, quiet_components
-    from kafka_iceberg.lake_assets.definitions import location_definitions
 
     monkeypatch.syspath_prepend(str(project))
     for name in [m for m in sys.modules if m.startswith("compproj")]:
@@ -142,22 +139,35 @@ def _load(project: Path, monkeypatch):
     tree = defs_tree("compproj.defs")
     specs = component_specs(tree)
     with quiet_components():
-        tables = tree.build_defs()
-    return Definitions.merge(tables, location_definitions(load_settings(), specs)), specs
+        return tree.build_defs(), specs
 
 
-def test_two_instances_in_one_project_give_the_union_of_their_tables(tmp_path, monkeypatch):
+def test_two_lakes_in_one_code_location_keep_their_own_resources(tmp_path, monkeypatch):
+    """Two instances on two Kafka clusters and two catalogs: each brings its resources under its own
+    keys, its jobs and sensors; one brings the location's sensors; the location validates."""
+    from dagster import Definitions, build_resources
+
     monkeypatch.delenv("LAKE_TABLES_FILE", raising=False)
     monkeypatch.setenv("LAKE_HOME", str(tmp_path / "lake"))
     monkeypatch.setenv("COMP_TEST_TOPIC", "orders.v2")
+    monkeypatch.setenv("WEB_BROKERS", "web-kafka:9092")
     first = _instance(
         [_table("orders", "{{ env.COMP_TEST_TOPIC }}"), _table("refunds", "refunds.v1")],
         defaults={"owners": ["team:payments"], "tags": {"domain": "payments"}},
     )
-    second = _instance([_table("clicks", "clicks.v1", tags={"domain": "web"})])
+    web_catalog = f"sqlite:///{tmp_path / 'web' / 'catalog.db'}"
+    second = _instance(
+        [_table("clicks", "clicks.v1", tags={"domain": "web"})],
+        key_prefix="web_",
+        kafka_bootstrap_servers="{{ env.WEB_BROKERS }}",
+        catalog_name="web",
+        catalog_uri=web_catalog,
+        warehouse=f"file://{tmp_path / 'web' / 'warehouse'}",
+    )
     project = _project(tmp_path / "two", {"payments": first, "web": second})
 
     defs, specs = _load(project, monkeypatch)
+    Definitions.validate_loadable(defs)
     assert sorted(s.name for s in specs) == ["clicks", "orders", "refunds"]
     by_name = {s.name: s for s in specs}
     assert by_name["orders"].topic == "orders.v2"  # {{ env.X }}, resolved by Dagster when the instance loads
@@ -165,15 +175,51 @@ def test_two_instances_in_one_project_give_the_union_of_their_tables(tmp_path, m
     keys = defs.resolve_asset_graph().get_all_asset_keys()
     assert {AssetKey(["lake", "comp", n]) for n in ("orders", "refunds", "clicks")} <= keys
     assert AssetKey(["kafka", "orders_v2"]) in keys
-    sensors = {s.name for s in defs.get_repository_def().sensor_defs}
+    roles = ("kafka", "catalog", "pyspark", "slack", "reader")
+    assert set(defs.resources) == {f"{p}_{r}" for p in ("lake", "web") for r in roles}
+    assert defs.resources["web_kafka"].bootstrap_servers == "web-kafka:9092"
+    assert defs.resources["lake_kafka"].bootstrap_servers == load_settings().kafka_bootstrap_servers
+    with build_resources({"c": defs.resources["web_catalog"]}) as built:
+        assert built.c.catalog_settings().sqlalchemy_uri == web_catalog
+    assert defs.resources["web_pyspark"].spark_config["spark.sql.catalog.web.uri"].endswith("/web/catalog.db")
+    repo = defs.get_repository_def()
+    required = {n: d.required_resource_keys for n, d in repo.assets_defs_by_key.items() if d.required_resource_keys}
+    assert required[AssetKey(["lake", "comp", "clicks"])] >= {"web_kafka", "web_catalog", "web_pyspark"}
+    assert required[AssetKey(["lake", "comp", "orders"])] >= {"lake_kafka", "lake_catalog", "lake_pyspark"}
+    sensors = {s.name for s in repo.sensor_defs}
     assert {"orders_lag", "refunds_lag", "clicks_lag", "run_liveness", "run_failure_alert_sensor"} <= sensors
-    assert "ingest_all" not in {j.name for j in defs.resolve_all_job_defs()}  # not the demo's tables
-    assert {j.name for j in defs.resolve_all_job_defs()} >= {"replay", "compact_orders", "compact_clicks"}
+    jobs = {j.name for j in defs.resolve_all_job_defs()}
+    assert "ingest_all" not in jobs  # not the demo's tables
+    assert jobs >= {"replay", "web_replay", "compact_orders", "compact_clicks"}
 
-    # the same table in two instances is refused, naming it
-    clash = _project(tmp_path / "clash", {"a": first, "b": _instance([_table("orders", "other.topic")])})
+    # the same table in two instances is refused, naming it; so are two instances of one key prefix
+    clash = _project(tmp_path / "clash", {"a": first, "b": _instance([_table("orders", "x")], key_prefix="b_")})
     with pytest.raises(ConfigError, match=r"name must be unique across tables, repeated: \['orders'\]"):
         _load(clash, monkeypatch)
+    same = _project(tmp_path / "same", {"a": first, "b": _instance([_table("clicks", "clicks.v1")])})
+    with pytest.raises(ConfigError, match=r"key_prefix must differ between instances .*repeated: \['lake_'\]"):
+        _load(same, monkeypatch)
+
+
+def test_two_lakes_with_workers_have_their_own_worker_jobs_and_sensors(tmp_path, monkeypatch):
+    """With ``LAKE_WORKERS``, each lake's worker jobs and sensors take its key prefix and its resources."""
+    from dagster import Definitions
+
+    monkeypatch.delenv("LAKE_TABLES_FILE", raising=False)
+    monkeypatch.setenv("LAKE_HOME", str(tmp_path / "lake"))
+    monkeypatch.setenv("LAKE_WORKERS", "1")
+    first = _instance([_table("orders", "orders.v1")])
+    second = _instance([_table("clicks", "clicks.v1")], key_prefix="web_", kafka_bootstrap_servers="web:9092")
+    defs, _ = _load(_project(tmp_path / "workers", {"payments": first, "web": second}), monkeypatch)
+    Definitions.validate_loadable(defs)
+    repo = defs.get_repository_def()
+    workers = {s.name: s for s in repo.sensor_defs if s.name.endswith("lake_workers")}
+    assert set(workers) == {"lake_workers", "web_lake_workers"}
+    assert workers["web_lake_workers"].required_resource_keys == {"web_kafka", "web_catalog"}
+    jobs = {j.name: j for j in repo.get_all_jobs() if "worker" in j.name}
+    assert set(jobs) == {"lake_worker_0", "web_lake_worker_0"}
+    serve = jobs["web_lake_worker_0"].graph.node_named("serve_web_lake_worker_0").definition
+    assert serve.required_resource_keys == {"web_kafka", "web_catalog", "web_pyspark", "web_slack", "web_reader"}
 
 
 def test_the_code_location_loads_the_defs_folder_or_a_tables_file(tmp_path):
