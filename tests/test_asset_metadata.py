@@ -103,7 +103,8 @@ def test_materialization_updates_the_column_schema_after_evolution_and_topic_is_
 
     observed = retention_sensor(spec)(
         build_sensor_context(
-            instance=instance, resources={k: v for k, v in resources.items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+            instance=instance,
+            resources={k: v for k, v in resources.items() if k in ("lake_kafka", "lake_catalog", "lake_slack")},
         )
     )
     (topic_obs,) = [e for e in observed.asset_events if e.asset_key == topic_key(spec)]

@@ -205,7 +205,9 @@ def test_large_backlog_becomes_one_backfill_of_bounded_runs_that_ends_caught_up_
         assert f"/assets/lake/test/{unique}" in text
 
         # 2. while the backfill is in progress, another tick requests nothing (and posts nothing)
-        resources = {k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+        resources = {
+            k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")
+        }
         busy_tick = lag_sensor(spec)(build_sensor_context(instance=instance, resources=resources))
         assert busy_tick.run_requests == [] and not busy_tick.dynamic_partitions_requests
         assert len(slack.messages) == 1

@@ -82,7 +82,9 @@ def test_lag_sensor_reports_the_catalog_outage(unreachable_env):
     from kafka_iceberg.resources import default_resources
     from kafka_iceberg.sensors.lag import lag_sensor
 
-    resources = {k: v for k, v in default_resources(load_settings()).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+    resources = {
+        k: v for k, v in default_resources(load_settings()).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")
+    }
     sensor = lag_sensor(make_spec("outage", "outage.topic"))
     with pytest.raises(CatalogUnavailableError, match="cannot open Iceberg catalog lake"):
         sensor(build_sensor_context(resources=resources))

@@ -171,7 +171,9 @@ def test_lag_spike_triggers_exactly_one_run_per_table(
     ]
     for spec in specs:
         run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+    resources = {
+        k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")
+    }
     instance = DagsterInstance.ephemeral()
     sensors = [lag_sensor(spec) for spec in specs]
 
@@ -229,7 +231,9 @@ def test_lag_level_changes_post_one_slack_alert_each(
     spec = make_spec(unique, topic, lag={"max_offset_lag": 10_000, "max_interval": "1h"})
     run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     produce(kafka_config, topic, event_records(range(50, 80)))  # lag the table does not ingest
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+    resources = {
+        k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")
+    }
     instance = DagsterInstance.ephemeral()
     sensor_def = lag_sensor(spec)
     first = _tick(sensor_def, instance, resources, None)

@@ -64,7 +64,9 @@ def test_shrinking_retention_and_data_loss_raise_alerts(
         retention={"warn_headroom": "3h", "error_headroom": "1h", "warn_ratio": 0.99, "error_ratio": 1.0},
     )
     run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)  # [0, 20)
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+    resources = {
+        k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")
+    }
     instance = DagsterInstance.ephemeral()
     sensor_def = retention_sensor(spec)
 

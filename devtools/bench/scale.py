@@ -107,7 +107,9 @@ def lag_tick(settings: Settings, specs) -> tuple[float, list]:
     from kafka_iceberg.resources import default_resources
     from kafka_iceberg.sensors.lag import lag_sensor
 
-    resources = {k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")}
+    resources = {
+        k: v for k, v in default_resources(settings).items() if k in ("lake_kafka", "lake_catalog", "lake_slack")
+    }
     instance = DagsterInstance.ephemeral()
     sensors = [lag_sensor(spec) for spec in specs]
     started = time.perf_counter()
