@@ -98,6 +98,42 @@ class InstanceAttributes(TablesAttributes):
     )
 
 
+STARTER = """\
+# Kafka topics ingested exactly once into Iceberg tables: one entry under `tables` per topic
+# (fields: the lake's docs/tables.md). `dg check yaml` validates this file, `dg list defs` lists what
+# it defines. Connection attributes left out are the environment's: KAFKA_BOOTSTRAP_SERVERS,
+# LAKE_CATALOG_NAME, LAKE_CATALOG_URI, LAKE_WAREHOUSE.
+type: TYPE
+
+attributes:
+  # key_prefix: lake_       # resource keys lake_kafka, lake_catalog, ...; a second lake here takes another
+  # kafka_bootstrap_servers: "{{ env.KAFKA_BOOTSTRAP_SERVERS }}"
+  # catalog_uri: "{{ env.LAKE_CATALOG_URI }}"
+  defaults:
+    format: {type: json}
+  tables: []
+  #  - name: orders
+  #    identifier: shop.orders
+  #    topic: shop.orders
+  #    schema:
+  #      - {name: id, type: long, required: true}
+  #      - {name: amount, type: double}
+"""
+
+
+class TablesScaffolder(dg.Scaffolder):
+    """What ``dg scaffold defs kafka_iceberg.lake_assets.component.KafkaIcebergTables <name>`` writes:
+    a ``defs.yaml`` with no table yet and, as comments, the attributes and a table to start from."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        """Writes ``<target>/defs.yaml`` (:data:`STARTER`); Dagster's own scaffolding for other formats."""
+        if request.scaffold_format != "yaml" or request.append:
+            dg.scaffold_component(request)
+            return
+        (request.target_path / DEFS_FILE).write_text(STARTER.replace("TYPE", request.type_name))
+
+
+@dg.scaffold_with(TablesScaffolder)
 @dataclass
 class KafkaIcebergTables(dg.Component, dg.Resolvable):
     """Kafka topics ingested exactly once into Iceberg tables, one asset per table, with everything they

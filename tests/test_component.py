@@ -314,3 +314,89 @@ def test_the_component_builds_what_the_same_declarations_build_as_a_tables_file(
     component, file = _names(from_component), _names(from_file)
     assert component == file
     assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 16
+
+
+def _team_project(root: Path) -> Path:
+    """A team's project laid out as ``create-dagster project team_proj`` (1.13) lays it out, with the lake
+    as a dependency; its package is importable from ``root/src`` (the test's interpreter has the lake)."""
+    import dagster
+
+    (root / "src" / "team_proj" / "defs").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [project]
+            name = "team_proj"
+            requires-python = ">=3.10,<3.15"
+            version = "0.1.0"
+            dependencies = ["dagster=={dagster.__version__}", "kafka-iceberg-lake"]
+
+            [build-system]
+            requires = ["hatchling"]
+            build-backend = "hatchling.build"
+
+            [tool.dg]
+            directory_type = "project"
+
+            [tool.dg.project]
+            root_module = "team_proj"
+            registry_modules = ["team_proj.components.*"]
+            """
+        )
+    )
+    for init in ("src/team_proj/__init__.py", "src/team_proj/defs/__init__.py", "tests/__init__.py"):
+        (root / init).write_text("")
+    (root / "src" / "team_proj" / "definitions.py").write_text(
+        textwrap.dedent(
+            """\
+            from pathlib import Path
+
+            from dagster import definitions, load_from_defs_folder
+
+
+            @definitions
+            def defs():
+                return load_from_defs_folder(path_within_project=Path(__file__).parent)
+            """
+        )
+    )
+    return root
+
+
+def test_a_teams_project_scaffolds_the_component_and_loads_what_it_needs(tmp_path):
+    """``dg scaffold defs`` of the Component in a team's own project, its starter table uncommented:
+    ``dg list defs`` loads the table's assets and checks with the lake's resources, sensors and jobs."""
+    from importlib.metadata import entry_points
+
+    registered = entry_points(group="dagster_dg_cli.registry_modules")  # what `dg list components` reads
+    assert "kafka_iceberg.lake_assets.component" in {e.value for e in registered}
+
+    project = _team_project(tmp_path / "team_proj")
+    env = {k: v for k, v in _env(tmp_path).items() if k not in ("LAKE_TABLES_FILE", "LAKE_DEFS_MODULE", "LAKE_WORKERS")}
+    env.update(
+        PYTHONPATH=str(project / "src"),
+        KAFKA_BOOTSTRAP_SERVERS="kafka.team.example:9092",
+        LAKE_CATALOG_URI=f"sqlite:///{tmp_path / 'lake' / 'catalog.db'}",
+        LAKE_WAREHOUSE=f"file://{tmp_path / 'lake' / 'warehouse'}",
+    )
+    out = _dg(["scaffold", "defs", COMPONENT, "ingest"], project, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    defs_yaml = project / "src" / "team_proj" / "defs" / "ingest" / "defs.yaml"
+    starter = defs_yaml.read_text()
+    assert f"type: {COMPONENT}\n" in starter and "  tables: []\n" in starter
+    table = [line.replace("  #", "  ", 1) for line in starter.splitlines() if line.startswith(("  #  -", "  #    "))]
+    defs_yaml.write_text(starter.replace("  tables: []\n", "  tables:\n" + "\n".join(table) + "\n"))
+
+    out = _dg(["list", "defs", "--json"], project, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    listed = json.loads(out.stdout)
+    assert {"lake/shop/orders", "kafka/shop_orders"} <= {a["asset_key"] for a in listed["assets"]}
+    checks = {c["key"] for c in listed["asset_checks"]}
+    assert {f"lake/shop/orders:{c}" for c in ("duplicate_free", "freshness", "quarantine")} <= checks
+    resources = {r["name"] for r in listed["resources"]}
+    assert resources == {"lake_kafka", "lake_catalog", "lake_pyspark", "lake_slack", "lake_reader"}
+    sensors = {s["name"] for s in listed["sensors"]}
+    assert {"run_failure_alert_sensor", "run_liveness"} <= sensors
+    assert "orders_lag" in sensors or "lake_workers" in sensors  # per table, or the workers' one
+    assert "replay" in {j["name"] for j in listed["jobs"]}
