@@ -22,7 +22,6 @@ identifier or topic (:func:`component_specs`).
 import dataclasses
 import functools
 import importlib
-import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from kafka_iceberg import schedules, sensors
 from kafka_iceberg.batch.worker import assign_workers
-from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, SECRET_BEARING, Settings, load_settings
+from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, SECRET_BEARING, Settings, load_settings, run_catalog
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
 from kafka_iceberg.declaration.spec import TableSpec, check_unique, load_table_specs, parse_declarations
 from kafka_iceberg.errors import ConfigError
@@ -43,6 +42,7 @@ from kafka_iceberg.lake_assets.analytics import KEY as DOWNSTREAM_KEY
 from kafka_iceberg.lake_assets.analytics import SOURCE_TABLES, hourly_departure_delay_asset, refresh_sensor
 from kafka_iceberg.lake_assets.liveness import liveness_executor
 from kafka_iceberg.lake_assets.quality import quarantine_check
+from kafka_iceberg.lake_assets.replay import replay_job
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
 from kafka_iceberg.lake_assets.worker import worker_job
 from kafka_iceberg.ops.spread import maintenance_crons
@@ -210,11 +210,11 @@ def connection_settings(
     """
     if bootstrap_servers:
         base = dataclasses.replace(base, kafka_bootstrap_servers=bootstrap_servers, use_dev_broker=False)
-    overlay = {"LAKE_CATALOG_NAME": catalog_name, "LAKE_CATALOG_URI": catalog_uri, "LAKE_WAREHOUSE": warehouse}
-    overlay = {k: v for k, v in overlay.items() if v}
-    if not overlay:
+    if not (catalog_name or catalog_uri or warehouse):
         return base
-    catalog = load_settings({**os.environ, **overlay}).catalog
+    cat = base.catalog
+    # resolved as the catalog resource resolves it when a run starts
+    catalog = run_catalog(catalog_name or cat.name, catalog_uri or cat.sqlalchemy_uri, warehouse or cat.warehouse)
     hidden = frozenset(k for k in base.from_process_env if k in _CATALOG_FROM_ENV or k.startswith("PYICEBERG_"))
     return dataclasses.replace(base, catalog=catalog, from_process_env=base.from_process_env - hidden)
 
@@ -274,8 +274,6 @@ def lake_definitions(
     run-failure and run-liveness sensors; and the demo's downstream asset (with the sensor that
     refreshes it) and ``ingest_all`` when ``specs`` declare the demo's source tables
     (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`). Opens no connection."""
-    from kafka_iceberg.lake_assets.replay import replay_job  # its op reads declared_specs from this module
-
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs} and keys == LAKE_KEYS  # it takes lake_pyspark, lake_reader
     workers = settings.stream.workers
@@ -284,7 +282,7 @@ def lake_definitions(
     workers_jobs = [worker_job(k, group, sqlite, crons, keys) for k, group in groups.items() if group]
     lake = dg.Definitions(
         assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],
-        jobs=[*([ingest_all] if demo else []), replay_job(sqlite, keys), *workers_jobs],
+        jobs=[*([ingest_all] if demo else []), replay_job(specs, sqlite, keys), *workers_jobs],
         sensors=[
             *sensors.location_sensors(groups, workers_jobs, keys, location_sensors),
             *([refresh_sensor([DOWNSTREAM_KEY])] if demo else []),

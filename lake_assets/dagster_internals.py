@@ -8,8 +8,9 @@ check's execution history (:func:`completed_check_executions`: the event log sto
 ``get_asset_check_execution_history`` and ``AssetCheckExecutionRecordStatus``, which Dagster 1.13
 does not export).
 
-Written for Dagster :data:`WRITTEN_FOR`; ``tests/test_layout.py`` pins that version, so an upgrade
-fails there first and this module is checked against the new release.
+Written for the Dagster series :data:`WRITTEN_FOR` and checked unchanged in the releases of
+:data:`CHECKED`; ``tests/test_layout.py`` pins the series, so a minor upgrade fails there first and this
+module is checked against the new release.
 """
 
 from dagster import AssetCheckKey, DagsterInstance
@@ -19,8 +20,11 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from dagster._core.storage.tags import BACKFILL_ID_TAG
 from dagster._core.utils import make_new_backfill_id
 
-WRITTEN_FOR = "1.13.27"
-"""The Dagster release these imports were written and tested for."""
+WRITTEN_FOR = "1.13"
+"""The Dagster minor series these imports were written for (any patch release of it)."""
+
+CHECKED = ("1.13.27", "1.13.28")
+"""The releases whose sources of these privates were compared: the same classes, functions and signatures."""
 
 
 def completed_check_executions(instance: DagsterInstance, check_key: AssetCheckKey, limit: int = 5) -> list:
@@ -39,6 +43,7 @@ __all__ = [
     "AssetGraphSubset",
     "BulkActionStatus",
     "BulkActionsFilter",
+    "CHECKED",
     "PartitionBackfill",
     "WRITTEN_FOR",
     "completed_check_executions",

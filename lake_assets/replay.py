@@ -20,9 +20,8 @@ from pydantic import Field
 
 from kafka_iceberg.batch.recovery import commit_token
 from kafka_iceberg.catalog.tables import load_table
-from kafka_iceberg.declaration.spec import find_table
+from kafka_iceberg.declaration.spec import TableSpec, find_table
 from kafka_iceberg.errors import ConfigError
-from kafka_iceberg.lake_assets.component import declared_specs
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, commit_pool
 from kafka_iceberg.replay import ReplayRequest, ReplayResult, run_replay
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, settings_for
@@ -131,8 +130,9 @@ def _target_event(result, catalog_name: str, pycatalog):
     return AssetMaterialization(asset_key=key, description=f"replay of {result.original}", metadata=md)
 
 
-def replay_job(sqlite_catalog: bool = True, keys: ResourceKeys = LAKE_KEYS):
-    """The ``replay`` job (named by ``keys``, :meth:`ResourceKeys.name`): one op that replays, validates, and records the target table.
+def replay_job(specs: list[TableSpec], sqlite_catalog: bool = True, keys: ResourceKeys = LAKE_KEYS):
+    """The ``replay`` job of the lake of ``specs`` (its declared tables; named by ``keys``,
+    :meth:`ResourceKeys.name`): one op that replays one of them, validates, and records the target table.
 
     A new target table gets an ``AssetMaterialization`` (asset key ``lake/<namespace>/<table>``);
     a branch rebuild, which leaves ``main`` as it is, an ``AssetObservation`` of the table. Both
@@ -151,7 +151,6 @@ def replay_job(sqlite_catalog: bool = True, keys: ResourceKeys = LAKE_KEYS):
         pyspark, kafka, catalog = keys.of(context, "pyspark", "kafka", "catalog")
         # a generator, so the target's event is recorded even when the run then fails on a mismatch
         settings = settings_for(kafka, catalog)
-        specs = declared_specs(settings)
         try:
             spec = find_table(specs, config.table)
         except ConfigError as exc:

@@ -443,6 +443,7 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
 ):
     from dagster import AssetKey, DagsterInstance
 
+    from kafka_iceberg.declaration.spec import load_table_specs
     from kafka_iceberg.lake_assets.replay import replay_job
     from kafka_iceberg.resources import default_resources
 
@@ -458,7 +459,7 @@ def test_dagster_replay_job_materializes_the_target_and_fails_on_mismatch(
     run_config = {
         "ops": {"replay_and_validate": {"config": {"table": unique, "from_offsets": "earliest", "into": target}}}
     }
-    job = replay_job(sqlite_catalog=True)
+    job = replay_job(load_table_specs(tables), sqlite_catalog=True)
     instance = DagsterInstance.ephemeral()
 
     ok = job.execute_in_process(run_config=run_config, resources=default_resources(settings), instance=instance)
