@@ -17,10 +17,9 @@ from dagster import (
     MetadataValue,
     asset,
 )
-from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.lake_assets.vocabulary import commit_pool
-from kafka_iceberg.resources import LakeTableReader, source_snapshots
+from kafka_iceberg.resources import LakeSparkResource, LakeTableReader, source_snapshots
 
 FLIGHTS = AssetKey(["lake", "nyc", "flights"])
 WEATHER = AssetKey(["lake", "nyc", "weather"])
@@ -76,7 +75,7 @@ def hourly_delay_sql(flights: str, weather: str) -> str:
 
 
 def hourly_departure_delay(
-    context: AssetExecutionContext, lake_pyspark: PySparkResource, lake_reader: LakeTableReader
+    context: AssetExecutionContext, lake_pyspark: LakeSparkResource, lake_reader: LakeTableReader
 ) -> MaterializeResult:
     """Rebuild ``analytics.hourly_departure_delay`` with ``CREATE OR REPLACE`` (an atomic Iceberg commit)
     from the snapshots of ``nyc.flights`` and ``nyc.weather`` their materializations recorded."""

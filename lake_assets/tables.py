@@ -34,7 +34,6 @@ from dagster import (
     asset,
     asset_check,
 )
-from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.batch.pipeline import BatchResult, run_micro_batch
 from kafka_iceberg.batch.planning import offset_lag
@@ -73,6 +72,7 @@ from kafka_iceberg.resources import (
     IcebergCatalogResource,
     KafkaResource,
     LakeSlackResource,
+    LakeSparkResource,
     ResourceKeys,
     settings_for,
 )
@@ -188,7 +188,7 @@ def _table_asset_decorator(
 def _one_batch(
     spec: TableSpec,
     context: AssetExecutionContext,
-    pyspark: PySparkResource,
+    pyspark: LakeSparkResource,
     kafka: KafkaResource,
     catalog: IcebergCatalogResource,
     slack: LakeSlackResource,

@@ -375,8 +375,8 @@ def _loadable_asset():
     return 1
 
 
-def test_slack_resource_is_dagster_slack_with_base_url_timeout_and_token_from_env(slack, monkeypatch):
-    from dagster_slack import SlackResource
+def test_slack_resource_has_base_url_timeout_and_token_from_env(slack, monkeypatch):
+    from slack_sdk import WebClient
 
     from kafka_iceberg.resources import default_resources
     from kafka_iceberg.resources.slack import LakeSlackResource
@@ -385,12 +385,12 @@ def test_slack_resource_is_dagster_slack_with_base_url_timeout_and_token_from_en
     monkeypatch.setenv("SLACK_API_BASE_URL", slack.base_url)
     monkeypatch.setenv("SLACK_TIMEOUT_S", "0.3")
     resource = LakeSlackResource.from_env()
-    assert isinstance(resource, SlackResource)
     # what the UI's Resources page shows: the variable's name, not the token
     shown = json.loads(resource.get_resource_definition().config_schema.default_value_as_json_str)
     assert shown["token"] == {"env": "SLACK_BOT_TOKEN"} and TOKEN not in json.dumps(shown)
     assert shown["base_url"] == slack.base_url and shown["timeout_s"] == 0.3
     resolved = resource.process_config_and_initialize()
+    assert isinstance(resolved.get_client(), WebClient)  # as dagster-slack's SlackResource.get_client
     assert resolved.get_client().base_url == slack.base_url and resolved.get_client().timeout == 0.3
     assert resolved.sink().send(_alert()) is True
     assert slack.requests[0]["path"] == "/api/chat.postMessage" and "nyc.flights" in slack.messages[0]["text"]

@@ -11,8 +11,8 @@ Configuration: ``SLACK_BOT_TOKEN`` (unset or empty: alerts are only logged, WARN
 ``SLACK_CHANNEL``, ``SLACK_API_BASE_URL``, ``DAGSTER_UI_URL`` and ``SLACK_TIMEOUT_S`` (seconds),
 read by :func:`kafka_iceberg.config.settings.slack_settings` (defaults: docs/configuration.md).
 
-In Dagster, the ``slack`` resource (:class:`kafka_iceberg.resources.slack.LakeSlackResource`, a
-``dagster_slack.SlackResource`` with a base URL and a timeout, token as an ``EnvVar``) builds
+In Dagster, the ``lake_slack`` resource (:class:`kafka_iceberg.resources.slack.LakeSlackResource`: the
+token as an ``EnvVar``, a base URL and a timeout) builds
 the sink (:meth:`LakeSlackResource.sink`); plain-Python callers use :meth:`AlertSink.from_env`.
 Both post with ``slack_sdk.WebClient`` (what dagster-slack builds on).
 
