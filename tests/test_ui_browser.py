@@ -444,14 +444,14 @@ def _resources_without_secrets(page, url: str) -> None:
 
     base = f"{url}/locations/{LOCATION}/resources"
     page.goto(base)
-    for name in ("kafka", "catalog", "pyspark", "slack"):
+    for name in ("lake_kafka", "lake_catalog", "lake_pyspark", "lake_slack"):
         expect(page.get_by_text(name, exact=True).first).to_be_visible()
     pages = {
         "": None,
-        "kafka": ("client_config_json", "KAFKA_CLIENT_CONFIG"),
-        "slack": ("token", "SLACK_BOT_TOKEN"),
-        "catalog": None,
-        "pyspark": None,
+        "lake_kafka": ("client_config_json", "KAFKA_CLIENT_CONFIG"),
+        "lake_slack": ("token", "SLACK_BOT_TOKEN"),
+        "lake_catalog": None,
+        "lake_pyspark": None,
     }
     for resource, env_field in pages.items():
         page.goto(f"{base}/{resource}" if resource else base)
@@ -464,7 +464,7 @@ def _resources_without_secrets(page, url: str) -> None:
         page.wait_for_timeout(1000)
         for text in (page.inner_text("body"), page.content()):
             assert SASL_PASSWORD not in text and SLACK_TOKEN not in text, f"a secret is shown on {base}/{resource}"
-        if resource == "kafka":
+        if resource == "lake_kafka":
             page.screenshot(path=str(SHOTS / "resources.png"))
-        if resource == "slack":
+        if resource == "lake_slack":
             page.screenshot(path=str(SHOTS / "resources-slack.png"))
