@@ -9,9 +9,9 @@ Dagster when the instance loads; then every table is parsed into a
 :class:`~kafka_iceberg.declaration.spec.TableSpec` exactly as a ``tables.yaml`` entry is.
 
 One instance builds the per-table definitions of its tables (:func:`table_definitions`): the topic
-and table assets, their checks, the lag and retention sensors, the maintenance and full-check
-schedules with their jobs. The per-location definitions (resources, executor, the replay job, the
-run-failure and run-liveness sensors, the demo's downstream asset) are built once by
+and table assets, their checks, the full-check schedules with their jobs. The per-location definitions
+(resources, executor, the replay job, the worker jobs and the sensors, the demo's downstream asset) are
+built once by
 :mod:`kafka_iceberg.lake_assets.definitions`, so several instances live in one project; their
 tables must not share a name, identifier or topic (:func:`component_specs`).
 """
@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import dagster as dg
 from pydantic import BaseModel, ValidationError
 
-from kafka_iceberg import schedules, sensors
+from kafka_iceberg import schedules
 from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, Settings, load_settings
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
 from kafka_iceberg.declaration.spec import TableSpec, check_unique, load_table_specs, parse_declarations
@@ -103,7 +103,7 @@ class KafkaIcebergTables(dg.Component, dg.Resolvable):
 
 def table_definitions(settings: Settings, specs: list[TableSpec], declared_in: Path | None) -> dg.Definitions:
     """Per table of ``specs``: the topic and table assets, the ``duplicate_free``, ``freshness`` and
-    ``quarantine`` checks, the lag and retention sensors, the maintenance and full-check schedules.
+    ``quarantine`` checks, the full-check schedules.
     ``declared_in`` (a ``defs.yaml`` or ``tables.yaml``) is where the code references point."""
     sqlite = settings.catalog.is_sqlite
     return dg.Definitions(
@@ -115,8 +115,9 @@ def table_definitions(settings: Settings, specs: list[TableSpec], declared_in: P
             ),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s)), *(quarantine_check(s) for s in specs)],
-        sensors=sensors.table_sensors(specs, settings.stream.workers),
-        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=settings.stream.workers),
+        # the location's worker runs serve and maintain every table: its sensors are per location, and
+        # of the schedules only the full-scan checks remain
+        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=1),
     )
 
 

@@ -16,6 +16,7 @@ Only a tables file with a ``topic_pattern:`` entry lists the broker's topics at 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from dagster import (
@@ -28,7 +29,7 @@ from dagster import (
 )
 
 from kafka_iceberg import sensors
-from kafka_iceberg.batch.worker import assign_workers
+from kafka_iceberg.batch.worker import assign_workers, worker_count
 from kafka_iceberg.config.settings import Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
 from kafka_iceberg.errors import BrokerUnavailableError
@@ -94,13 +95,13 @@ ingest_all = define_asset_job(
 def location_definitions(settings: Settings, specs: list[TableSpec]) -> Definitions:
     """The definitions a code location has once, whatever Component instances declare its tables
     ``specs``: the resources, the executor, the replay job, the run-failure and run-liveness sensors,
-    with ``LAKE_WORKERS`` >= 1 the worker jobs and the sensors that watch every table, and the demo's
+    the worker jobs (:func:`kafka_iceberg.batch.worker.worker_count`) and the sensors that watch every table, the demo's
     downstream asset (with the sensor that refreshes it) and ``ingest_all`` when ``specs`` declare the
     demo's source tables (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`). Opens no connection."""
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs}
-    workers = settings.stream.workers
-    groups = assign_workers(specs, workers) if workers else {}
+    workers = worker_count(len(specs), sqlite, os.cpu_count(), settings.stream.workers)
+    groups = assign_workers(specs, workers) if specs else {}
     crons = maintenance_crons(specs)  # spread over every table, as the schedules would be
     workers_jobs = [worker_job(k, group, sqlite, crons) for k, group in groups.items() if group]
     return Definitions(

@@ -84,7 +84,23 @@ def commit_pool(sqlite_catalog: bool) -> str | None:
 
 
 WORKER_TAG = "lake/worker"
-"""Run tag naming the worker (``0`` .. ``LAKE_WORKERS - 1``) of a worker run."""
+"""Run tag naming the worker (``0`` .. number of workers - 1) of a worker run."""
+
+BUDGET_S = 1800.0
+"""Seconds a sensor-launched worker run keeps starting micro-batches (then its successor, launched
+``kafka_iceberg.sensors.workers.HANDOVER_S`` before, takes over): long, so a process and Spark session
+serve many micro-batches; short enough that a code change or a leak reaches the next run within the hour."""
+BUDGET_TAG = "lake/budget_s"
+"""Run tag of a short worker run (tests, a run by hand): a sensor-launched run's budget in seconds instead of
+:data:`BUDGET_S`, idle time 0, and its last checks keep the process's priority (no successor to yield to)."""
+
+
+def run_budget_s(tags: dict[str, str]) -> float:
+    """Seconds a worker run with these tags may keep starting micro-batches: 0 (one round) for a backfill
+    run or a run not launched by a sensor, else :data:`BUDGET_S` or the :data:`BUDGET_TAG` value."""
+    if "dagster/backfill" in tags or "dagster/sensor_name" not in tags:
+        return 0.0
+    return float(tags.get(BUDGET_TAG, BUDGET_S))
 
 
 def worker_job_name(index: int) -> str:
@@ -104,6 +120,8 @@ IN_PROGRESS = [
 """Run statuses during which a run may still write."""
 
 __all__ = [
+    "BUDGET_S",
+    "BUDGET_TAG",
     "IN_PROGRESS",
     "MICRO_BATCHES",
     "SQLITE_POOL",
@@ -114,6 +132,7 @@ __all__ = [
     "identifier_key",
     "key_identifier",
     "key_part",
+    "run_budget_s",
     "table_key",
     "table_pool",
     "topic_key",

@@ -1,4 +1,5 @@
-"""Worker runs (``LAKE_WORKERS`` >= 1): a few long-running runs serve every table.
+"""Worker runs: a few long-running runs serve every table (how many: ``LAKE_WORKERS``, or
+:func:`kafka_iceberg.batch.worker.worker_count`).
 
 Each worker is a job (``lake_worker_<k>``) that keeps one process and one Spark session: its ``warm``
 op starts the session and checks the tables outside the pool, then its ``serve`` op holds the pool and
@@ -6,7 +7,7 @@ serves its share of the tables (:func:`kafka_iceberg.batch.worker.assign_workers
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
 time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
 that table's asset, with the same metadata as a table asset's run; the consumer groups get the committed
-offsets every ``LAKE_GROUP_MIRROR_S`` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
+offsets every :data:`GROUP_MIRROR_S` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
 outside the pool and at a lower CPU priority. It hands over only when another run's step waits for its
@@ -15,12 +16,16 @@ pool: its warm successor, launched near the end of its budget
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
 reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
-run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
+run keeps serving up to :data:`BUDGET_S` seconds (the run tag ``lake/budget_s`` may shorten it), a run
+launched by hand or by a backfill serves one round: one micro-batch per table with records waiting.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from dagster import (
     AssetMaterialization,
@@ -41,18 +46,89 @@ from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.worker import Worker
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.streaming import (
-    POOL_CHECK_S,
-    at_most_every,
-    lower_cpu_priority,
-    pool_waiting,
-    stream_budget_s,
-)
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
-from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
+from kafka_iceberg.lake_assets.vocabulary import (
+    BUDGET_S,
+    BUDGET_TAG,
+    SQLITE_POOL,
+    WORKER_TAG,
+    run_budget_s,
+    table_key,
+    worker_job_name,
+)
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
+
+IDLE_S = 60.0
+"""Seconds a worker run with no records waiting for any of its tables polls before it ends."""
+THREADS = 2
+"""Micro-batches of different tables one worker run runs at once, in threads of its one process and
+Spark session: one table's read (librdkafka, pyarrow, the JVM) overlaps another's commit."""
+GROUP_MIRROR_S = 10.0
+"""Seconds between a worker run's consumer-group offset commits (and all of them when it stops serving)."""
+CHECK_NICENESS = 10
+"""The nice value of a sensor-launched worker run's process tree (its Spark JVM included) for its last
+checks, so its successor serving on the same host gets the cores first."""
+POOL_CHECK_S = 1.0
+"""Seconds between two looks at the pool's waiting runs (a query of the Dagster instance)."""
+
+
+def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable[[], float] = time.monotonic):
+    """``predicate`` evaluated at most once per ``seconds``; in between, its last answer."""
+    last: list = [None, False]  # (clock when evaluated, answer)
+
+    def throttled() -> bool:
+        now = clock()
+        if last[0] is None or now - last[0] >= seconds:
+            last[:] = [now, predicate()]
+        return last[1]
+
+    return throttled
+
+
+def pool_waiting(context, pool: str) -> bool:
+    """Whether another run's step waits inside its run for a slot of ``pool`` (Dagster's pool
+    concurrency info; False on a storage without pools)."""
+    storage = context.instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return False
+    return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
+
+
+def _descendants(root: int, proc: Path) -> list[int]:
+    """``root`` and the pids of every process below it, from ``proc``'s ``<pid>/stat`` files (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def lower_cpu_priority(niceness: int, proc: Path = Path("/proc")) -> int:
+    """Raise the nice value of every thread of this process and of its descendants (the Spark JVM, its
+    Python workers) to ``niceness`` at least; Linux keeps it per thread, and threads started later inherit it.
+    Returns the number of threads changed (0 without ``/proc``, or with ``niceness`` 0). Never raises: a
+    thread that ended or that is not this user's is skipped."""
+    changed = 0
+    for pid in _descendants(os.getpid(), proc) if proc.is_dir() and niceness > 0 else []:
+        for task in (proc / str(pid) / "task").glob("[0-9]*"):
+            try:
+                tid = int(task.name)
+                if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
+                    changed += 1
+            except OSError:
+                continue
+    return changed
 
 
 def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
@@ -106,9 +182,10 @@ def _serve(
     pyspark, kafka, slack = resources["pyspark"], resources["kafka"], resources["slack"]
     env = _chores_env(resources)
     settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
+    tags = dict(context.run.tags)
     tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
-    mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
+    mirror = GroupMirror(metadata, GROUP_MIRROR_S)
 
     def flush(final: bool) -> None:
         for identifier, error in (mirror.flush(final) if mirror is not None else {}).items():
@@ -140,15 +217,15 @@ def _serve(
         committed={i: table_state(t).offsets for i, t in tables.items()},
         on_commit=on_commit,
         on_failure=on_failure,
-        budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
-        idle_s=settings.stream.idle_s,
+        budget_s=_budget_left(context, run_budget_s(tags)),
+        idle_s=0.0 if BUDGET_TAG in tags else IDLE_S,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
         grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
         paused=chores.paused,
         flush=flush,
-        threads=settings.stream.worker_threads,
+        threads=THREADS,
     )
     return worker.run(), chores
 
@@ -183,9 +260,10 @@ def _check_op(name: str, specs: list[TableSpec]):
     ) -> None:
         resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
         env = _chores_env(resources)  # the Spark session first: its JVM is then one of this process's children
-        niceness = env["settings"].stream.check_niceness
-        if pending and niceness:
-            context.log.info(f"{name}: {lower_cpu_priority(niceness)} threads at nice {niceness} for the last checks")
+        tags = dict(context.run.tags)
+        if pending and run_budget_s(tags) > 0 and BUDGET_TAG not in tags:  # a successor may serve on this host
+            changed = lower_cpu_priority(CHECK_NICENESS)
+            context.log.info(f"{name}: {changed} threads at nice {CHECK_NICENESS} for the last checks")
         WorkerChores.resume(context, specs, pending, env).finish()
 
     return _check
@@ -237,4 +315,17 @@ def worker_job(
     return _job
 
 
-__all__ = ["worker_job"]
+__all__ = [
+    "BUDGET_S",
+    "BUDGET_TAG",
+    "CHECK_NICENESS",
+    "GROUP_MIRROR_S",
+    "IDLE_S",
+    "POOL_CHECK_S",
+    "THREADS",
+    "at_most_every",
+    "lower_cpu_priority",
+    "pool_waiting",
+    "run_budget_s",
+    "worker_job",
+]

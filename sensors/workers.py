@@ -1,4 +1,4 @@
-"""The ``lake_workers`` sensor (``LAKE_WORKERS`` >= 1): one sensor watches every table.
+"""The ``lake_workers`` sensor: one sensor watches every table and launches the worker runs that serve them.
 
 Per tick it looks at the tables of the workers with no run in progress, and at the tables whose last
 observation is :data:`OBSERVE_EVERY_S` old: the watermarks of every partition of their topics in one
@@ -32,9 +32,8 @@ from dagster import (
 
 from kafka_iceberg.batch.worker import offset_lags
 from kafka_iceberg.catalog.tables import read_state
-from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, table_key, worker_job_name
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, run_budget_s, table_key, worker_job_name
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource
 
 OBSERVE_EVERY_S = 30
@@ -65,7 +64,7 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
     def _tick(context: SensorEvaluationContext, kafka: KafkaResource, catalog: IcebergCatalogResource):
         now_ms = int(time.time() * 1000)
         cursor = json.loads(context.cursor) if context.cursor else {}
-        busy = _busy_workers(context, list(groups), load_settings().stream.budget_s, now_ms / 1000)
+        busy = _busy_workers(context, list(groups), now_ms / 1000)
         looked = [s for s in specs if worker_of[s.identifier] not in busy or _stale(cursor, s, now_ms)]
         marks = kafka.metadata().watermarks_many(sorted({s.topic for s in looked})) if looked else {}
         pycatalog = catalog.load() if looked else None
@@ -136,12 +135,14 @@ def handover_due(start_times: list[float | None], budget_s: float, now_s: float)
     return start_times[0] + budget_s - now_s <= HANDOVER_S
 
 
-def _busy_workers(context: SensorEvaluationContext, workers: list[int], budget_s: float, now_s: float) -> set[int]:
-    """Workers with a run queued or in progress, unless it is time for its successor (:func:`handover_due`)."""
+def _busy_workers(context: SensorEvaluationContext, workers: list[int], now_s: float) -> set[int]:
+    """Workers with a run queued or in progress, unless it is time for its successor (:func:`handover_due`,
+    under the run's budget: :func:`kafka_iceberg.lake_assets.vocabulary.run_budget_s` of its tags)."""
     busy = set()
     for k in workers:
         flt = RunsFilter(job_name=worker_job_name(k), statuses=IN_PROGRESS)
         records = context.instance.get_run_records(filters=flt, limit=2)
+        budget_s = run_budget_s(records[0].dagster_run.tags) if records else 0.0
         if records and not handover_due([r.start_time for r in records], budget_s, now_s):
             busy.add(k)
     return busy

@@ -31,17 +31,11 @@ def test_settings_are_built_once_per_environment_and_anew_when_it_changes(monkey
     assert load_settings(env={"LAKE_HOME": str(tmp_path)}) is not load_settings(env={"LAKE_HOME": str(tmp_path)})
 
 
-def test_stream_settings_are_seconds_and_never_negative():
-    stream = load_settings(env={"LAKE_STREAM_BUDGET_S": "45", "LAKE_STREAM_IDLE_S": "0.5"}).stream
-    assert (stream.budget_s, stream.idle_s) == (45.0, 0.5)
-    assert load_settings(env={}).stream.budget_s == 300.0 and load_settings(env={}).stream.idle_s == 2.0
-    with pytest.raises(ConfigError, match="LAKE_STREAM_IDLE_S"):
-        load_settings(env={"LAKE_STREAM_IDLE_S": "soon"})
-    with pytest.raises(ConfigError, match="LAKE_STREAM_BUDGET_S"):
-        load_settings(env={"LAKE_STREAM_BUDGET_S": "-5"})
-    assert load_settings(env={}).stream.check_niceness == 10
-    with pytest.raises(ConfigError, match="LAKE_CHECK_NICENESS"):
-        load_settings(env={"LAKE_CHECK_NICENESS": "20"})  # Linux's lowest priority is 19
+def test_the_worker_count_is_unset_by_default_and_at_least_one():
+    assert load_settings(env={}).stream.workers is None, "derived from the catalog (batch/worker.py worker_count)"
+    assert load_settings(env={"LAKE_WORKERS": "3"}).stream.workers == 3
+    with pytest.raises(ConfigError, match="LAKE_WORKERS"):
+        load_settings(env={"LAKE_WORKERS": "0"})
 
 
 def test_slack_settings_never_raise_and_hide_the_token(caplog):
@@ -119,4 +113,4 @@ def test_malformed_values_name_their_variable():
         assert str(caught.value).startswith(message), str(caught.value)
     settings = load_settings(env={"LAKE_SPARK_JARS": "/a.jar, ,/b.jar", "KAFKA_CLIENT_CONFIG": '{"linger.ms": 5}'})
     assert settings.spark_extra_jars == ("/a.jar", "/b.jar") and settings.kafka_client_config == {"linger.ms": "5"}
-    assert load_settings(env={"LAKE_STREAM_BUDGET_S": ""}).stream.budget_s == 300.0, "empty means unset"
+    assert load_settings(env={"LAKE_WORKERS": ""}).stream.workers is None, "empty means unset"

@@ -17,13 +17,12 @@ from devtools.demo.data import produce
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.planning import Watermarks
-from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
+from kafka_iceberg.batch.worker import MAX_DEFAULT_WORKERS, Worker, assign_workers, offset_lags, worker_count
 from kafka_iceberg.catalog.tables import load_catalog, read_state
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
-from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker import worker_job
+from kafka_iceberg.lake_assets.worker import BUDGET_S, BUDGET_TAG, POOL_CHECK_S, at_most_every, run_budget_s, worker_job
 from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, WorkerChores
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
@@ -505,10 +504,8 @@ def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
 
 
 def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
-    settings, kafka, kafka_config, unique, topic_factory, monkeypatch
+    settings, kafka, kafka_config, unique, topic_factory
 ):
-    monkeypatch.setenv("LAKE_STREAM_BUDGET_S", "1800")
-    monkeypatch.setenv("LAKE_STREAM_IDLE_S", "0")
     specs = _three_tables(kafka_config, unique, topic_factory, counts=(90, 30, 10))
     instance = DagsterInstance.ephemeral()
     resources = default_resources(settings)
@@ -525,9 +522,9 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert again.asset_events == [], f"observed again within {OBSERVE_EVERY_S} s"
     assert [r.job_name for r in again.run_requests] == ["lake_worker_0"], "still due: the worker has no run"
 
-    run = job.execute_in_process(
-        instance=instance, resources=resources, raise_on_error=False, tags={"dagster/sensor_name": "lake_workers"}
-    )
+    # a sensor-launched run with a short-run tag: serves until no table has records waiting (idle time 0)
+    tags = {"dagster/sensor_name": "lake_workers", BUDGET_TAG: "1800"}
+    run = job.execute_in_process(instance=instance, resources=resources, raise_on_error=False, tags=tags)
     assert not run.success, "the poisoned table fails the run, after the others committed"
     assert instance.get_run_by_id(run.run_id).tags["dagster/max_retries"] == "0", "the sensor replaces a dead worker"
     commits = {s.name: len(instance.fetch_materializations(table_key(s), limit=100).records) for s in specs}
@@ -568,27 +565,43 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert {e.asset_key for e in observed.asset_events} >= {table_key(s) for s in specs}
 
 
-def test_worker_mode_replaces_the_per_table_sensors(lake_env):
+def test_workers_serve_every_table_by_default_and_their_sensors_run_unclicked(lake_env):
+    from dagster import DefaultSensorStatus
+
     specs = [make_spec(f"w{i}", f"topic{i}") for i in range(5)]
-    settings = load_settings(env={**lake_env, "LAKE_WORKERS": "2"})
-    defs = build_definitions(settings, specs)
-    names = {s.name for s in defs.sensors}
-    assert {"lake_workers", "lake_retention"} <= names and not any(
-        n.endswith(("_lag", "_retention")) for n in names - {"lake_retention"}
-    )
-    assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in defs.jobs}
+    defs = build_definitions(load_settings(env=lake_env), specs)  # no LAKE_WORKERS, a SQLite catalog: one worker
+    sensors = {s.name: s for s in defs.sensors}
+    assert set(sensors) == {"lake_workers", "lake_retention", "run_failure_alert_sensor", "run_liveness"}, set(sensors)
+    assert all(s.default_status == DefaultSensorStatus.RUNNING for s in sensors.values())
+    workers = {j.name for j in defs.jobs if j.name.startswith("lake_worker_")}
+    assert workers == {"lake_worker_0"}
     # the workers do the maintenance; only the full-scan checks keep their schedules
     assert {s.name for s in defs.schedules} == {f"duplicate_free_full_w{i}_schedule" for i in range(5)}
-    per_table = build_definitions(load_settings(env=lake_env), specs)
-    assert {f"w{i}_lag" for i in range(5)} <= {s.name for s in per_table.sensors}
-    assert {f"compact_w{i}_schedule" for i in range(5)} <= {s.name for s in per_table.schedules}
+    two = build_definitions(load_settings(env={**lake_env, "LAKE_WORKERS": "2"}), specs)
+    assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in two.jobs}
+
+
+def test_the_worker_count_follows_the_catalog_the_cores_and_the_tables():
+    assert worker_count(100, sqlite_catalog=True, cores=16) == 1, "SQLite admits one committing process"
+    assert worker_count(100, sqlite_catalog=False, cores=2) == 2
+    assert worker_count(3, sqlite_catalog=False, cores=16) == 3, "never more workers than tables"
+    assert worker_count(100, sqlite_catalog=False, cores=64) == MAX_DEFAULT_WORKERS, "a JVM each: memory bounds them"
+    assert worker_count(0, sqlite_catalog=False, cores=None) == 1
+    assert worker_count(100, sqlite_catalog=True, cores=2, override=3) == 3, "LAKE_WORKERS wins"
+
+
+def test_only_sensor_runs_outside_backfills_keep_serving():
+    assert run_budget_s({"dagster/sensor_name": "lake_workers"}) == BUDGET_S
+    assert run_budget_s({"dagster/sensor_name": "lake_workers", BUDGET_TAG: "30"}) == 30.0
+    assert run_budget_s({"dagster/sensor_name": "lake_workers", "dagster/backfill": "abc"}) == 0.0
+    assert run_budget_s({}) == 0.0, "a run launched by hand or by a job serves one round"
 
 
 def test_the_check_op_lowers_the_priority_of_its_process_tree(tmp_path):
     # in a process of its own: nobody may lower a nice value again, and pytest must keep its priority
     script = """
 import os, subprocess, sys, threading, time
-from kafka_iceberg.lake_assets.streaming import lower_cpu_priority
+from kafka_iceberg.lake_assets.worker import lower_cpu_priority
 code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); print('ready', flush=True); time.sleep(30)"
 child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline().strip() == "ready"  # its second thread runs

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.batch.planning import Watermarks, offset_lag
 from kafka_iceberg.declaration.spec import TableSpec
 
 POLL_S = 0.25
@@ -36,20 +36,35 @@ def assign_workers(specs: Sequence[TableSpec], workers: int) -> dict[int, list[T
     return groups
 
 
+MAX_DEFAULT_WORKERS = 4
+"""The most workers a location gets without ``LAKE_WORKERS``: each is a process with its own Spark driver
+JVM (about 1 GiB resident), so memory, not cores, bounds them."""
+
+
+def worker_count(tables: int, sqlite_catalog: bool, cores: int | None, override: int | None = None) -> int:
+    """How many workers serve ``tables`` declared tables: ``override`` (``LAKE_WORKERS``) when set; else 1 on
+    a SQLite catalog (it admits one committing process, so a second worker would only wait for the pool);
+    else one per core (``cores``, None: 1), never more than the tables nor :data:`MAX_DEFAULT_WORKERS`.
+    Always at least 1."""
+    if override:
+        return override
+    if sqlite_catalog:
+        return 1
+    return max(1, min(tables, cores or 1, MAX_DEFAULT_WORKERS))
+
+
 def offset_lags(
     specs: Sequence[TableSpec],
     watermarks: dict[str, dict[int, Watermarks] | None],
     committed: dict[str, dict[int, int]],
 ) -> dict[str, int]:
-    """Offset lag (records, summed over partitions) per table identifier, from the topics' watermarks
-    (``None`` for a missing topic: lag 0, its micro-batch reports the error) and each table's committed
-    offsets (a partition the table never committed counts from its log start offset)."""
-    lags = {}
-    for spec in specs:
-        marks = watermarks.get(spec.topic) or {}
-        done = committed.get(spec.identifier, {})
-        lags[spec.identifier] = sum(max(0, w.high - done.get(p, w.low)) for p, w in marks.items())
-    return lags
+    """Offset lag (records, summed over partitions, :func:`kafka_iceberg.batch.planning.offset_lag`) per
+    table identifier, from the topics' watermarks (``None`` for a missing topic: lag 0, its micro-batch
+    reports the error) and each table's committed offsets."""
+    return {
+        s.identifier: sum(offset_lag(watermarks.get(s.topic) or {}, committed.get(s.identifier, {})).values())
+        for s in specs
+    }
 
 
 @dataclass
@@ -247,4 +262,12 @@ def _crashed(future: Future) -> bool:
     return error is not None and not isinstance(error, Exception)
 
 
-__all__ = ["POLL_S", "TableServed", "Worker", "assign_workers", "offset_lags"]
+__all__ = [
+    "MAX_DEFAULT_WORKERS",
+    "POLL_S",
+    "TableServed",
+    "Worker",
+    "assign_workers",
+    "offset_lags",
+    "worker_count",
+]

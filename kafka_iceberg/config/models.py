@@ -187,54 +187,15 @@ class RuntimeSettings(EnvGroup):
 
 
 class StreamSettings(EnvGroup):
-    """Streaming runs (``lake_assets/streaming.py``): how long a sensor-launched run keeps committing."""
+    """The worker runs that serve every table (``lake_assets/worker.py``): how many."""
 
-    budget_s: float = Field(
-        300.0,
-        validation_alias="LAKE_STREAM_BUDGET_S",
-        ge=0,
-        description="LAKE_STREAM_BUDGET_S: seconds a sensor-launched run (not part "
-        "of a backfill) may keep starting micro-batches; 0 turns streaming off.",
-    )
-    idle_s: float = Field(
-        2.0,
-        validation_alias="LAKE_STREAM_IDLE_S",
-        ge=0,
-        description="LAKE_STREAM_IDLE_S: seconds a streaming run with no lag left polls "
-        "the high watermarks for new records before it ends.",
-    )
-    check_niceness: int = Field(
-        10,
-        validation_alias="LAKE_CHECK_NICENESS",
-        ge=0,
-        le=19,
-        description="LAKE_CHECK_NICENESS: the nice value a streaming run's process tree (its Spark JVM included) "
-        "takes for its last checks, so the next run on the same host gets the cores first; 0 leaves it as is.",
-    )
-    workers: int = Field(
-        0,
+    workers: int | None = Field(
+        None,
         validation_alias="LAKE_WORKERS",
-        ge=0,
-        le=256,
-        description="LAKE_WORKERS: 0 (default) gives every table its own sensor-launched runs; N >= 1 serves "
-        "all tables from N long-running worker runs (one process and Spark session each), launched by one "
-        "sensor that watches every table.",
-    )
-    worker_threads: int = Field(
-        2,
-        validation_alias="LAKE_WORKER_THREADS",
         ge=1,
-        le=16,
-        description="LAKE_WORKER_THREADS: micro-batches of different tables a worker run (LAKE_WORKERS >= 1) "
-        "runs at once, in threads of its one process and Spark session; 1: one at a time.",
-    )
-    group_mirror_s: float = Field(
-        10.0,
-        validation_alias="LAKE_GROUP_MIRROR_S",
-        ge=0,
-        description="LAKE_GROUP_MIRROR_S: seconds between a worker run's consumer-group offset commits (the "
-        "latest committed offsets of every table it committed to, and all of them when it stops serving); "
-        "0: after every micro-batch.",
+        le=256,
+        description="LAKE_WORKERS: worker runs (one process and Spark session each) serving all tables; "
+        "unset: 1 on a SQLite catalog, else one per core, at most 4 and at most one per table.",
     )
 
 
