@@ -57,13 +57,10 @@ def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path
         assert f"lake/{namespace}/{table}" in assets
         assert sources[f"lake/{namespace}/{table}"].startswith("kafka_iceberg/defs/nyc/defs.yaml")  # the Component
         assert {f"lake/{namespace}/{table}:{c}" for c in ("duplicate_free", "freshness", "quarantine")} <= checks
-        assert {f"{spec.name}_lag", f"{spec.name}_retention"} <= sensors
-        assert {
-            f"{kind}_{spec.name}_schedule" for kind in ("compact", "expire_snapshots", "remove_orphan_files")
-        } <= schedules
+        assert f"duplicate_free_full_{spec.name}_schedule" in schedules  # the worker runs do the maintenance
     # the per-location definitions, once: the demo's downstream asset and the shared sensors
     assert "lake/analytics/hourly_departure_delay" in assets
-    assert {"run_liveness", "run_failure_alert_sensor"} <= sensors
+    assert {"lake_workers", "lake_retention", "run_liveness", "run_failure_alert_sensor"} <= sensors
 
 
 def _project(root: Path, instances: dict[str, str]) -> Path:
@@ -166,9 +163,9 @@ def test_two_instances_in_one_project_give_the_union_of_their_tables(tmp_path, m
     assert {AssetKey(["lake", "comp", n]) for n in ("orders", "refunds", "clicks")} <= keys
     assert AssetKey(["kafka", "orders_v2"]) in keys
     sensors = {s.name for s in defs.get_repository_def().sensor_defs}
-    assert {"orders_lag", "refunds_lag", "clicks_lag", "run_liveness", "run_failure_alert_sensor"} <= sensors
+    assert {"lake_workers", "lake_retention", "run_liveness", "run_failure_alert_sensor"} <= sensors
     assert "ingest_all" not in {j.name for j in defs.resolve_all_job_defs()}  # not the demo's tables
-    assert {j.name for j in defs.resolve_all_job_defs()} >= {"replay", "compact_orders", "compact_clicks"}
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {"replay", "lake_worker_0"}
 
     # the same table in two instances is refused, naming it
     clash = _project(tmp_path / "clash", {"a": first, "b": _instance([_table("orders", "other.topic")])})
@@ -267,4 +264,4 @@ def test_the_component_builds_what_the_same_declarations_build_as_a_tables_file(
     assert specs == file_specs == load_table_specs(tables)
     component, file = _names(from_component), _names(from_file)
     assert component == file
-    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 16
+    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 4
