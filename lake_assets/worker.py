@@ -5,8 +5,9 @@ Each worker is a job (``lake_worker_<k>``) that keeps one process and one Spark 
 op starts the session and checks the tables outside the pool, then its ``serve`` op holds the pool and
 serves its share of the tables (:func:`kafka_iceberg.batch.worker.assign_workers`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
-time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
-that table's asset, with the same metadata as a table asset's run; the consumer groups get the committed
+time, each through the whole write path. Its commits are logged as ``AssetMaterialization`` s of
+that table's asset, at most one per table per :data:`~kafka_iceberg.batch.coalesce.MATERIALIZE_EVERY_S`
+(:func:`coalesced_metadata`: a table asset run's metadata, covering them all); the consumer groups get the committed
 offsets every :data:`GROUP_MIRROR_S` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
@@ -33,6 +34,7 @@ from dagster import (
     Failure,
     In,
     JobDefinition,
+    MetadataValue,
     Nothing,
     OpExecutionContext,
     RunsFilter,
@@ -41,6 +43,7 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
+from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalesced, Coalescer
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.worker import Worker
@@ -131,6 +134,37 @@ def lower_cpu_priority(niceness: int, proc: Path = Path("/proc")) -> int:
     return changed
 
 
+def report_every_s(spec: TableSpec) -> float:
+    """Seconds between two ``AssetMaterialization`` s of ``spec``'s commits in a worker run: :data:`MATERIALIZE_EVERY_S`,
+    or half the table's ``freshness.max_snapshot_age`` when that is less (at least 1 s), so the asset's
+    freshness policy (:func:`kafka_iceberg.lake_assets.asset_metadata.freshness_policy`) sees a fresh table fresh."""
+    return max(1.0, min(MATERIALIZE_EVERY_S, spec.freshness.max_snapshot_age_s / 2))
+
+
+def coalesced_metadata(done: Coalesced) -> dict:
+    """The materialization metadata of a table's commits since its last report: those of one micro-batch
+    (:func:`materialization_metadata` of the merged result: ``records``, ``offset_ranges``, ... cover them
+    all; ``snapshot_id``, ``committed_offsets``, ``lag_after_commit`` are the last commit's), with
+    ``micro_batches`` (commits merged) and ``first_snapshot_id``."""
+    md = materialization_metadata(done.result)
+    md["micro_batches"] = MetadataValue.int(done.commits)
+    md["first_snapshot_id"] = MetadataValue.text(str(done.first_snapshot_id))
+    return md
+
+
+def _reporter(context: OpExecutionContext, specs: list[TableSpec]):
+    """(the :class:`Coalescer` of a worker run's commits of ``specs``, the function that logs what it hands
+    out as ``AssetMaterialization`` s of their tables, :func:`coalesced_metadata`)."""
+    by_id = {s.identifier: s for s in specs}
+
+    def report(done: dict[str, Coalesced]) -> None:
+        for identifier, commits in done.items():
+            md = coalesced_metadata(commits)
+            context.log_event(AssetMaterialization(asset_key=table_key(by_id[identifier]), metadata=md))
+
+    return Coalescer(every_s=lambda identifier: report_every_s(by_id[identifier])), report
+
+
 def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
     """Seconds left of a run's budget (0: one round), counted from the run's start as the sensor counts
     it for the hand-over (:func:`kafka_iceberg.sensors.workers.handover_due`); at least 1 s."""
@@ -187,14 +221,16 @@ def _serve(
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, GROUP_MIRROR_S)
 
+    events, report = _reporter(context, specs)
+
     def flush(final: bool) -> None:
-        for identifier, error in (mirror.flush(final) if mirror is not None else {}).items():
+        report(events.drain() if final else events.due())
+        for identifier, error in mirror.flush(final).items():
             context.log.warning(f"{identifier}: consumer group not updated (the table is the source of truth): {error}")
 
     def on_commit(spec: TableSpec, result) -> None:
         if result.snapshot_id is not None:
-            md = materialization_metadata(result)
-            context.log_event(AssetMaterialization(asset_key=table_key(spec), metadata=md))
+            report({spec.identifier: done} if (done := events.add(spec.identifier, result)) else {})
             chores.committed(spec, result.snapshots, result.data_files_added)
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
@@ -227,7 +263,10 @@ def _serve(
         flush=flush,
         threads=THREADS,
     )
-    return worker.run(), chores
+    try:
+        return worker.run(), chores
+    finally:
+        report(events.drain())  # a run that crashed still reports what it committed
 
 
 def _warm_op(name: str, specs: list[TableSpec]):
@@ -323,6 +362,8 @@ __all__ = [
     "IDLE_S",
     "POOL_CHECK_S",
     "THREADS",
+    "coalesced_metadata",
+    "report_every_s",
     "at_most_every",
     "lower_cpu_priority",
     "pool_waiting",

@@ -4,9 +4,10 @@ Per tick it looks at the tables of the workers with no run in progress, and at t
 observation is :data:`OBSERVE_EVERY_S` old: the watermarks of every partition of their topics in one
 batched call (:meth:`kafka_iceberg.kafka.admin.KafkaMetadata.watermarks_many`) and their committed
 offsets from their snapshot summaries. Each of those tables gets an ``AssetObservation`` (offset lag in
-records, seconds since its last commit, whether its topic exists) when its last one is that old or its
-topic appeared or vanished; so the event log gets N / :data:`OBSERVE_EVERY_S` observations a second,
-not N per tick (the cursor keeps when each table was observed). A worker whose tables include one that
+records, seconds since its last commit, whether its topic exists, whether it is due) only when its state
+(topic exists, due) changed or as a heartbeat :data:`OBSERVE_EVERY_S` after its last one
+(:func:`should_observe`; the cursor keeps when each table was observed and in which state), so a healthy
+table adds at most 6 observations an hour. A worker whose tables include one that
 is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
 and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
 gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`). A busy worker's tables are not read:
@@ -36,8 +37,16 @@ from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, run_budget_s, table_key, worker_job_name
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource
 
-OBSERVE_EVERY_S = 30
-"""Seconds between two lag observations of one table (sooner when its topic appears or vanishes)."""
+OBSERVE_EVERY_S = 600
+"""Seconds between two lag observations of one table whose state does not change (the heartbeat)."""
+
+
+def should_observe(seen: list | None, exists: bool, due: bool, now_ms: int) -> bool:
+    """Whether a table gets an observation now: never observed, its state changed (``seen``: the cursor's
+    [ms since epoch, topic existed, was due]), or its last observation is :data:`OBSERVE_EVERY_S` old."""
+    if seen is None or len(seen) < 3 or [bool(seen[1]), bool(seen[2])] != [exists, due]:
+        return True
+    return now_ms - seen[0] >= OBSERVE_EVERY_S * 1000
 
 
 def is_due(spec: TableSpec, lag: int, last_commit_ms: int | None, now_ms: int) -> bool:
@@ -73,12 +82,11 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
         events, due_workers = [], {}
         for spec in looked:
             last, lag = states[spec.identifier].snapshot_timestamp_ms, lags[spec.identifier]
-            exists = marks.get(spec.topic) is not None
-            seen = cursor.get(spec.identifier)
-            if seen is None or _stale(cursor, spec, now_ms) or seen[1] != exists:
-                cursor[spec.identifier] = [now_ms, exists]
-                events.append(_observation(spec, lag, last, exists, now_ms))
-            if worker_of[spec.identifier] not in busy and is_due(spec, lag, last, now_ms):
+            exists, due = marks.get(spec.topic) is not None, is_due(spec, lag, last, now_ms)
+            if should_observe(cursor.get(spec.identifier), exists, due, now_ms):
+                cursor[spec.identifier] = [now_ms, exists, due]
+                events.append(_observation(spec, lag, last, exists, due, now_ms))
+            if worker_of[spec.identifier] not in busy and due:
                 due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
         requests = [_run_request(k, due, now_ms) for k, due in sorted(due_workers.items())]
         context.log.info(
@@ -103,9 +111,11 @@ def _stale(cursor: dict, spec: TableSpec, now_ms: int) -> bool:
     return seen is None or now_ms - seen[0] >= OBSERVE_EVERY_S * 1000
 
 
-def _observation(spec: TableSpec, lag: int, last_commit_ms: int | None, exists: bool, now_ms: int) -> AssetObservation:
+def _observation(
+    spec: TableSpec, lag: int, last_commit_ms: int | None, exists: bool, due: bool, now_ms: int
+) -> AssetObservation:
     """The lag observation of one table: offset lag (records), seconds since its last commit (-1: none),
-    whether its topic exists."""
+    whether its topic exists, whether it is due (:func:`is_due`)."""
     since = round((now_ms - last_commit_ms) / 1000, 1) if last_commit_ms else -1.0
     return AssetObservation(
         asset_key=table_key(spec),
@@ -113,6 +123,7 @@ def _observation(spec: TableSpec, lag: int, last_commit_ms: int | None, exists: 
             "offset_lag": MetadataValue.int(lag),
             "seconds_since_commit": MetadataValue.float(since),
             "topic_exists": MetadataValue.bool(exists),
+            "due": MetadataValue.bool(due),
         },
     )
 
@@ -148,4 +159,4 @@ def _busy_workers(context: SensorEvaluationContext, workers: list[int], now_s: f
     return busy
 
 
-__all__ = ["HANDOVER_S", "OBSERVE_EVERY_S", "handover_due", "is_due", "workers_sensor"]
+__all__ = ["HANDOVER_S", "OBSERVE_EVERY_S", "handover_due", "is_due", "should_observe", "workers_sensor"]
