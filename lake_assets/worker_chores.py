@@ -54,8 +54,8 @@ from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job, set_table_property
 
 CHECK_EVERY_S = 300.0
-"""Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
-sensor-launched run of the table would check it, at the end of its ``LAKE_STREAM_BUDGET_S``)."""
+"""Seconds between two ``duplicate_free`` checks of one table within a worker run: each reads a bounded
+number of rows, and the table's event log gets at most 12 evaluations an hour."""
 
 
 TRIM_CHECK_S = 30.0

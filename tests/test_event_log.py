@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from dagster import DagsterEventType, DagsterInstance
+from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalescer, merge
@@ -16,6 +16,7 @@ from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.lake_assets.vocabulary import BUDGET_TAG, table_key
 from kafka_iceberg.lake_assets.worker import report_every_s, worker_job
 from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import OBSERVE_EVERY_S, should_observe
 from tests.helpers import event_records, make_spec
 
@@ -87,7 +88,8 @@ def test_a_worker_run_committing_many_micro_batches_writes_a_bounded_number_of_e
     job = worker_job(0, [spec], sqlite_catalog=True)
     t0 = time.monotonic()
     tags = {"dagster/sensor_name": "lake_workers", BUDGET_TAG: "1800"}  # serves until nothing waits
-    run = job.execute_in_process(instance=instance, resources=default_resources(settings), tags=tags)
+    resources = default_resources(settings)
+    run = job.execute_in_process(instance=instance, resources=resources, tags=tags)
     elapsed = time.monotonic() - t0
     assert run.success
     table = load_catalog(settings.catalog).load_table(spec.identifier)
@@ -108,3 +110,11 @@ def test_a_worker_run_committing_many_micro_batches_writes_a_bounded_number_of_e
         for t in (DagsterEventType.ASSET_OBSERVATION, DagsterEventType.ASSET_CHECK_EVALUATION)
     }
     assert others[DagsterEventType.ASSET_CHECK_EVALUATION] <= 2 and others[DagsterEventType.ASSET_OBSERVATION] <= 2
+
+    # the retention sensor observes the table and its topic once, then on a change of status or a heartbeat
+    sensor = all_tables_retention_sensor([spec])
+    with build_sensor_context(instance=instance, resources=resources) as context:
+        first = sensor(context)
+    with build_sensor_context(instance=instance, resources=resources, cursor=first.cursor) as context:
+        again = sensor(context)
+    assert len(first.asset_events) == 2 and again.asset_events == [], again.asset_events

@@ -50,7 +50,7 @@ def no_crash(point: str) -> None:
 _ENSURED: set[tuple] = set()  # (spark app id, catalog uri, identifier) whose DDL ran in this process
 _ENSURING = threading.Lock()
 """One thread of the process at a time creates or checks tables: two creating the first tables of a
-namespace would both create it (a worker serves several tables at once, ``LAKE_WORKER_THREADS``)."""
+namespace would both create it (a worker serves several tables at once, ``THREADS`` in lake_assets/worker.py)."""
 
 
 @dataclass
