@@ -1,4 +1,8 @@
-"""Consumer-lag sensor, one per table: observe lag, judge it, trigger micro-batches or a backfill.
+"""Consumer-lag sensor of one table: observe lag, judge it, trigger micro-batches or a backfill.
+
+Not in the code location (its worker runs serve every table, launched by ``lake_workers``); a location of
+its own may add :func:`lag_sensor` for a table whose runs should be one-micro-batch runs and backfills
+(tests/backfill_location.py does).
 
 Each evaluation reads the table's committed offsets and newest ingest snapshot time (its
 snapshot summary), the topic's high watermarks and the table's runs that failed since that
