@@ -38,7 +38,8 @@ from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
-from kafka_iceberg.batch.worker import Worker
+from kafka_iceberg.batch.recovery import commit_token
+from kafka_iceberg.batch.worker import Latest, RunsInProgress, Worker, WorkerPorts
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.streaming import (
@@ -48,8 +49,8 @@ from kafka_iceberg.lake_assets.streaming import (
     pool_waiting,
     stream_budget_s,
 )
-from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
-from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
+from kafka_iceberg.lake_assets.tables import materialization_metadata
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
@@ -85,6 +86,13 @@ def successor_on_its_way(context: OpExecutionContext) -> bool:
     return any(r.dagster_run.run_id != context.run_id for r in context.instance.get_run_records(filters=flt, limit=3))
 
 
+def runs_in_progress(context: OpExecutionContext) -> RunsInProgress:
+    """The commit tokens of the runs in progress now, from the Dagster instance (call it on the op's main
+    thread only): what a worker's micro-batches in pool threads judge attempts' liveness by."""
+    runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
+    return RunsInProgress(frozenset(commit_token(r.run_id) for r in runs), int(time.time() * 1000))
+
+
 def _chores_env(resources: dict) -> dict:
     """What :class:`WorkerChores` needs of the op's resources: the Spark session, settings, pyiceberg catalog, Slack."""
     kafka, catalog = resources["kafka"], resources["catalog"]
@@ -110,7 +118,11 @@ def _serve(
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
 
+    alive = Latest(runs_in_progress(context))  # read by micro-batches in pool threads; set here, on the main thread
+    refresh = at_most_every(POOL_CHECK_S, lambda: runs_in_progress(context))
+
     def flush(final: bool) -> None:
+        alive.set(refresh())  # the runs in progress now, not when the worker started
         for identifier, error in (mirror.flush(final) if mirror is not None else {}).items():
             context.log.warning(f"{identifier}: consumer group not updated (the table is the source of truth): {error}")
 
@@ -124,8 +136,7 @@ def _serve(
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
         sink.send(worker_alert(spec, "micro_batch", error, context.run_id, "ERROR"))
 
-    worker = Worker(
-        specs=specs,
+    ports = WorkerPorts(  # run_batch runs in pool threads and does not touch the Dagster instance
         run_batch=lambda spec: run_micro_batch(
             pyspark.spark_session,
             settings,
@@ -133,24 +144,32 @@ def _serve(
             commit_id=context.run_id,
             kafka=metadata,
             catalog=pycatalog,
-            is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
+            is_alive=alive.get().is_alive,
             mirror=mirror,
         ),
         watermarks=metadata.watermarks_many,
-        committed={i: table_state(t).offsets for i, t in tables.items()},
         on_commit=on_commit,
         on_failure=on_failure,
-        budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
-        idle_s=settings.stream.idle_s,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
-        grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
         paused=chores.paused,
         flush=flush,
+    )
+    worker = Worker(
+        specs,
+        ports,
+        committed={i: table_state(t).offsets for i, t in tables.items()},
+        budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
+        idle_s=settings.stream.idle_s,
+        grace_s=SUCCESSOR_GRACE_S,
         threads=settings.stream.worker_threads,
     )
-    return worker.run(), chores
+    try:
+        return worker.run(), chores
+    except BaseException:
+        chores.close()
+        raise
 
 
 def _warm_op(name: str, specs: list[TableSpec]):
