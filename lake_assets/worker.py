@@ -51,7 +51,7 @@ from kafka_iceberg.lake_assets.streaming import (
 )
 from kafka_iceberg.lake_assets.tables import materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
-from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
+from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -93,27 +93,12 @@ def runs_in_progress(context: OpExecutionContext) -> RunsInProgress:
     return RunsInProgress(frozenset(commit_token(r.run_id) for r in runs), int(time.time() * 1000))
 
 
-def _chores_env(resources: dict) -> dict:
-    """What :class:`WorkerChores` needs of the op's resources: the Spark session, settings, pyiceberg catalog, Slack."""
-    kafka, catalog = resources["kafka"], resources["catalog"]
-    spark = resources["pyspark"].spark_session
-    return {
-        "spark": spark,
-        "settings": settings_for(kafka, catalog),
-        "catalog": catalog.load(),
-        "slack": resources["slack"],
-    }
-
-
-def _serve(
-    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict
-) -> tuple[dict, WorkerChores]:
-    """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
-    ``crons``, checks) between micro-batches; returns what it served per table, and the chores (their
-    pending checks)."""
-    pyspark, kafka, slack = resources["pyspark"], resources["kafka"], resources["slack"]
-    env = _chores_env(resources)
-    settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
+def _worker_for(
+    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, env: ChoreEnv, kafka: KafkaResource
+) -> tuple[Worker, WorkerChores]:
+    """The worker loop over ``specs`` inside an op, and its chores (maintenance under the spread ``crons``,
+    checks) between micro-batches; the caller runs the one and closes the other."""
+    settings, pycatalog, metadata, sink = env.settings, env.catalog, kafka.metadata(), env.slack.sink()
     tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
@@ -138,7 +123,7 @@ def _serve(
 
     ports = WorkerPorts(  # run_batch runs in pool threads and does not touch the Dagster instance
         run_batch=lambda spec: run_micro_batch(
-            pyspark.spark_session,
+            env.spark,
             settings,
             spec,
             commit_id=context.run_id,
@@ -165,11 +150,7 @@ def _serve(
         grace_s=SUCCESSOR_GRACE_S,
         threads=settings.stream.worker_threads,
     )
-    try:
-        return worker.run(), chores
-    except BaseException:
-        chores.close()
-        raise
+    return worker, chores
 
 
 def _warm_op(name: str, specs: list[TableSpec]):
@@ -200,12 +181,12 @@ def _check_op(name: str, specs: list[TableSpec]):
         catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> None:
-        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        env = _chores_env(resources)  # the Spark session first: its JVM is then one of this process's children
-        niceness = env["settings"].stream.check_niceness
+        env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)  # the JVM is then a child of this process
+        niceness = env.settings.stream.check_niceness
         if pending and niceness:
             context.log.info(f"{name}: {lower_cpu_priority(niceness)} threads at nice {niceness} for the last checks")
-        WorkerChores.resume(context, specs, pending, env).finish()
+        with WorkerChores.resume(context, specs, pending, env) as chores:
+            chores.finish()
 
     return _check
 
@@ -235,15 +216,17 @@ def worker_job(
         catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> dict:
-        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        served, chores = _serve(context, specs, crons, pool, resources)
-        commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
-        context.log.info(f"{name}: commits per table {commits}")
-        failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
-        if failed:
-            chores.finish()
-            raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
-        return chores.pending()
+        env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)
+        worker, chores = _worker_for(context, specs, crons, pool, env, kafka)
+        with chores:  # its background thread is shut down when the op ends, however it ends
+            served = worker.run()
+            commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
+            context.log.info(f"{name}: commits per table {commits}")
+            failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
+            if failed:
+                chores.finish()
+                raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
+            return chores.pending()
 
     @job(
         name=name,

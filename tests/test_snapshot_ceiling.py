@@ -13,7 +13,7 @@ from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, ChoreEnv, WorkerChores
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota
@@ -46,7 +46,7 @@ def _chores(settings, spark, catalog, spec, unique):
         def report(self, spec, outcome):
             reported.append(outcome)
 
-    env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
+    env = ChoreEnv(spark, settings, catalog, None)
     return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env), reported, events
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import Future
+from dataclasses import replace
 from types import SimpleNamespace
 
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
@@ -24,12 +25,15 @@ from kafka_iceberg.lake_assets.definitions import build_definitions
 from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker import worker_job
-from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, ChoreEnv, WorkerChores
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import HANDOVER_S, OBSERVE_EVERY_S, handover_due, is_due, workers_sensor
 from tests.helpers import event_records, make_spec
+
+NO_ENV = ChoreEnv(spark=None, settings=None, catalog=None, slack=None)
+"""The environment of chores whose reads a test replaces."""
 
 
 def _rows(settings, spec) -> tuple[int, int]:
@@ -254,25 +258,20 @@ def test_with_two_threads_the_next_table_starts_before_a_finished_one_is_reporte
     assert {k: v.offsets for k, v in served.items()} == {s.identifier: {0: 10} for s in specs}
 
 
-def test_a_check_waits_while_tables_have_records_waiting_until_it_is_overdue(monkeypatch):
+def test_a_check_waits_while_tables_have_records_waiting_until_it_is_overdue():
     """While some table has records waiting a pending check does not start, until it has been pending
     for ``CHECK_EVERY_S``; while idle it starts at once. Maintenance of a busy table waits."""
-    from types import SimpleNamespace
-
-    from kafka_iceberg.lake_assets import worker_chores
-
     spec = make_spec("c0", "topic_c0")
     now = [1000.0]
-    monkeypatch.setattr(worker_chores.time, "monotonic", lambda: now[0])
     started = []
 
     class Recording(WorkerChores):
         def _start_check(self, identifier):
             started.append(identifier)
-            del self.unchecked[identifier]
+            self.tables[identifier] = replace(self.tables[identifier], pending_since=None)
 
-    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
-    chores = Recording(SimpleNamespace(run_id="r"), [spec], MaintenanceRota({}), env)
+    clock = Clock(now=lambda: now[0])
+    chores = Recording(SimpleNamespace(run_id="r"), [spec], MaintenanceRota({}), NO_ENV, clock)
     chores.committed(spec)
     now[0] += CHECK_EVERY_S - 1
     chores.committed(spec)  # a later commit does not postpone it
@@ -368,7 +367,7 @@ def test_a_failing_check_chore_is_logged_and_alerted_and_the_worker_goes_on():
 
     context = SimpleNamespace(log=SimpleNamespace(error=logged.append), run_id="run-1")
     slack = SimpleNamespace(sink=lambda: SimpleNamespace(send=sent.append))
-    env = {"spark": None, "settings": None, "catalog": Unreachable(), "slack": slack}
+    env = ChoreEnv(None, None, Unreachable(), slack)
     chores = WorkerChores(context, [spec], MaintenanceRota({}), env)
     chores.committed(spec)
     assert chores() is True, "the check started"
@@ -398,9 +397,7 @@ def test_a_check_reads_in_the_background_while_the_worker_goes_on():
             reported.append((spec.identifier, outcome))
 
     context = SimpleNamespace(run_id="run-2")
-    chores = SlowChores(
-        context, [spec], MaintenanceRota({}), {"spark": None, "settings": None, "catalog": None, "slack": None}
-    )
+    chores = SlowChores(context, [spec], MaintenanceRota({}), NO_ENV)
     chores.committed(spec)
     assert chores() is True and chores() is False and reported == [], "the check runs on; nothing logged yet"
     release.set()
@@ -429,8 +426,7 @@ def test_the_serving_op_does_not_wait_for_a_running_check_at_its_end():
         def report(self, spec, outcome):
             reported.append(outcome)
 
-    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
-    chores = SlowChores(SimpleNamespace(run_id="run-3"), [spec], MaintenanceRota({}), env)
+    chores = SlowChores(SimpleNamespace(run_id="run-3"), [spec], MaintenanceRota({}), NO_ENV)
     chores.committed(spec)
     assert chores() is True
     assert chores.pending() == {spec.identifier: None}, "not awaited: pending again, from where it started"
@@ -590,8 +586,7 @@ def test_an_upsert_table_is_paused_while_it_is_compacted_in_the_background():
     """Its micro-batch publishes by fast-forward, which a compaction's commit would refuse (the table
     would be set aside); an append table rebases onto the compaction and keeps committing."""
     append, upsert = make_spec("ap", "ap_topic"), make_spec("up", "up_topic", mode="upsert", key=["id"], cdc="none")
-    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
-    chores = WorkerChores(SimpleNamespace(run_id="r"), [append, upsert], MaintenanceRota({}), env)
+    chores = WorkerChores(SimpleNamespace(run_id="r"), [append, upsert], MaintenanceRota({}), NO_ENV)
     running = Future()
     chores.running = Chore(upsert.identifier, 0.0, None, running, "compact")
     assert chores.paused() == frozenset({upsert.identifier})
