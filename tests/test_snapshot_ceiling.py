@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
 from kafka_iceberg.lake_assets.vocabulary import table_key
@@ -47,7 +48,8 @@ def _chores(settings, spark, catalog, spec, unique):
             reported.append(outcome)
 
     env = ChoreEnv(spark, settings, catalog, None)
-    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env), reported, events
+    still = Clock(now=lambda: 1000.0)  # monotonic seconds stand still: the steps decide, not the machine's load
+    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env, still), reported, events
 
 
 def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
