@@ -156,14 +156,6 @@ class Clock:
     epoch_ms: Callable[[], int] = lambda: int(time.time() * 1000)
 
 
-def _no(*_args) -> bool:
-    return False
-
-
-def _nothing(*_args) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class WorkerPorts:
     """What a :class:`Worker` calls. ``run_batch(spec)`` runs one micro-batch and returns its
@@ -180,13 +172,13 @@ class WorkerPorts:
 
     run_batch: Callable[[TableSpec], Any]
     watermarks: Callable[[list[str]], Mapping[str, Mapping[int, Watermarks] | None]]
-    on_commit: Callable[[TableSpec, Any], None] = _nothing
-    on_failure: Callable[[TableSpec, BaseException], None] = _nothing
-    should_stop: Callable[[], bool] = _no
-    hold: Callable[[], bool] = _no
-    chores: Callable[[bool, frozenset], bool] = _no
+    on_commit: Callable[[TableSpec, Any], None] = lambda spec, result: None
+    on_failure: Callable[[TableSpec, BaseException], None] = lambda spec, error: None
+    should_stop: Callable[[], bool] = lambda: False
+    hold: Callable[[], bool] = lambda: False
+    chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
     paused: Callable[[], frozenset] = frozenset
-    flush: Callable[[bool], None] = _nothing
+    flush: Callable[[bool], None] = lambda final: None
 
 
 @dataclass
