@@ -46,20 +46,22 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalesced, Coalescer
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
-from kafka_iceberg.batch.worker import Worker
+from kafka_iceberg.batch.recovery import commit_token
+from kafka_iceberg.batch.worker import Latest, RunsInProgress, Worker, WorkerPorts
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
+from kafka_iceberg.lake_assets.tables import materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import (
     BUDGET_S,
     BUDGET_TAG,
+    IN_PROGRESS,
     SQLITE_POOL,
     WORKER_TAG,
     run_budget_s,
     table_key,
     worker_job_name,
 )
-from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
+from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -195,35 +197,49 @@ def successor_on_its_way(context: OpExecutionContext) -> bool:
     return any(r.dagster_run.run_id != context.run_id for r in context.instance.get_run_records(filters=flt, limit=3))
 
 
-def _chores_env(resources: dict) -> dict:
-    """What :class:`WorkerChores` needs of the op's resources: the Spark session, settings, pyiceberg catalog, Slack."""
-    kafka, catalog = resources["kafka"], resources["catalog"]
-    spark = resources["pyspark"].spark_session
-    return {
-        "spark": spark,
-        "settings": settings_for(kafka, catalog),
-        "catalog": catalog.load(),
-        "slack": resources["slack"],
-    }
+def runs_in_progress(context: OpExecutionContext) -> RunsInProgress:
+    """The commit tokens of the runs in progress now, from the Dagster instance (call it on the op's main
+    thread only): what a worker's micro-batches in pool threads judge attempts' liveness by."""
+    runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
+    return RunsInProgress(frozenset(commit_token(r.run_id) for r in runs), int(time.time() * 1000))
 
 
-def _serve(
-    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict
-) -> tuple[dict, WorkerChores]:
-    """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
-    ``crons``, checks) between micro-batches; returns what it served per table, and the chores (their
-    pending checks)."""
-    pyspark, kafka, slack = resources["pyspark"], resources["kafka"], resources["slack"]
-    env = _chores_env(resources)
-    settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
-    tags = dict(context.run.tags)
-    tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
+def _batch_runner(run_id: str, env: ChoreEnv, metadata, alive: Latest, mirror: GroupMirror) -> Callable:
+    """``run_batch`` of a worker run ``run_id``: one micro-batch of a table through the whole write path
+    (:func:`run_micro_batch`, its ``BatchResult``), called in pool threads: it reads ``alive`` (the runs in
+    progress the main thread listed) and never the Dagster instance."""
+
+    def run_batch(spec: TableSpec):
+        return run_micro_batch(
+            env.spark,
+            env.settings,
+            spec,
+            commit_id=run_id,
+            kafka=metadata,
+            catalog=env.catalog,
+            is_alive=alive.get().is_alive,
+            mirror=mirror,
+        )
+
+    return run_batch
+
+
+def _worker_for(
+    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, env: ChoreEnv, kafka: KafkaResource
+) -> tuple[Worker, WorkerChores, Callable[[], None]]:
+    """The worker loop over ``specs`` inside an op, its chores (maintenance under the spread ``crons``,
+    checks) between micro-batches, and the function that reports the commits not yet reported; the caller
+    runs the first, closes the second and calls the third however the run ends."""
+    metadata, sink, tags = kafka.metadata(), env.slack.sink(), dict(context.run.tags)
+    tables = {s.identifier: load_table(env.catalog, s.identifier) for s in specs}  # once: state and last maintenance
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, GROUP_MIRROR_S)
-
     events, report = _reporter(context, specs)
+    alive = Latest(runs_in_progress(context))  # read by micro-batches in pool threads; set here, on the main thread
+    refresh = at_most_every(POOL_CHECK_S, lambda: runs_in_progress(context))
 
     def flush(final: bool) -> None:
+        alive.set(refresh())  # the runs in progress now, not when the worker started
         report(events.drain() if final else events.due())
         for identifier, error in mirror.flush(final).items():
             context.log.warning(f"{identifier}: consumer group not updated (the table is the source of truth): {error}")
@@ -237,36 +253,27 @@ def _serve(
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
         sink.send(worker_alert(spec, "micro_batch", error, context.run_id, "ERROR"))
 
-    worker = Worker(
-        specs=specs,
-        run_batch=lambda spec: run_micro_batch(
-            pyspark.spark_session,
-            settings,
-            spec,
-            commit_id=context.run_id,
-            kafka=metadata,
-            catalog=pycatalog,
-            is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
-            mirror=mirror,
-        ),
+    ports = WorkerPorts(  # run_batch runs in pool threads and does not touch the Dagster instance
+        run_batch=_batch_runner(context.run_id, env, metadata, alive, mirror),
         watermarks=metadata.watermarks_many,
-        committed={i: table_state(t).offsets for i, t in tables.items()},
         on_commit=on_commit,
         on_failure=on_failure,
-        budget_s=_budget_left(context, run_budget_s(tags)),
-        idle_s=0.0 if BUDGET_TAG in tags else IDLE_S,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
-        grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
         paused=chores.paused,
         flush=flush,
+    )
+    worker = Worker(
+        specs,
+        ports,
+        committed={i: table_state(t).offsets for i, t in tables.items()},
+        budget_s=_budget_left(context, run_budget_s(tags)),
+        idle_s=0.0 if BUDGET_TAG in tags else IDLE_S,
+        grace_s=SUCCESSOR_GRACE_S,
         threads=THREADS,
     )
-    try:
-        return worker.run(), chores
-    finally:
-        report(events.drain())  # a run that crashed still reports what it committed
+    return worker, chores, lambda: report(events.drain())
 
 
 def _warm_op(name: str, specs: list[TableSpec]):
@@ -297,13 +304,13 @@ def _check_op(name: str, specs: list[TableSpec]):
         catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> None:
-        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        env = _chores_env(resources)  # the Spark session first: its JVM is then one of this process's children
+        env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)  # the JVM is then a child of this process
         tags = dict(context.run.tags)
         if pending and run_budget_s(tags) > 0 and BUDGET_TAG not in tags:  # a successor may serve on this host
             changed = lower_cpu_priority(CHECK_NICENESS)
             context.log.info(f"{name}: {changed} threads at nice {CHECK_NICENESS} for the last checks")
-        WorkerChores.resume(context, specs, pending, env).finish()
+        with WorkerChores.resume(context, specs, pending, env) as chores:
+            chores.finish()
 
     return _check
 
@@ -333,15 +340,20 @@ def worker_job(
         catalog: IcebergCatalogResource,
         slack: LakeSlackResource,
     ) -> dict:
-        resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        served, chores = _serve(context, specs, crons, pool, resources)
-        commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
-        context.log.info(f"{name}: commits per table {commits}")
-        failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
-        if failed:
-            chores.finish()
-            raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
-        return chores.pending()
+        env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)
+        worker, chores, report_rest = _worker_for(context, specs, crons, pool, env, kafka)
+        with chores:  # its background thread is shut down when the op ends, however it ends
+            try:
+                served = worker.run()
+            finally:
+                report_rest()  # a run that crashed still reports what it committed
+            commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
+            context.log.info(f"{name}: commits per table {commits}")
+            failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
+            if failed:
+                chores.finish()
+                raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
+            return chores.pending()
 
     @job(
         name=name,

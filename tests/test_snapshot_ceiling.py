@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, ChoreEnv, WorkerChores
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota
@@ -44,8 +45,9 @@ def _chores(settings, spark, catalog, spec, unique):
         def report(self, spec, outcome):
             reported.append(outcome)
 
-    env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
-    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env), reported, events
+    env = ChoreEnv(spark, settings, catalog, None)
+    still = Clock(now=lambda: 1000.0)  # monotonic seconds stand still: the steps decide, not the machine's load
+    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env, still), reported, events
 
 
 def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
