@@ -13,7 +13,8 @@ outside the pool and at a lower CPU priority. It hands over only when another ru
 pool: its warm successor, launched near the end of its budget
 (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it serves on
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
-reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
+logged and set aside; the others keep committing; the run then fails naming it (Slack: once per failure
+episode, :mod:`kafka_iceberg.sensors.alerts`).
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
 """
@@ -50,7 +51,7 @@ from kafka_iceberg.lake_assets.streaming import (
 )
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
-from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
+from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -103,9 +104,9 @@ def _serve(
     """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
     ``crons``, checks) between micro-batches; returns what it served per table, and the chores (their
     pending checks)."""
-    pyspark, kafka, slack = resources["pyspark"], resources["kafka"], resources["slack"]
+    pyspark, kafka = resources["pyspark"], resources["kafka"]
     env = _chores_env(resources)
-    settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
+    settings, pycatalog, metadata = env["settings"], env["catalog"], kafka.metadata()
     tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
@@ -121,8 +122,8 @@ def _serve(
             chores.committed(spec, result.snapshots, result.data_files_added)
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
+        # no Slack post here: the run fails naming the table, and run_failure_alert_sensor posts once per episode
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
-        sink.send(worker_alert(spec, "micro_batch", error, context.run_id, "ERROR"))
 
     worker = Worker(
         specs=specs,

@@ -168,3 +168,33 @@ def test_a_failing_worker_job_posts_once_and_recovers_with_its_next_successful_r
     assert len(texts) == 2, texts
     assert "ERROR job lake_worker_0" in texts[0] and "1 of 2 tables failed" in texts[0]
     assert "OK job lake_worker_0" in texts[1] and "RECOVERED after 4 failed run(s)" in texts[1]
+
+
+def test_relaunch_hold_reads_the_consecutive_failed_runs_of_a_job_from_the_instance():
+    import time
+
+    from kafka_iceberg.sensors.backoff import relaunch_hold_s
+
+    state = {"fail": True}
+
+    @op
+    def serve_or_fail():
+        if state["fail"]:
+            raise RuntimeError("broken")
+
+    @job
+    def lake_worker_7():
+        serve_or_fail()
+
+    with DagsterInstance.ephemeral() as instance:
+        assert relaunch_hold_s(instance, time.time(), "lake_worker_7") == 0.0  # no run yet
+        for _ in range(3):
+            lake_worker_7.execute_in_process(instance=instance, raise_on_error=False)
+        now = time.time()
+        hold = relaunch_hold_s(instance, now, "lake_worker_7")
+        assert 100.0 < hold <= 120.0  # 3 failures: 120 s after the last one ended (a moment ago)
+        assert relaunch_hold_s(instance, now + 120.0, "lake_worker_7") == 0.0
+        assert relaunch_hold_s(instance, now, "another_job") == 0.0
+        state["fail"] = False
+        lake_worker_7.execute_in_process(instance=instance)
+        assert relaunch_hold_s(instance, time.time(), "lake_worker_7") == 0.0
