@@ -15,6 +15,7 @@ pool: its warm successor, launched near the end of its budget
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
 logged and set aside; the others keep committing; the run then fails naming it (Slack: once per failure
 episode, :mod:`kafka_iceberg.sensors.alerts`).
+While serving it exports per-table Prometheus metrics on ``LAKE_METRICS_PORT`` (:mod:`kafka_iceberg.ops.metrics`).
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
 """
@@ -52,6 +53,7 @@ from kafka_iceberg.lake_assets.streaming import (
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for
+from kafka_iceberg.ops import metrics
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -108,6 +110,8 @@ def _serve(
     env = _chores_env(resources)
     settings, pycatalog, metadata = env["settings"], env["catalog"], kafka.metadata()
     tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
+    states = {i: table_state(t) for i, t in tables.items()}
+    committed = {i: state.offsets for i, state in states.items()}  # the Worker keeps it up to date
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
 
@@ -127,18 +131,20 @@ def _serve(
 
     worker = Worker(
         specs=specs,
-        run_batch=lambda spec: run_micro_batch(
-            pyspark.spark_session,
-            settings,
-            spec,
-            commit_id=context.run_id,
-            kafka=metadata,
-            catalog=pycatalog,
-            is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
-            mirror=mirror,
+        run_batch=metrics.metered_batch(
+            lambda spec: run_micro_batch(
+                pyspark.spark_session,
+                settings,
+                spec,
+                commit_id=context.run_id,
+                kafka=metadata,
+                catalog=pycatalog,
+                is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
+                mirror=mirror,
+            )
         ),
-        watermarks=metadata.watermarks_many,
-        committed={i: table_state(t).offsets for i, t in tables.items()},
+        watermarks=metrics.metered_watermarks(metadata.watermarks_many, specs, committed, states),
+        committed=committed,
         on_commit=on_commit,
         on_failure=on_failure,
         budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
@@ -218,7 +224,9 @@ def worker_job(
         slack: LakeSlackResource,
     ) -> dict:
         resources = {"pyspark": pyspark, "kafka": kafka, "catalog": catalog, "slack": slack}
-        served, chores = _serve(context, specs, crons, pool, resources)
+        with metrics.serve(settings_for(kafka, catalog).stream.metrics_port) as port:
+            context.log.info(f"{name}: Prometheus metrics on port {port}" if port else f"{name}: no metrics port")
+            served, chores = _serve(context, specs, crons, pool, resources)
         commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
         context.log.info(f"{name}: commits per table {commits}")
         failed = {k: str(v.error) for k, v in served.items() if v.error is not None}

@@ -236,6 +236,14 @@ class StreamSettings(EnvGroup):
         "latest committed offsets of every table it committed to, and all of them when it stops serving); "
         "0: after every micro-batch.",
     )
+    metrics_port: int = Field(
+        9464,
+        validation_alias="LAKE_METRICS_PORT",
+        ge=0,
+        le=65535,
+        description="LAKE_METRICS_PORT: the port a worker run serves its Prometheus metrics on (the next free "
+        "one when taken, so several worker processes on one host listen on consecutive ports); 0: off.",
+    )
 
 
 DEFAULT_SLACK_CHANNEL = "#data-platform-alerts"
