@@ -291,6 +291,8 @@ def evaluate(instance: DagsterInstance, cursor_text: str | None, now_s: float) -
     book = EpisodeBook.from_json(cursor.get("open"))
     failed, succeeded, new_cursor, bound = _status_changes(instance, cursor, now_s)
     failures = [o for rec in failed for o in _failure_outcomes(instance, rec)]
+    if not failures and not book.open:  # nothing can recover: the successes need not be read
+        return dumps({**new_cursor, "open": {}}), []
     outcomes = failures + [o for rec in succeeded for o in _success_outcomes(instance, rec)]
     outcomes += _commit_outcomes(instance, book, failures, bound)
     book, notices = advance(book, outcomes)

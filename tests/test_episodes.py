@@ -198,3 +198,8 @@ def test_relaunch_hold_reads_the_consecutive_failed_runs_of_a_job_from_the_insta
         state["fail"] = False
         lake_worker_7.execute_in_process(instance=instance)
         assert relaunch_hold_s(instance, time.time(), "lake_worker_7") == 0.0
+        # a table's runs, by their tag (the per-table lag sensor)
+        state["fail"] = True
+        lake_worker_7.execute_in_process(instance=instance, raise_on_error=False, tags={"lake/table": "t.x"})
+        assert 0.0 < relaunch_hold_s(instance, time.time(), tags={"lake/table": "t.x"}) <= 30.0
+        assert relaunch_hold_s(instance, time.time(), tags={"lake/table": "t.y"}) == 0.0
