@@ -54,6 +54,7 @@ from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_m
 from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for
 from kafka_iceberg.ops import metrics
+from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -232,6 +233,7 @@ def worker_job(
         failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
         if failed:
             chores.finish()
+            context.instance.add_run_tags(context.run_id, {FAILED_TABLES_TAG: ",".join(sorted(failed))})
             raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
         return chores.pending()
 

@@ -5,7 +5,8 @@
   succeeded since its cursor (the ``RUN_FAILURE`` and ``RUN_SUCCESS`` events of the instance, in
   storage-id order) and folds them into the open failure episodes kept in its cursor
   (:func:`kafka_iceberg.ops.episodes.advance`). The subject of a failure is each table whose step failed
-  (``lake/nyc/flights`` -> ``nyc.flights``), or the job (``job lake_worker_0``) when no asset step failed.
+  (``lake/nyc/flights`` -> ``nyc.flights``) or that a worker run set aside (its ``lake/failed_tables`` tag),
+  else the job (``job lake_worker_0``).
   An episode posts twice: at its first failed run (naming the job, the run id, the failed assets, the
   error's first line, linking to ``<DAGSTER_UI_URL>/runs/<run id>`` and the first failed asset's page),
   and when it recovers, an ``OK`` with the count of failed runs in between. A table recovers with its
@@ -40,7 +41,7 @@ from dagster import (
 )
 
 from kafka_iceberg.ops.alerts import Alert, AlertSink, alert_on_check, pick_measure
-from kafka_iceberg.ops.episodes import EpisodeBook, Notice, Outcome, advance, dumps
+from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG, EpisodeBook, Notice, Outcome, advance, dumps
 from kafka_iceberg.resources.slack import LakeSlackResource
 
 log = logging.getLogger(__name__)
@@ -200,13 +201,18 @@ def _status_changes(instance: DagsterInstance, cursor: dict, now_s: float) -> tu
 
 
 def _failure_outcomes(instance: DagsterInstance, record) -> list[Outcome]:
-    """One failure per failed table of the run of ``record`` (a ``RUN_FAILURE`` event record), or one
-    for its job when no table's step failed; each carries the run's alert as its detail."""
+    """One failure per failed table of the run of ``record`` (a ``RUN_FAILURE`` event record): its failed
+    asset steps, or the tables a worker run tagged (:data:`kafka_iceberg.ops.episodes.FAILED_TABLES_TAG`);
+    else one for its job. Each carries the run's alert as its detail."""
     run = instance.get_run_by_id(record.event_log_entry.run_id)
     if run is None:
         return []
     alert, failed_keys = _run_failure(instance, run, record.event_log_entry.dagster_event)
     at_ms = int(record.timestamp * 1000)
+    tagged = sorted(t for t in run.tags.get(FAILED_TABLES_TAG, "").split(",") if t)  # a worker run's set aside
+    if tagged and not failed_keys:
+        failed_keys = [AssetKey(["lake", *t.split(".")]) for t in tagged]
+        alert = dataclasses.replace(alert, table=", ".join(tagged), asset_key_path=list(failed_keys[0].path))
     subjects = [(_identifier(k), tuple(k.path)) for k in failed_keys] or [(f"job {_job_label(run.job_name)}", ())]
     return [Outcome(s, False, record.storage_id, at_ms, run.run_id, path, alert) for s, path in subjects]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS
-from kafka_iceberg.ops.episodes import relaunch_wait_s
+from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG, relaunch_wait_s
 
 RUNS_READ = 8
 """Latest runs read per decision: enough to count the failures that reach the cap (6)."""
@@ -23,7 +23,9 @@ def relaunch_hold_s(
     progress (a hand-over to its successor) or a newest success means no wait; otherwise the consecutive
     failures and the newest one's end time (seconds since epoch) give the wait
     (:func:`kafka_iceberg.ops.episodes.relaunch_wait_s`). ``now_s``: seconds since epoch. Canceled runs
-    do not count. Raises what the instance raises.
+    do not count; a worker run that failed because tables failed (tagged
+    :data:`kafka_iceberg.ops.episodes.FAILED_TABLES_TAG`) served, and counts as a success here (its tables
+    are retried by the next run, at its budget's pace). Raises what the instance raises.
     """
     statuses = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, *IN_PROGRESS]
     records = instance.get_run_records(
@@ -32,7 +34,7 @@ def relaunch_hold_s(
     if records and records[0].dagster_run.status in IN_PROGRESS:
         return 0.0
     finished = [
-        (r.dagster_run.status == DagsterRunStatus.SUCCESS, r.end_time)
+        (r.dagster_run.status == DagsterRunStatus.SUCCESS or FAILED_TABLES_TAG in r.dagster_run.tags, r.end_time)
         for r in records
         if r.dagster_run.status not in IN_PROGRESS
     ]

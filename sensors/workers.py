@@ -9,8 +9,9 @@ topic appeared or vanished; so the event log gets N / :data:`OBSERVE_EVERY_S` ob
 not N per tick (the cursor keeps when each table was observed). A worker whose tables include one that
 is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
 and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
-gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`), unless its latest runs failed: then
-it waits 30 s, 60 s, ... up to 900 s after the last failure (:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are not read:
+gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`), unless its latest runs failed (not
+merely set tables aside): then it waits 30 s, 60 s, ... up to 900 s after the last failure
+(:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are not read:
 its run commits each micro-batch as a materialization.
 """
 

@@ -17,6 +17,7 @@ from dagster import (
 )
 
 from kafka_iceberg.ops.episodes import (
+    FAILED_TABLES_TAG,
     RELAUNCH_CAP_S,
     EpisodeBook,
     Outcome,
@@ -203,3 +204,37 @@ def test_relaunch_hold_reads_the_consecutive_failed_runs_of_a_job_from_the_insta
         lake_worker_7.execute_in_process(instance=instance, raise_on_error=False, tags={"lake/table": "t.x"})
         assert 0.0 < relaunch_hold_s(instance, time.time(), tags={"lake/table": "t.x"}) <= 30.0
         assert relaunch_hold_s(instance, time.time(), tags={"lake/table": "t.y"}) == 0.0
+        # a worker run that failed because a table failed served: no backoff for the worker
+        lake_worker_7.execute_in_process(instance=instance, raise_on_error=False, tags={FAILED_TABLES_TAG: "t.x"})
+        assert relaunch_hold_s(instance, time.time(), "lake_worker_7") == 0.0
+
+
+def test_a_worker_run_s_failed_table_is_its_own_episode_and_recovers_with_its_next_commit(slack_env):
+    """A worker run that set a table aside tags it (lake_assets/worker.py) and fails: the table's episode,
+    not the worker's; a later worker run's commit of the table ends it."""
+    state = {"fail": True}
+
+    @op
+    def serve_tables(context):
+        if state["fail"]:
+            context.instance.add_run_tags(context.run_id, {FAILED_TABLES_TAG: "t.flaky"})
+            raise Failure(description="1 of 2 tables failed: {'t.flaky': 'bad records'}", allow_retries=False)
+        context.log_event(AssetMaterialization(asset_key=["lake", "t", "flaky"]))
+
+    @job
+    def lake_worker_1():
+        serve_tables()
+
+    with DagsterInstance.ephemeral() as instance:
+        cursor = None
+        for _ in range(3):
+            assert not lake_worker_1.execute_in_process(instance=instance, raise_on_error=False).success
+            cursor = _tick(instance, cursor)
+        state["fail"] = False
+        assert lake_worker_1.execute_in_process(instance=instance).success
+        _tick(instance, cursor)
+    texts = [m["text"] for m in slack_env.messages]
+    assert len(texts) == 2, texts
+    assert ":rotating_light: ERROR t.flaky (run failure)" in texts[0] and "job: lake_worker_1" in texts[0]
+    assert "http://ui.test:3000/assets/lake/t/flaky" in texts[0]
+    assert "OK t.flaky" in texts[1] and "RECOVERED after 3 failed run(s)" in texts[1]

@@ -19,6 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+FAILED_TABLES_TAG = "lake/failed_tables"
+"""Run tag a worker run sets before it fails because tables failed (their identifiers, comma-separated): the
+run served; its failure is those tables' (their episodes), not the worker's (no relaunch backoff)."""
 RELAUNCH_BASE_S = 30.0
 """Seconds a subject waits before its relaunch after one failed run (doubles with each further one)."""
 RELAUNCH_CAP_S = 900.0
@@ -156,6 +159,7 @@ def dumps(cursor: dict[str, Any]) -> str:
 
 
 __all__ = [
+    "FAILED_TABLES_TAG",
     "RELAUNCH_BASE_S",
     "RELAUNCH_CAP_S",
     "Episode",
