@@ -15,7 +15,9 @@ outside the pool and at a lower CPU priority. It hands over only when another ru
 pool: its warm successor, launched near the end of its budget
 (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it serves on
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
-reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
+logged and set aside; the others keep committing; the run then fails naming it (Slack: once per failure
+episode, :mod:`kafka_iceberg.sensors.alerts`).
+While serving it exports per-table Prometheus metrics on ``LAKE_METRICS_PORT`` (:mod:`kafka_iceberg.ops.metrics`).
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
 run keeps serving up to :data:`BUDGET_S` seconds (the run tag ``lake/budget_s`` may shorten it), a run
 launched by hand or by a backfill serves one round: one micro-batch per table with records waiting.
@@ -61,7 +63,9 @@ from kafka_iceberg.lake_assets.vocabulary import (
     table_key,
     worker_job_name,
 )
-from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for, worker_alert
+from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for
+from kafka_iceberg.ops import metrics
+from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
@@ -230,8 +234,10 @@ def _worker_for(
     """The worker loop over ``specs`` inside an op, its chores (maintenance under the spread ``crons``,
     checks) between micro-batches, and the function that reports the commits not yet reported; the caller
     runs the first, closes the second and calls the third however the run ends."""
-    metadata, sink, tags = kafka.metadata(), env.slack.sink(), dict(context.run.tags)
+    metadata, tags = kafka.metadata(), dict(context.run.tags)
     tables = {s.identifier: load_table(env.catalog, s.identifier) for s in specs}  # once: state and last maintenance
+    states = {i: table_state(t) for i, t in tables.items()}
+    committed = {i: state.offsets for i, state in states.items()}  # replaced on each commit, on the main thread
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
     mirror = GroupMirror(metadata, GROUP_MIRROR_S)
     events, report = _reporter(context, specs)
@@ -246,16 +252,17 @@ def _worker_for(
 
     def on_commit(spec: TableSpec, result) -> None:
         if result.snapshot_id is not None:
+            committed[spec.identifier] = dict(result.offsets)
             report({spec.identifier: done} if (done := events.add(spec.identifier, result)) else {})
             chores.committed(spec, result.snapshots, result.data_files_added)
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
+        # no Slack post here: the run fails naming the table, and run_failure_alert_sensor posts once per episode
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
-        sink.send(worker_alert(spec, "micro_batch", error, context.run_id, "ERROR"))
 
     ports = WorkerPorts(  # run_batch runs in pool threads and does not touch the Dagster instance
-        run_batch=_batch_runner(context.run_id, env, metadata, alive, mirror),
-        watermarks=metadata.watermarks_many,
+        run_batch=metrics.metered_batch(_batch_runner(context.run_id, env, metadata, alive, mirror)),
+        watermarks=metrics.metered_watermarks(metadata.watermarks_many, specs, committed, states),
         on_commit=on_commit,
         on_failure=on_failure,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
@@ -267,7 +274,7 @@ def _worker_for(
     worker = Worker(
         specs,
         ports,
-        committed={i: table_state(t).offsets for i, t in tables.items()},
+        committed=dict(committed),
         budget_s=_budget_left(context, run_budget_s(tags)),
         idle_s=0.0 if BUDGET_TAG in tags else IDLE_S,
         grace_s=SUCCESSOR_GRACE_S,
@@ -342,7 +349,9 @@ def worker_job(
     ) -> dict:
         env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)
         worker, chores, report_rest = _worker_for(context, specs, crons, pool, env, kafka)
-        with chores:  # its background thread is shut down when the op ends, however it ends
+        # the metrics endpoint lives while the op serves; the chores' thread is shut down however the op ends
+        with metrics.serve(env.settings.stream.metrics_port) as port, chores:
+            context.log.info(f"{name}: Prometheus metrics on port {port}" if port else f"{name}: no metrics port")
             try:
                 served = worker.run()
             finally:
@@ -352,6 +361,7 @@ def worker_job(
             failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
             if failed:
                 chores.finish()
+                context.instance.add_run_tags(context.run_id, {FAILED_TABLES_TAG: ",".join(sorted(failed))})
                 raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
             return chores.pending()
 

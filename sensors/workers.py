@@ -10,7 +10,9 @@ records, seconds since its last commit, whether its topic exists, whether it is 
 table adds at most 6 observations an hour. A worker whose tables include one that
 is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
 and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
-gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`). A busy worker's tables are not read:
+gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`), unless its latest runs failed (not
+merely set tables aside): then it waits 30 s, 60 s, ... up to 900 s after the last failure
+(:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are not read:
 its run commits each micro-batch as a materialization.
 """
 
@@ -36,6 +38,7 @@ from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, run_budget_s, table_key, worker_job_name
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource
+from kafka_iceberg.sensors.backoff import relaunch_hold_s
 
 OBSERVE_EVERY_S = 600
 """Seconds between two lag observations of one table whose state does not change (the heartbeat)."""
@@ -88,10 +91,11 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
                 events.append(_observation(spec, lag, last, exists, due, now_ms))
             if worker_of[spec.identifier] not in busy and due:
                 due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
-        requests = [_run_request(k, due, now_ms) for k, due in sorted(due_workers.items())]
+        held = {k for k in due_workers if relaunch_hold_s(context.instance, now_ms / 1000, worker_job_name(k)) > 0}
+        requests = [_run_request(k, due, now_ms) for k, due in sorted(due_workers.items()) if k not in held]
         context.log.info(
             f"lake_workers: {len(specs)} tables, {len(looked)} looked at, {len(events)} observed, "
-            f"due per idle worker {due_workers}, busy {sorted(busy)}"
+            f"due per idle worker {due_workers}, busy {sorted(busy)}, held back after failed runs {sorted(held)}"
         )
         return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor))
 

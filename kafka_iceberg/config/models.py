@@ -197,6 +197,14 @@ class StreamSettings(EnvGroup):
         description="LAKE_WORKERS: worker runs (one process and Spark session each) serving all tables; "
         "unset: 1 on a SQLite catalog, else one per core, at most 4 and at most one per table.",
     )
+    metrics_port: int = Field(
+        9464,
+        validation_alias="LAKE_METRICS_PORT",
+        ge=0,
+        le=65535,
+        description="LAKE_METRICS_PORT: the port a worker run serves its Prometheus metrics on (the next free "
+        "one when taken, so several worker processes on one host listen on consecutive ports); 0: off.",
+    )
 
 
 DEFAULT_SLACK_CHANNEL = "#data-platform-alerts"
