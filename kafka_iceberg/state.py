@@ -54,7 +54,7 @@ identifier of the table whose records they quarantine).
 
 This module is the whole contract: every key is a named constant below, :func:`ingest_summary`
 and :func:`dead_letter_summary` write summaries, and :func:`state_at`, :func:`batch_ranges`,
-:func:`int_map`, :func:`dead_letter_ref`, :func:`recorded_replay` and :func:`group_state` read them;
+:func:`int_map`, :func:`dead_letter_ref`, :func:`recorded_replay`, :func:`group_state` and :func:`group_position` read them;
 :func:`group_summary` writes a consistency group's entry. Other modules
 and docs refer here instead of spelling keys out.
 
@@ -280,6 +280,31 @@ def group_state(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> dict
         if record is not None:
             return record
     return None
+
+
+def group_position(views: Mapping[str, tuple[Mapping[int, SnapshotInfo], int | None]]) -> dict[str, int] | None:
+    """One consistent position of a consistency group: identifier -> snapshot id of every member, at the
+    newest group commit any member shows. ``views``: identifier -> (its snapshots by id, ``main``'s head).
+
+    The newest ``kafka.group`` record (highest ``seq``) lists every member's offsets as of that commit;
+    each member is read at the newest snapshot of ``main``'s ancestry whose ingest state has exactly
+    those offsets (a later compaction counts). None when a member has no such snapshot yet (its metadata
+    was loaded before that commit landed: load it again) or no member was ever committed in a group.
+    """
+    records = [group_state(snaps, head) for snaps, head in views.values()]
+    newest = max((r for r in records if r is not None), key=lambda r: r["seq"], default=None)
+    if newest is None:
+        return None
+    out = {}
+    for ident, (snaps, head) in views.items():
+        wanted = {int(p): int(o) for p, o in (newest["tables"].get(ident) or {}).get("offsets", {}).items()}
+        found = next(
+            (s.snapshot_id for s in ancestors(snaps, head) if state_at(snaps, s.snapshot_id).offsets == wanted), None
+        )
+        if found is None:
+            return None
+        out[ident] = found
+    return out
 
 
 def _compact(value) -> str:

@@ -25,6 +25,8 @@ from kafka_iceberg.catalog.spark import catalog_conf
 from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.errors import CatalogUnavailableError
+from kafka_iceberg.resources.catalog import IcebergCatalogResource
+from kafka_iceberg.resources.reader import LakeTableReader
 from kafka_iceberg.state import KEY_GROUP, group_record, group_state
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +157,12 @@ def test_a_crash_between_the_tables_or_inside_the_transaction_leaves_the_group_a
         assert group_state(view.snapshots, view.main)["tables"][ident]["offsets"] == {"0": 40}
         ids = sorted(table.scan().to_arrow()["id"].to_pylist())
         assert ids == [-1, *range(40)]  # every record once
+    reader = LakeTableReader(catalog=IcebergCatalogResource(name=name, uri=given, warehouse=warehouse))
+    read = reader.group(TABLES)
+    assert {i: s.snapshot_id for i, s in read.items()} == {
+        i: catalog.load_table(i).metadata.current_snapshot_id for i in TABLES
+    }
+    assert {i: len(s.to_arrow()) for i, s in read.items()} == {i: 41 for i in TABLES}
 
 
 def _seeded(tmp_path: Path):
