@@ -24,6 +24,7 @@ from typing import Any
 
 from dagster import AssetKey, AssetRecordsFilter, ConfigurableResource, MetadataValue
 
+from kafka_iceberg.catalog.group_view import read_group
 from kafka_iceberg.catalog.tables import load_table
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.lake_assets.vocabulary import SNAPSHOT_ID_METADATA, identifier_key, key_identifier
@@ -152,8 +153,6 @@ class LakeTableReader(ConfigurableResource):
             ConfigError: a table does not exist or the tables were never committed as a group.
             LakeError: no consistent position was found (commits kept landing while loading).
         """
-        from kafka_iceberg.catalog.group_view import read_group
-
         keys = [t if isinstance(t, AssetKey) else identifier_key(t) for t in tables]
         idents = [key_identifier(k) for k in keys]
         read = read_group(self.catalog.load(), idents)

@@ -20,6 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.declaration.groups import group_of
 from kafka_iceberg.declaration.spec import TableSpec
 
 POLL_S = 0.25
@@ -32,8 +33,6 @@ def assign_workers(specs: Sequence[TableSpec], workers: int) -> dict[int, list[T
     (:mod:`kafka_iceberg.declaration.groups`) count as one and go to one worker. A table added or removed
     moves others at the next reload; two runs serving one table for a while is safe (conditional
     commits), only slower."""
-    from kafka_iceberg.declaration.groups import group_of
-
     units: dict[str, list[TableSpec]] = {}
     for spec in sorted(specs, key=lambda s: s.identifier):
         units.setdefault(f"group:{group_of(spec)}" if group_of(spec) else spec.identifier, []).append(spec)
