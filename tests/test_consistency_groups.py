@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_iceberg.batch.worker import assign_workers
-from kafka_iceberg.declaration.groups import groups, source_prefix, transaction_topic
+from kafka_iceberg.declaration.groups import assignment_units, groups, source_prefix, transaction_topic
 from kafka_iceberg.declaration.spec import parse_declarations
 from kafka_iceberg.errors import ConfigError
 
@@ -60,18 +59,12 @@ def test_a_group_across_two_debezium_sources_is_refused():
         parse_declarations(doc, "tables.yaml")
 
 
-def test_a_groups_tables_are_served_by_one_worker():
+def test_a_groups_tables_are_one_assignment_unit():
     grouped = [_cdc(n, f"shop.public.{n}") for n in ("a_orders", "m_lines", "z_stock")]
-    alone = [_cdc(n, f"shop.public.{n}", group=None) for n in ("b", "c", "d")]
+    alone = [_cdc(n, f"shop.public.{n}", group=None) for n in ("b", "c")]
     specs = parse_declarations({"tables": grouped + alone}, "tables.yaml")
-    shares = assign_workers(specs, 3)
-    holding = [w for w, share in shares.items() if {"a_orders", "m_lines", "z_stock"} <= {s.name for s in share}]
-    assert len(holding) == 1
-    assert sorted(s.name for share in shares.values() for s in share) == [
-        "a_orders",
-        "b",
-        "c",
-        "d",
-        "m_lines",
-        "z_stock",
+    assert [[s.name for s in unit] for unit in assignment_units(specs)] == [
+        ["a_orders", "m_lines", "z_stock"],
+        ["b"],
+        ["c"],
     ]

@@ -20,7 +20,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from kafka_iceberg.batch.planning import Watermarks
-from kafka_iceberg.declaration.groups import group_of
 from kafka_iceberg.declaration.spec import TableSpec
 
 POLL_S = 0.25
@@ -29,16 +28,11 @@ POLL_S = 0.25
 
 def assign_workers(specs: Sequence[TableSpec], workers: int) -> dict[int, list[TableSpec]]:
     """Tables per worker (0 .. ``workers`` - 1): round robin over the identifiers in sorted order, so the
-    workers' shares differ by one table at most; the tables of one consistency group
-    (:mod:`kafka_iceberg.declaration.groups`) count as one and go to one worker. A table added or removed
-    moves others at the next reload; two runs serving one table for a while is safe (conditional
-    commits), only slower."""
-    units: dict[str, list[TableSpec]] = {}
-    for spec in sorted(specs, key=lambda s: s.identifier):
-        units.setdefault(f"group:{group_of(spec)}" if group_of(spec) else spec.identifier, []).append(spec)
+    workers' shares differ by one table at most. A table added or removed moves others at the next
+    reload; two runs serving one table for a while is safe (conditional commits), only slower."""
     groups: dict[int, list[TableSpec]] = {k: [] for k in range(max(1, workers))}
-    for i, unit in enumerate(sorted(units.values(), key=lambda u: u[0].identifier)):
-        groups[i % max(1, workers)].extend(unit)
+    for i, spec in enumerate(sorted(specs, key=lambda s: s.identifier)):
+        groups[i % max(1, workers)].append(spec)
     return groups
 
 

@@ -37,6 +37,15 @@ def groups(specs: Sequence) -> dict[str, list]:
     return out
 
 
+def assignment_units(specs: Sequence) -> list[list]:
+    """``specs`` as the units a worker assignment deals out, sorted by their first identifier: each
+    consistency group's members together (one worker serves a group), every other table alone."""
+    units: dict[str, list] = {}
+    for spec in sorted(specs, key=lambda s: s.identifier):
+        units.setdefault(f"group:{group_of(spec)}" if group_of(spec) else spec.identifier, []).append(spec)
+    return sorted(units.values(), key=lambda unit: unit[0].identifier)
+
+
 def check_groups(specs: Sequence, where: str) -> None:
     """ConfigError (prefixed ``where``) when a group's members are not of one Debezium source (their
     topics' prefixes differ). Each member is already checked to be ``mode: upsert`` with ``cdc: debezium``."""
@@ -49,4 +58,4 @@ def check_groups(specs: Sequence, where: str) -> None:
             )
 
 
-__all__ = ["check_groups", "group_of", "groups", "source_prefix", "transaction_topic"]
+__all__ = ["assignment_units", "check_groups", "group_of", "groups", "source_prefix", "transaction_topic"]
