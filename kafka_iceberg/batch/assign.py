@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kafka_iceberg.declaration.groups import assignment_units
 from kafka_iceberg.declaration.spec import TableSpec
 
 
 def assign_workers(specs: Sequence[TableSpec], workers: int) -> dict[int, list[TableSpec]]:
     """Tables per worker (0 .. ``workers`` - 1): round robin over the identifiers in sorted order, so the
     workers' shares differ by one table at most. A table added or removed moves others at the next
-    reload; two runs serving one table for a while is safe (conditional commits), only slower."""
+    reload; two runs serving one table for a while is safe (conditional commits), only slower. The tables of
+    one ``consistency_group`` are one unit, served by one worker."""
     groups: dict[int, list[TableSpec]] = {k: [] for k in range(max(1, workers))}
-    for i, spec in enumerate(sorted(specs, key=lambda s: s.identifier)):
-        groups[i % max(1, workers)].append(spec)
+    for i, unit in enumerate(assignment_units(specs)):  # a consistency group's tables stay on one worker
+        groups[i % max(1, workers)].extend(unit)
     return groups
 
 
