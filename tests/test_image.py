@@ -103,6 +103,7 @@ def _pod_env(root: Path) -> dict[str, str]:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9",  # loading connects to no broker
         "LAKE_CATALOG_URI": f"sqlite:///{lake / 'catalog.db'}",
+        "LAKE_WAREHOUSE": f"file://{lake / 'warehouse'}",
         "LAKE_TABLES_FILE": str(root / "etc" / "tables.yaml"),
     }
 

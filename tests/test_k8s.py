@@ -15,6 +15,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -25,6 +29,8 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+
+from kafka_iceberg.config.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -269,3 +275,60 @@ def test_dockerfile_installs_the_lock_and_bakes_no_spark_local_ip():
     assert "/usr/lib/jvm/java-17-openjdk-amd64" not in text  # JAVA_HOME portable across arm64/amd64
     assert "\nUSER 10001" in text
     assert "kafka_iceberg.lake_assets.definitions" in text
+
+
+def _pod_environment(tmp_path: Path, drop: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment of a pod with the documented ConfigMap and Secret (deploy/README.md): the
+    ConfigMap's data without ``drop``, the Secret's keys with stand-in values; no LAKE_DEV."""
+    data = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")["data"]
+    secrets = {key: f"secret-value-{i}" for i, key in enumerate(documented_secret_keys())}
+    env = {k: v for k, v in data.items() if k not in drop}
+    env.update(secrets, PATH=os.environ["PATH"], HOME=str(tmp_path), LAKE_HOME=str(tmp_path / "lake"))
+    env["DAGSTER_HOME"] = str(tmp_path / "dagster")
+    return env, secrets
+
+
+def documented_secret_keys() -> list[str]:
+    """The keys deploy/README.md puts into the Secret ``lake-secrets`` (``--from-literal=KEY=...``)."""
+    readme = (DEPLOY / "README.md").read_text()
+    return re.findall(r"--from-literal=([A-Z0-9_]+)=", readme)
+
+
+def test_the_documented_configmap_and_secret_name_the_catalog_and_keep_credentials_out(tmp_path):
+    env, secrets = _pod_environment(tmp_path)
+    assert "PYICEBERG_CATALOG__LAKE__PASSWORD" in secrets and "SLACK_BOT_TOKEN" in secrets
+    settings = load_settings(env=env)
+    assert settings.catalog.jdbc_password == secrets["PYICEBERG_CATALOG__LAKE__PASSWORD"]
+    assert settings.catalog.warehouse.startswith("s3://") and not settings.catalog.is_sqlite
+    assert settings.slack.token.get_secret_value() == secrets["SLACK_BOT_TOKEN"]
+    assert not any(v in repr(settings) for v in secrets.values()), "a credential is never printed"
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ["-m", "kafka_iceberg.lake_assets.cli", "status"],
+        ["-c", "import kafka_iceberg.lake_assets.definitions"],
+    ],
+)
+def test_without_a_catalog_the_installed_package_refuses_to_load(tmp_path, entry):
+    """The documented ConfigMap and Secret without the catalog: loading exits non-zero naming the
+    catalog setting; no SQLite file appears and no demo table is served."""
+    env, secrets = _pod_environment(tmp_path, drop=("LAKE_CATALOG_PROPERTIES",))
+    out = subprocess.run([sys.executable, *entry], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "LAKE_CATALOG_PROPERTIES (or LAKE_CATALOG_URI) is not set" in out.stderr, out.stderr[-2000:]
+    if entry[1].endswith("cli"):
+        assert out.stderr.strip().count("\n") == 0, f"one line: {out.stderr}"
+    printed = out.stdout + out.stderr
+    assert not any(v in printed for v in secrets.values()), "a credential is never printed"
+    assert not list(tmp_path.rglob("*.db")), "no SQLite catalog appears"
+    assert "nyc" not in printed
+
+
+def test_without_tables_the_location_serves_no_demo_table(tmp_path):
+    env, _ = _pod_environment(tmp_path, drop=("LAKE_DEFS_MODULE",))
+    probe = "import kafka_iceberg.lake_assets.definitions as d; print(sorted(s.identifier for s in d.specs))"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode != 0 and "LAKE_TABLES_FILE (or LAKE_DEFS_MODULE) is not set" in out.stderr, out.stderr
+    assert "nyc." not in out.stdout

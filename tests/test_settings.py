@@ -120,3 +120,38 @@ def test_malformed_values_name_their_variable():
     settings = load_settings(env={"LAKE_SPARK_JARS": "/a.jar, ,/b.jar", "KAFKA_CLIENT_CONFIG": '{"linger.ms": 5}'})
     assert settings.spark_extra_jars == ("/a.jar", "/b.jar") and settings.kafka_client_config == {"linger.ms": "5"}
     assert load_settings(env={"LAKE_STREAM_BUDGET_S": ""}).stream.budget_s == 300.0, "empty means unset"
+
+
+def test_outside_lake_dev_the_broker_catalog_and_tables_must_be_set(monkeypatch, tmp_path):
+    """No development default in an installed package: each missing choice is one ConfigError naming it."""
+    from kafka_iceberg.config.settings import require_declared_tables
+
+    monkeypatch.delenv("LAKE_DEV", raising=False)
+    wh = f"file://{tmp_path}/wh"
+    full = {
+        "LAKE_HOME": str(tmp_path),
+        "KAFKA_BOOTSTRAP_SERVERS": "k:9092",
+        "LAKE_CATALOG_URI": "postgresql://u@db:5432/ice",
+        "LAKE_WAREHOUSE": wh,
+    }
+    settings = load_settings(env=full)
+    assert not settings.dev and not settings.use_dev_broker and not settings.tables_declared
+    with pytest.raises(ConfigError, match=r"^LAKE_TABLES_FILE \(or LAKE_DEFS_MODULE\) is not set"):
+        require_declared_tables(settings)
+    require_declared_tables(load_settings(env={**full, "LAKE_DEFS_MODULE": "team.defs"}))
+    for drop, named in [
+        ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS is not set"),
+        ("LAKE_CATALOG_URI", r"LAKE_CATALOG_PROPERTIES \(or LAKE_CATALOG_URI\) is not set"),
+        ("LAKE_WAREHOUSE", "LAKE_WAREHOUSE is not set"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{named}"):
+            load_settings(env={k: v for k, v in full.items() if k != drop})
+    sqlite_on_s3 = {**full, "LAKE_CATALOG_URI": f"sqlite:///{tmp_path}/c.db", "LAKE_WAREHOUSE": "s3://b/w"}
+    with pytest.raises(ConfigError, match="^LAKE_CATALOG_URI names a local SQLite catalog"):
+        load_settings(env=sqlite_on_s3)
+    assert load_settings(env={**sqlite_on_s3, "LAKE_WAREHOUSE": wh}).catalog.is_sqlite  # a local warehouse is fine
+    # LAKE_DEV=1 (the make targets, workspace.yaml, the tests) brings the defaults back
+    dev = load_settings(env={"LAKE_HOME": str(tmp_path), "LAKE_DEV": "1"})
+    assert dev.use_dev_broker and dev.catalog.is_sqlite and dev.tables_declared
+    assert dev.defs_module == "kafka_iceberg.defs"
+    assert not (tmp_path / "catalog.db").exists(), "reading settings opens no catalog"

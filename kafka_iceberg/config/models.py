@@ -58,16 +58,23 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_TABLES_FILE",
         description="LAKE_TABLES_FILE: a table declarations file; unset: the Component instances of the defs folder.",
     )
-    defs_module: str = Field(
-        "kafka_iceberg.defs",
+    defs_module: str | None = Field(
+        None,
         validation_alias="LAKE_DEFS_MODULE",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
-        description="LAKE_DEFS_MODULE: the importable defs folder whose KafkaIcebergTables instances declare the tables.",
+        description="LAKE_DEFS_MODULE: the importable defs folder whose KafkaIcebergTables instances declare the "
+        "tables (LAKE_DEV=1: default kafka_iceberg.defs, the demo's tables).",
+    )
+    dev: bool = Field(
+        False,
+        validation_alias="LAKE_DEV",
+        description="LAKE_DEV: 1 in the repository's make targets, workspace.yaml and tests: the dev broker, the "
+        "SQLite catalog under LAKE_HOME and the demo's tables are the defaults; unset, each must be configured.",
     )
     kafka_bootstrap_servers: str = Field(
         "",
         validation_alias="KAFKA_BOOTSTRAP_SERVERS",
-        description="KAFKA_BOOTSTRAP_SERVERS: host:port list; unset: the dev broker.",
+        description="KAFKA_BOOTSTRAP_SERVERS: host:port list; required (LAKE_DEV=1: default the dev broker).",
     )
     kafka_client_config: JsonObject = Field(
         default_factory=dict,
@@ -80,12 +87,14 @@ class RuntimeSettings(EnvGroup):
     catalog_uri: str | None = Field(
         None,
         validation_alias="LAKE_CATALOG_URI",
-        description="LAKE_CATALOG_URI: sqlite:////abs/catalog.db or postgresql://… (default $LAKE_HOME/catalog.db).",
+        description="LAKE_CATALOG_URI: sqlite:////abs/catalog.db or postgresql://…; this or LAKE_CATALOG_PROPERTIES "
+        "is required (LAKE_DEV=1: default $LAKE_HOME/catalog.db).",
     )
     warehouse: str | None = Field(
         None,
         validation_alias="LAKE_WAREHOUSE",
-        description="LAKE_WAREHOUSE: table data and metadata location (default file://$LAKE_HOME/warehouse).",
+        description="LAKE_WAREHOUSE: table data and metadata location; required with LAKE_CATALOG_URI "
+        "(LAKE_DEV=1: default file://$LAKE_HOME/warehouse).",
     )
     spark_master: str = Field("local[*]", validation_alias="SPARK_MASTER", description="SPARK_MASTER: spark.master.")
     spark_local_ip: str = Field(
