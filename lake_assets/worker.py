@@ -49,7 +49,7 @@ from kafka_iceberg.lake_assets.streaming import (
     stream_budget_s,
 )
 from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
-from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
+from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name, worker_pool
 from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
@@ -197,11 +197,11 @@ def worker_job(
     """The job ``lake_worker_<index>``: ``warm`` (the Spark session), ``serve`` (``specs``, their chores), ``check``
     (the checks still pending, outside the pool). The serving op runs their maintenance under
     ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
-    catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
+    catalog its op holds the one commit pool; otherwise a pool of its own (``lake/worker/<index>``,
     limit 1 by default)."""
     name = worker_job_name(index)
     crons = crons or maintenance_crons(specs)
-    pool = SQLITE_POOL if sqlite_catalog else name
+    pool = SQLITE_POOL if sqlite_catalog else worker_pool(index)
 
     @op(
         name=f"serve_{name}",

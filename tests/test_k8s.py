@@ -130,98 +130,76 @@ def test_values_hold_no_secret_literal(values, instance_values):
     assert "SPARK_LOCAL_IP" not in configmap["data"]  # the pod sets it from its own IP
 
 
-# keys of the main chart's value models (helm/dagster/schema/.../subschema/concurrency.py and
-# compute_log_manager.py, both extra="forbid"), until that chart's schema is vendored too
-CHART_CONCURRENCY = {"enabled", "pools", "runs"}
-CHART_POOLS = {"defaultLimit", "granularity", "opGranularityRunBuffer"}
-CHART_S3_LOGS = {
-    "bucket",
-    "localDir",
-    "prefix",
-    "useSsl",
-    "verify",
-    "verifyCertPath",
-    "endpointUrl",
-    "skipEmptyFiles",
-    "uploadInterval",
-    "uploadExtraArgs",
-    "showUrlOnly",
-    "region",
+# The main chart's defaults (helm/dagster/values.yaml of dagster 1.13.x) for the instance settings a team
+# shares: the snippet must leave each of them as the team has it. dagster.yaml's names on the right.
+CHART_DEFAULTS = {
+    ("dagsterDaemon", "runRetries", "enabled"): True,
+    ("dagsterDaemon", "runRetries", "maxRetries"): 0,
+    ("dagsterDaemon", "runCoordinator", "enabled"): True,
+    ("dagsterDaemon", "runMonitoring", "enabled"): True,
 }
-SNAKE = {
-    "startTimeoutSeconds": "start_timeout_seconds",
-    "pollIntervalSeconds": "poll_interval_seconds",
-    "maxResumeRunAttempts": "max_resume_run_attempts",
-    "freeSlotsAfterRunEndSeconds": "free_slots_after_run_end_seconds",
-    "enabled": "enabled",
-    "maxRetries": "max_retries",
-    "retryOnAssetOrOpFailure": "retry_on_asset_or_op_failure",
-    "dequeueIntervalSeconds": "dequeue_interval_seconds",
-    "defaultLimit": "default_limit",
-    "granularity": "granularity",
-    "bucket": "bucket",
-    "prefix": "prefix",
-    "region": "region",
+SHARED = {
+    ("dagsterDaemon",): "run coordinator, run monitoring, run retries (every team's runs)",
+    ("computeLogManager",): "every team's step logs",
+    ("concurrency", "pools"): "the default limit and granularity of every team's pools",
+    ("runLauncher",): "every team's run pods",
 }
+LAKE_TAGS = ("lake/",)
 
 
-def chart_instance_config(snippet: dict) -> dict:
-    """The dagster.yaml blocks the chart renders from the snippet (camelCase values -> snake_case)."""
-    daemon = snippet["dagsterDaemon"]
-    coordinator = daemon["runCoordinator"]
-    logs = snippet["computeLogManager"]
-    return {
-        "run_coordinator": {
-            "module": "dagster.core.run_coordinator",
-            "class": coordinator["type"],
-            "config": {SNAKE[k]: v for k, v in coordinator["config"]["queuedRunCoordinator"].items()},
-        },
-        "run_monitoring": {SNAKE[k]: v for k, v in daemon["runMonitoring"].items()},
-        "run_retries": {SNAKE[k]: v for k, v in daemon["runRetries"].items()},
-        "concurrency": {
-            "pools": {SNAKE[k]: v for k, v in snippet["concurrency"]["pools"].items()},
-            "runs": {"tag_concurrency_limits": snippet["concurrency"]["runs"]["tagConcurrencyLimits"]},
-        },
-        "compute_logs": {
-            "module": "dagster_aws.s3.compute_log_manager",
-            "class": logs["type"],
-            "config": {SNAKE[k]: v for k, v in logs["config"]["s3ComputeLogManager"].items()},
-        },
-        "telemetry": {"enabled": False},
-    }
+def leaves(node, path=()):
+    """(path, value) of every leaf of a values document; a list is one leaf (helm replaces lists)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from leaves(v, (*path, k))
+    else:
+        yield path, node
 
 
-def test_instance_snippet_keys_are_the_charts(instance_values):
-    assert set(instance_values) == {"dagsterDaemon", "concurrency", "computeLogManager"}
-    assert set(instance_values["concurrency"]) <= CHART_CONCURRENCY
-    assert set(instance_values["concurrency"]["pools"]) <= CHART_POOLS
-    logs = instance_values["computeLogManager"]
-    assert logs["type"] == "S3ComputeLogManager"
-    assert set(logs["config"]) == {"s3ComputeLogManager"}
-    assert set(logs["config"]["s3ComputeLogManager"]) <= CHART_S3_LOGS
+def test_instance_snippet_sets_nothing_outside_the_lakes_own_names(instance_values):
+    """Additive: no shared instance setting (pools' default limit or granularity, run retries, run
+    monitoring, the run coordinator, the compute-log manager); tag limits only on the lake's own tags."""
+    for path, value in leaves(instance_values):
+        assert not any(path[: len(p)] == p for p in SHARED), f"{'.'.join(path)} is shared: {SHARED}"
+        if path == ("concurrency", "runs", "tagConcurrencyLimits"):
+            assert value and all(e["key"].startswith(LAKE_TAGS) for e in value), value
+        elif path == ("concurrency", "enabled"):
+            assert value is True  # renders the concurrency block; sets no limit by itself
+        else:
+            raise AssertionError(f"{'.'.join(path)}: not one of the lake's own names")
+    for path, default in CHART_DEFAULTS.items():
+        node = instance_values
+        for key in path:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        assert node in ({}, default), f"{'.'.join(path)} must stay the chart's default {default}"
 
 
 def test_instance_snippet_renders_a_valid_dagster_yaml(instance_values, tmp_path):
-    # dagster_aws is not installed here: the compute log block's shape is checked above, the rest by Dagster
-    rendered = {k: v for k, v in chart_instance_config(instance_values).items() if k != "compute_logs"}
+    rendered = {
+        "concurrency": {
+            "runs": {"tag_concurrency_limits": instance_values["concurrency"]["runs"]["tagConcurrencyLimits"]}
+        },
+        "telemetry": {"enabled": False},
+    }
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(rendered))
     checked, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError when invalid
-    assert checked["concurrency"]["pools"] == {"granularity": "run", "default_limit": 1}
-
-
-def test_instance_snippet_keeps_the_repository_liveness_rules(instance_values):
-    """Run monitoring and run retries as in dagster.yaml (the local instance); waiting runs queue."""
+    assert "pools" not in checked["concurrency"]
+    # the maintenance limit is the one of the repository's dev instance
     local = load_yaml(ROOT / "dagster.yaml")
-    rendered = chart_instance_config(instance_values)
-    assert rendered["run_monitoring"] == local["run_monitoring"]
-    assert rendered["run_retries"] == local["run_retries"]
-    assert (
-        rendered["run_coordinator"]["config"]["dequeue_interval_seconds"]
-        == local["run_queue"]["dequeue_interval_seconds"]
-    )
-    assert rendered["concurrency"]["pools"]["default_limit"] == local["concurrency"]["pools"]["default_limit"]
-    assert rendered["concurrency"]["pools"]["granularity"] == "run"
-    assert rendered["concurrency"]["runs"] == local["concurrency"]["runs"]  # the maintenance run limit
+    assert checked["concurrency"]["runs"] == local["concurrency"]["runs"]
+
+
+def test_the_lakes_pools_and_run_tags_are_its_own():
+    from types import SimpleNamespace
+
+    from kafka_iceberg.lake_assets import vocabulary
+
+    spec = SimpleNamespace(identifier="shop.orders")  # table_pool reads the identifier only
+    pools = [vocabulary.table_pool(spec, False), vocabulary.table_pool(spec, True), vocabulary.worker_pool(0)]
+    assert pools == ["lake/table/shop_orders", "lake/sqlite_catalog", "lake/worker/0"]
+    assert vocabulary.RUN_RETRY_TAGS["dagster/max_retries"] == "2"
+    # the dev instance's run_retries: the same retries, there for every run
+    assert load_yaml(ROOT / "dagster.yaml")["run_retries"]["max_retries"] == 2
 
 
 def test_run_pod_carries_the_location_config(values):
