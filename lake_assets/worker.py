@@ -40,6 +40,7 @@ from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.worker import Worker
 from kafka_iceberg.catalog.tables import load_table, table_state
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.streaming import (
     POOL_CHECK_S,
@@ -228,7 +229,7 @@ def worker_job(
 
     @job(
         name=name,
-        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES},
+        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES, **run_pod_tags()},
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dagster import AssetCheckKey, AssetSelection, DefaultScheduleStatus, ScheduleDefinition, define_asset_job
 
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import RUN_RETRY_TAGS, table_key
 from kafka_iceberg.ops.spread import maintenance_crons
@@ -37,6 +38,7 @@ def full_check_schedule(spec: TableSpec, cron: str | None = None) -> ScheduleDef
             "lake/check": "duplicate_free_full",
             "lake/maintenance": "full_check",
             **RUN_RETRY_TAGS,
+            **run_pod_tags(),
         },
     )
     return ScheduleDefinition(

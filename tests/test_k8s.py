@@ -310,3 +310,35 @@ def test_without_tables_the_location_serves_no_demo_table(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode != 0 and "LAKE_TABLES_FILE (or LAKE_DEFS_MODULE) is not set" in out.stderr, out.stderr
     assert "nyc." not in out.stdout
+
+
+def test_run_pods_get_the_spark_drivers_resources_not_the_code_servers(values, tmp_path):
+    """The lake's runs carry a dagster-k8s/config tag sized from the ConfigMap's Spark settings; merged
+    after the location's container context (includeConfigInLaunchedRuns), it replaces the code server's
+    resources in the Job dagster-k8s builds."""
+    from dagster_k8s.container_context import K8sContainerContext
+    from dagster_k8s.job import get_user_defined_k8s_config
+
+    from kafka_iceberg.config.run_pods import memory_mib, run_pod_tags
+
+    (deployment,) = values["deployments"]
+    env, _ = _pod_environment(tmp_path)
+    tags = run_pod_tags(load_settings(env=env))
+    location = K8sContainerContext(resources=deployment["resources"], env_config_maps=["lake-env"])
+    context = location.merge(K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(tags)))
+    job = construct_dagster_k8s_job(
+        job_config=DagsterK8sJobConfig(job_image="lake:0.1.0", dagster_home=values["dagsterHome"]),
+        args=["dagster", "api", "execute_run", "{}"],
+        job_name="dagster-run-1",
+        user_defined_k8s_config=context.run_k8s_config,
+        component="run_worker",
+    )
+    (container,) = kubernetes.client.ApiClient().sanitize_for_serialization(job)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    run_memory = container["resources"]["limits"]["memory"]
+    driver = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")["data"]["LAKE_SPARK_DRIVER_MEMORY"]
+    assert run_memory != deployment["resources"]["limits"]["memory"]
+    assert memory_mib(run_memory.removesuffix("i")) >= memory_mib(driver) + 384 + 1024  # heap + overhead + Python
+    assert container["resources"]["requests"]["cpu"] == "2"  # SPARK_MASTER local[2]
+    assert memory_mib("512m") == 512 and memory_mib("2g") == 2048 and memory_mib(str(2**30)) == 1024
