@@ -342,3 +342,47 @@ def test_run_pods_get_the_spark_drivers_resources_not_the_code_servers(values, t
     assert memory_mib(run_memory.removesuffix("i")) >= memory_mib(driver) + 384 + 1024  # heap + overhead + Python
     assert container["resources"]["requests"]["cpu"] == "2"  # SPARK_MASTER local[2]
     assert memory_mib("512m") == 512 and memory_mib("2g") == 2048 and memory_mib(str(2**30)) == 1024
+
+
+def _settings_variables() -> set[str]:
+    from kafka_iceberg.config import models
+
+    groups = [g for g in vars(models).values() if isinstance(g, type) and issubclass(g, models.EnvGroup)]
+    return {f.validation_alias for g in groups for f in g.model_fields.values() if f.validation_alias}
+
+
+def test_the_names_shared_by_the_kit_agree(values):
+    """Dockerfile, build script, Helm values, ConfigMap, Secret, docs and settings name the same things."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    script = (DEPLOY / "build-image.sh").read_text()
+    readme = (DEPLOY / "README.md").read_text()
+    reasons = (ROOT / "docs" / "deployment.md").read_text()
+    configmap = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")
+    (deployment,) = values["deployments"]
+    env = dict(re.findall(r"(\w+)=(/\S+)", dockerfile.split("ENV ", 1)[1].split("\n\n", 1)[0]))
+    # the image's layout: Dockerfile, build script and values
+    workdir = re.search(r"^WORKDIR (\S+)", dockerfile, re.M)[1]
+    assert f"WORKDIR={workdir}" in script and workdir in readme and workdir in reasons
+    assert env["DAGSTER_HOME"] == values["dagsterHome"] == values["global"]["dagsterHome"]
+    assert f"DAGSTER_HOME_DIR={env['DAGSTER_HOME']}" in script and f"LAKE_HOME_DIR={env['LAKE_HOME']}" in script
+    assert {"name": "spark-scratch", "mountPath": env["LAKE_HOME"]} in deployment["volumeMounts"]
+    uid = int(re.search(r"^USER (\d+)", dockerfile, re.M)[1])
+    assert f"IMAGE_UID={uid}" in script and deployment["podSecurityContext"]["runAsUser"] == uid
+    assert f"uid {uid}" in readme
+    # the code location: module and port
+    module = deployment["dagsterApiGrpcArgs"][deployment["dagsterApiGrpcArgs"].index("-m") + 1]
+    assert module == "kafka_iceberg.lake_assets.definitions" and f'"-m", "{module}"' in dockerfile
+    assert f"EXPOSE {deployment['port']}" in dockerfile and f"port: {deployment['port']}" in readme
+    # ConfigMap and Secret: the names the values use, the README creates, the settings read
+    assert deployment["envConfigMaps"] == [{"name": configmap["metadata"]["name"]}]
+    assert f"-f deploy/k8s/{'lake-env.configmap.yaml'}" in readme and configmap["metadata"]["name"] in readme
+    (secret,) = deployment["envSecrets"]
+    assert f"create secret generic {secret['name']}" in readme
+    known = _settings_variables()
+    assert set(configmap["data"]) <= known, set(configmap["data"]) - known
+    for key in documented_secret_keys():
+        assert key in known or key.startswith(f"PYICEBERG_CATALOG__{configmap['data']['LAKE_CATALOG_NAME'].upper()}__")
+    # the chart version the README installs is the Dagster the lock pins
+    (chart,) = set(re.findall(r"--version (\S+)", readme + (HELM / "values.yaml").read_text()))
+    lock = (ROOT / "requirements-runtime.lock").read_text()
+    assert f"dagster=={chart}" in lock

@@ -42,6 +42,8 @@ from kafka_iceberg.catalog.config import (  # noqa: F401 (re-exported)
 )
 from kafka_iceberg.config.models import (
     DEFAULT_SLACK_TIMEOUT_S,
+    ORPHAN_CLOCK_SKEW_S,
+    DevHooks,
     EnvGroup,
     RegistrySettings,
     RuntimeSettings,
@@ -110,7 +112,8 @@ def _group(group: type[EnvGroup], env: Mapping[str, str]):
     except ValidationError as exc:
         err = exc.errors()[0]
         var = str(err["loc"][0]) if err["loc"] else group.__name__
-        raise ConfigError(f"{var} {_problem(err)}, got {env.get(var)!r}") from exc
+        shown = "a value not shown (it may hold a secret)" if var in NEVER_SHOWN else repr(env.get(var))
+        raise ConfigError(f"{var} {_problem(err)}, got {shown}") from exc
 
 
 def _process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -222,6 +225,9 @@ class Settings:
         return self.lake_home / "kafka"
 
 
+NEVER_SHOWN = frozenset({"KAFKA_CLIENT_CONFIG", "LAKE_SCHEMA_REGISTRY_CONFIG", "SLACK_BOT_TOKEN", "LAKE_CATALOG_URI"})
+"""Variables whose value an error message never repeats (credentials may be inside)."""
+
 SECRET_BEARING = ("KAFKA_CLIENT_CONFIG", "LAKE_CATALOG_URI", "LAKE_CATALOG_PROPERTIES", "LAKE_CATALOG_SECRETS_DIR")
 """Variables that may hold a secret (``sasl.password`` in the librdkafka properties, the database
 password in a catalog URI), plus ``PYICEBERG_CATALOG__*`` (credentials of the catalog config)."""
@@ -264,6 +270,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
     dev = run.dev or dev_defaults()
     lake_home = (run.lake_home or CHECKOUT / ".lake").resolve()
     bootstrap, catalog = _deployment_choices(run, env, dev, lake_home)
+    hooks = _group(DevHooks, env) if dev else DevHooks()  # constants outside LAKE_DEV
     slack = slack_settings(env)
     return Settings(
         lake_home=lake_home,
@@ -281,14 +288,14 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         spark_extra_jars=run.spark_extra_jars,
         spark_conf=dict(run.spark_conf),
         kafka_timeout_s=run.kafka_timeout_s,
-        read_timeout_s=run.read_timeout_s,
+        read_timeout_s=hooks.read_timeout_s,
         max_records_per_task=run.max_records_per_task,
         json_parser=run.json_parser,
         writer=run.writer,
         driver_read_max_records=run.driver_read_max_records,
         warm_read_job=run.warm_read_job,
-        attempt_timeout_s=run.attempt_timeout_s,
-        orphan_clock_skew_s=run.orphan_clock_skew_s,
+        attempt_timeout_s=hooks.attempt_timeout_s,
+        orphan_clock_skew_s=ORPHAN_CLOCK_SKEW_S,
         catalog_retry_s=run.catalog_retry_s,
         dagster_executor=run.dagster_executor,
         dagster_ui_url=slack.ui_url,
