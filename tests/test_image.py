@@ -192,3 +192,26 @@ def test_a_source_tree_in_the_workdir_would_shadow_the_installed_package(image_r
     probe = [python, "-c", "import kafka_iceberg.lake_assets.definitions"]
     out = subprocess.run(probe, cwd=shadowed, env=_pod_env(image_root), capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "No module named 'kafka_iceberg.lake_assets'" in out.stderr, out.stderr[-2000:]
+
+
+def test_the_installed_package_without_a_catalog_exits_naming_it(image_root, tmp_path):
+    """The documented ConfigMap and Secret without the catalog, in the image tree as its user: one line
+    naming the catalog setting, a non-zero exit, no SQLite file, no credential printed."""
+    from tests.test_k8s import _pod_environment
+
+    env, secrets = _pod_environment(tmp_path, drop=("LAKE_CATALOG_PROPERTIES",))
+    lake = image_root / "opt" / "dagster" / "lake"
+    env.update(LAKE_HOME=str(lake), HOME=str(lake), DAGSTER_HOME=str(image_root / "opt" / "dagster" / "dagster_home"))
+    python = str(image_root / "opt" / "venv" / "bin" / "python")
+    out = subprocess.run(
+        _as_image_user([python, "-m", "kafka_iceberg.lake_assets.cli", "status"]),
+        cwd=image_root / "opt" / "lake",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "LAKE_CATALOG_PROPERTIES (or LAKE_CATALOG_URI) is not set" in out.stderr
+    assert not any(v in out.stdout + out.stderr for v in secrets.values())
+    assert not list(lake.rglob("*.db")), "no SQLite catalog appears"
