@@ -66,15 +66,16 @@ MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
 demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
 can hold every table plus the unpartitioned downstream asset."""
 
-SQLITE_POOL = "lake_sqlite_catalog"
-"""The one concurrency pool of every committing step on a SQLite catalog."""
+SQLITE_POOL = "lake/sqlite_catalog"
+"""The one concurrency pool of every committing step on a SQLite catalog. Every pool of the lake is
+named under ``lake/``, so its limits (limit 1: ``dagster instance concurrency set``) touch no other pool."""
 
 
 def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
-    """Dagster concurrency pool of a table asset: one per table (``lake_table_<namespace>_<table>``),
+    """Dagster concurrency pool of a table asset: one per table (``lake/table/<namespace>_<table>``),
     or :data:`SQLITE_POOL` shared by all tables on a SQLite catalog (SQLite admits one committing
     process at a time). Limits: dagster.yaml."""
-    return SQLITE_POOL if sqlite_catalog else f"lake_table_{key_part(spec.identifier)}"
+    return SQLITE_POOL if sqlite_catalog else f"lake/table/{key_part(spec.identifier)}"
 
 
 def commit_pool(sqlite_catalog: bool) -> str | None:
@@ -104,8 +105,20 @@ def run_budget_s(tags: dict[str, str]) -> float:
 
 
 def worker_job_name(index: int) -> str:
-    """Name of worker ``index``'s job (and of its pool off SQLite): ``lake_worker_<index>``."""
+    """Name of worker ``index``'s job: ``lake_worker_<index>``."""
     return f"lake_worker_{index}"
+
+
+def worker_pool(index: int) -> str:
+    """Pool of worker ``index``'s serving op off SQLite: ``lake/worker/<index>`` (limit 1)."""
+    return f"lake/worker/{index}"
+
+
+RUN_RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
+"""Run tags of the lake's per-table, backfill and maintenance runs: a run that died (killed, its pod gone)
+is launched again up to twice, a run whose step raised is not (the asset's RetryPolicy covers step errors;
+a data error such as DataLossError must stop). The lake's own retry settings, not the instance's: they
+need only ``run_retries.enabled`` (the Helm chart's default). Worker runs have ``dagster/max_retries: 0``."""
 
 
 TABLE_TAG = "lake/table"
@@ -122,6 +135,7 @@ IN_PROGRESS = [
 __all__ = [
     "BUDGET_S",
     "BUDGET_TAG",
+    "RUN_RETRY_TAGS",
     "IN_PROGRESS",
     "MICRO_BATCHES",
     "SQLITE_POOL",
@@ -135,6 +149,7 @@ __all__ = [
     "run_budget_s",
     "table_key",
     "table_pool",
+    "worker_pool",
     "topic_key",
     "worker_job_name",
 ]

@@ -51,6 +51,7 @@ from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.recovery import commit_token
 from kafka_iceberg.batch.worker import Latest, RunsInProgress, Worker, WorkerPorts
 from kafka_iceberg.catalog.tables import load_table, table_state
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.tables import materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import (
@@ -62,6 +63,7 @@ from kafka_iceberg.lake_assets.vocabulary import (
     run_budget_s,
     table_key,
     worker_job_name,
+    worker_pool,
 )
 from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for
 from kafka_iceberg.ops import metrics
@@ -328,11 +330,11 @@ def worker_job(
     """The job ``lake_worker_<index>``: ``warm`` (the Spark session), ``serve`` (``specs``, their chores), ``check``
     (the checks still pending, outside the pool). The serving op runs their maintenance under
     ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
-    catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
+    catalog its op holds the one commit pool; otherwise a pool of its own (``lake/worker/<index>``,
     limit 1 by default)."""
     name = worker_job_name(index)
     crons = crons or maintenance_crons(specs)
-    pool = SQLITE_POOL if sqlite_catalog else name
+    pool = SQLITE_POOL if sqlite_catalog else worker_pool(index)
 
     @op(
         name=f"serve_{name}",
@@ -367,7 +369,7 @@ def worker_job(
 
     @job(
         name=name,
-        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES},
+        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES, **run_pod_tags()},
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():

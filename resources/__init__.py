@@ -26,7 +26,7 @@ from dagster_pyspark import PySparkResource
 from kafka_iceberg.catalog.config import SECRET_KEYS
 from kafka_iceberg.catalog.spark import catalog_conf, spark_conf
 from kafka_iceberg.catalog.tables import load_catalog
-from kafka_iceberg.config.models import RuntimeSettings
+from kafka_iceberg.config.models import DevHooks, RuntimeSettings
 from kafka_iceberg.config.settings import (
     Settings,
     export_spark_environment,
@@ -83,7 +83,7 @@ class LakeSparkResource(PySparkResource):
     """
 
     catalog: IcebergCatalogResource
-    open_retry_s: float = RuntimeSettings.model_fields["catalog_retry_s"].default
+    open_retry_s: float = DevHooks.model_fields["catalog_retry_s"].default
 
     @classmethod
     def _is_dagster_maintained(cls) -> bool:

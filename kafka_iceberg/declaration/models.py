@@ -67,8 +67,8 @@ class FormatDecl(_Section):
 
     ``json``: schemaless JSON objects. ``avro``, ``protobuf``, ``json_schema``: the Confluent wire
     format (magic byte 0, 4-byte schema id, payload) with the schemas in a Schema Registry.
-    Registry credentials come from the environment (``LAKE_SCHEMA_REGISTRY_BASIC_AUTH`` or
-    ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN``), never from this file.
+    Registry credentials come from the environment (``LAKE_SCHEMA_REGISTRY_CONFIG``, a JSON object of
+    client properties), never from this file.
     """
 
     type: Literal["json", "avro", "protobuf", "json_schema"] = Field(

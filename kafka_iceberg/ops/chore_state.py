@@ -36,7 +36,7 @@ in the order they go when one commit passes both."""
 
 CHECK_EVERY_S = 300.0
 """Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
-sensor-launched run of the table would check it, at the end of its ``LAKE_STREAM_BUDGET_S``)."""
+sensor-launched run of the table would check it, at the end of its budget)."""
 
 TRIM_CHECK_S = 30.0
 """Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
