@@ -10,7 +10,10 @@ PY := $(VENV)/bin/python
 LAKE_HOME ?= $(CURDIR)/.lake
 DAGSTER_HOME ?= $(LAKE_HOME)/dagster
 SPARK_LOCAL_IP ?= 127.0.0.1
-export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP
+# the development defaults (dev broker, SQLite catalog under LAKE_HOME, the demo's tables) apply only
+# where asked for: these targets, workspace.yaml (devtools/dev_location.py) and tests/conftest.py
+LAKE_DEV ?= 1
+export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP LAKE_DEV
 
 .PHONY: install lock system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse backfill replay validate
 

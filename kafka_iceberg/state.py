@@ -42,6 +42,11 @@ Snapshot summary keys (all values are strings, as Iceberg requires):
                            gap stays visible (absent while there is none)
 ``kafka.replay-of``        JSON ``{"original", "topic", "from_snapshot", "start", "end"}`` on
                            every snapshot a replay commits (offsets per partition)
+``kafka.group``            JSON ``{"name", "seq", "position", "tables"}`` on every snapshot of a
+                           consistency group's commit: ``seq`` counts the group's commits,
+                           ``position`` is the source position it reached (the transaction
+                           topic's next offsets, the last transaction id), ``tables`` maps
+                           each member to ``{"topic", "offsets"}`` as of this commit
 =========================  ==================================================================
 
 A dead-letter table's snapshots carry ``kafka.commit-id`` and ``kafka.dead-letter-of`` (the
@@ -49,7 +54,8 @@ identifier of the table whose records they quarantine).
 
 This module is the whole contract: every key is a named constant below, :func:`ingest_summary`
 and :func:`dead_letter_summary` write summaries, and :func:`state_at`, :func:`batch_ranges`,
-:func:`int_map`, :func:`dead_letter_ref` and :func:`recorded_replay` read them. Other modules
+:func:`int_map`, :func:`dead_letter_ref`, :func:`recorded_replay`, :func:`group_state` and :func:`group_position` read them;
+:func:`group_summary` writes a consistency group's entry. Other modules
 and docs refer here instead of spelling keys out.
 
 The functions here are pure: they take :class:`SnapshotInfo` values, which the catalog
@@ -78,6 +84,7 @@ KEY_SCHEMA_CHANGES = "kafka.schema-changes"
 KEY_SCHEMA_IDS = "kafka.schema-ids"
 KEY_REPLAY_OF = "kafka.replay-of"
 KEY_DEAD_LETTER_OF = "kafka.dead-letter-of"
+KEY_GROUP = "kafka.group"
 
 
 @dataclass(frozen=True)
@@ -246,6 +253,58 @@ def recorded_replay(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> 
         if raw:
             return json.loads(raw)
     return None
+
+
+def group_summary(name: str, seq: int, position: Mapping, tables: Mapping[str, tuple[str, Mapping[int, int]]]) -> dict:
+    """The ``kafka.group`` summary entry of one consistency-group commit: group ``name``, its commit
+    number ``seq`` (1 for the first), the source ``position`` (JSON-ready) and ``tables``: identifier ->
+    (topic, committed offsets per partition) of every member as of this commit."""
+    members = {
+        ident: {"topic": topic, "offsets": {str(p): int(o) for p, o in sorted(offsets.items())}}
+        for ident, (topic, offsets) in sorted(tables.items())
+    }
+    return {KEY_GROUP: _compact({"name": name, "seq": int(seq), "position": dict(position), "tables": members})}
+
+
+def group_record(snapshot: SnapshotInfo) -> dict | None:
+    """A snapshot's ``kafka.group`` record ``{"name", "seq", "position", "tables"}``, or None."""
+    raw = snapshot.summary.get(KEY_GROUP)
+    return json.loads(raw) if raw else None
+
+
+def group_state(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> dict | None:
+    """The ``kafka.group`` record of the newest snapshot in ``head``'s ancestry that has one, or None
+    (the table never committed in a group)."""
+    for snap in ancestors(snapshots, head):
+        record = group_record(snap)
+        if record is not None:
+            return record
+    return None
+
+
+def group_position(views: Mapping[str, tuple[Mapping[int, SnapshotInfo], int | None]]) -> dict[str, int] | None:
+    """One consistent position of a consistency group: identifier -> snapshot id of every member, at the
+    newest group commit any member shows. ``views``: identifier -> (its snapshots by id, ``main``'s head).
+
+    The newest ``kafka.group`` record (highest ``seq``) lists every member's offsets as of that commit;
+    each member is read at the newest snapshot of ``main``'s ancestry whose ingest state has exactly
+    those offsets (a later compaction counts). None when a member has no such snapshot yet (its metadata
+    was loaded before that commit landed: load it again) or no member was ever committed in a group.
+    """
+    records = [group_state(snaps, head) for snaps, head in views.values()]
+    newest = max((r for r in records if r is not None), key=lambda r: r["seq"], default=None)
+    if newest is None:
+        return None
+    out = {}
+    for ident, (snaps, head) in views.items():
+        wanted = {int(p): int(o) for p, o in (newest["tables"].get(ident) or {}).get("offsets", {}).items()}
+        found = next(
+            (s.snapshot_id for s in ancestors(snaps, head) if state_at(snaps, s.snapshot_id).offsets == wanted), None
+        )
+        if found is None:
+            return None
+        out[ident] = found
+    return out
 
 
 def _compact(value) -> str:

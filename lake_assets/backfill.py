@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from dagster import DagsterEventType, DagsterInstance, RunRequest, RunsFilter
 
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.dagster_internals import (
     AssetGraphSubset,
@@ -50,7 +51,7 @@ from kafka_iceberg.lake_assets.dagster_internals import (
     PartitionBackfill,
     make_new_backfill_id,
 )
-from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, TABLE_TAG, table_key
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, MICRO_BATCHES, RUN_RETRY_TAGS, TABLE_TAG, table_key
 
 RING_SLOTS = 50
 """Micro-batch slots (partition keys of :data:`kafka_iceberg.lake_assets.vocabulary.MICRO_BATCHES`) every table
@@ -184,7 +185,9 @@ def backfill_subset(spec: TableSpec, slot_keys: Sequence[str]) -> AssetGraphSubs
 def backfill_run_request(spec: TableSpec, slot_keys: Sequence[str], tags: Mapping[str, str]) -> RunRequest:
     """A sensor ``RunRequest`` that the sensor daemon submits as one asset backfill over
     ``slot_keys`` of ``spec``'s table (one run per slot); ``tags`` go on the backfill and its runs."""
-    return RunRequest.for_asset_graph_subset(backfill_subset(spec, slot_keys), tags=dict(tags))
+    return RunRequest.for_asset_graph_subset(
+        backfill_subset(spec, slot_keys), tags={**RUN_RETRY_TAGS, **run_pod_tags(), **tags}
+    )
 
 
 def table_in_progress(instance: DagsterInstance, spec: TableSpec) -> str | None:
@@ -232,7 +235,7 @@ def submit_backfill(
         PartitionBackfill.from_asset_graph_subset(
             backfill_id=backfill_id,
             backfill_timestamp=time.time(),
-            tags=dict(tags),
+            tags={**RUN_RETRY_TAGS, **run_pod_tags(), **tags},
             dynamic_partitions_store=instance,
             asset_graph_subset=backfill_subset(spec, slot_keys),
             title=title,

@@ -10,18 +10,19 @@ line; ``{{ env.X }}`` templates are resolved by Dagster when the instance loads;
 parsed into a :class:`~kafka_iceberg.declaration.spec.TableSpec` exactly as a ``tables.yaml`` entry is.
 
 One instance is all a code location needs (:func:`lake_definitions`): per table the topic and
-table assets, their checks, the lag and retention sensors, the maintenance and full-check schedules
-(:func:`table_definitions`); and once per instance its resources under its own keys
-(:class:`~kafka_iceberg.resources.ResourceKeys`), the worker jobs with their sensor, the replay job,
-the executor; with ``location_sensors`` the run-failure alert and run-liveness sensors. Several
-instances (two Kafka clusters, two catalogs) live in one code location when their key prefixes
-differ and one of them brings the location's sensors; their tables must not share a name,
-identifier or topic (:func:`component_specs`).
+table assets, their checks, the full-check schedules (:func:`table_definitions`); and once per
+instance its resources under its own keys (:class:`~kafka_iceberg.resources.ResourceKeys`), the
+worker jobs that serve and maintain its tables with their sensors (``lake_workers``,
+``lake_retention``), the replay job, the executor; with ``location_sensors`` the run-failure alert and
+run-liveness sensors. Several instances (two Kafka clusters, two catalogs) live in one code location
+when their key prefixes differ and one of them brings the location's sensors; their tables must not
+share a name, identifier or topic (:func:`component_specs`).
 """
 
 import dataclasses
 import functools
 import importlib
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ import dagster as dg
 from pydantic import BaseModel, Field, ValidationError
 
 from kafka_iceberg import schedules, sensors
-from kafka_iceberg.batch.worker import assign_workers
+from kafka_iceberg.batch.worker import assign_workers, worker_count
 from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, SECRET_BEARING, Settings, load_settings, run_catalog
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
 from kafka_iceberg.declaration.spec import TableSpec, check_unique, load_table_specs, parse_declarations
@@ -223,18 +224,18 @@ def table_definitions(
     settings: Settings, specs: list[TableSpec], declared_in: Path | None, keys: ResourceKeys = LAKE_KEYS
 ) -> dg.Definitions:
     """Per table of ``specs``: the topic and table assets, the ``duplicate_free``, ``freshness`` and
-    ``quarantine`` checks, the lag and retention sensors, the maintenance and full-check schedules,
-    all on the resources of ``keys``. ``declared_in`` (a ``defs.yaml`` or ``tables.yaml``) is where the
-    code references point."""
-    sqlite, name, workers = settings.catalog.is_sqlite, settings.catalog.name, settings.stream.workers
+    ``quarantine`` checks, the full-check schedules, all on the resources of ``keys``. ``declared_in``
+    (a ``defs.yaml`` or ``tables.yaml``) is where the code references point."""
+    sqlite, name = settings.catalog.is_sqlite, settings.catalog.name
     return dg.Definitions(
         assets=[
             *(topic_asset(s) for s in specs),
             *(table_asset(s, sqlite, tables_file=declared_in, catalog_name=name, keys=keys) for s in specs),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s, keys)), *(quarantine_check(s, keys) for s in specs)],
-        sensors=sensors.table_sensors(specs, workers, keys),
-        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=workers, keys=keys),
+        # the lake's worker runs serve and maintain every table (lake_definitions): its sensors are per lake,
+        # and of the schedules only the full-scan checks remain
+        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=1, keys=keys),
     )
 
 
@@ -269,15 +270,17 @@ def lake_definitions(
     location_sensors: bool = True,
 ) -> dg.Definitions:
     """All a code location needs for the tables ``specs``: :func:`table_definitions`; the resources
-    under ``keys`` (configured from ``settings``), the executor, the replay job, with ``LAKE_WORKERS``
-    >= 1 the worker jobs and the sensors that watch every table; with ``location_sensors`` the
+    under ``keys`` (configured from ``settings``), the executor, the replay job, the worker jobs
+    (:func:`kafka_iceberg.batch.assign.worker_count` of them, the tables dealt out by
+    :func:`~kafka_iceberg.batch.assign.assign_workers`) and the sensors that watch every table (``lake_workers``,
+    ``lake_retention``); with ``location_sensors`` the
     run-failure and run-liveness sensors; and the demo's downstream asset (with the sensor that
     refreshes it) and ``ingest_all`` when ``specs`` declare the demo's source tables
     (:data:`kafka_iceberg.lake_assets.analytics.SOURCE_TABLES`). Opens no connection."""
     sqlite = settings.catalog.is_sqlite
     demo = SOURCE_TABLES <= {s.identifier for s in specs} and keys == LAKE_KEYS  # it takes lake_pyspark, lake_reader
-    workers = settings.stream.workers
-    groups = assign_workers(specs, workers) if workers else {}
+    workers = worker_count(len(specs), sqlite, os.cpu_count(), settings.stream.workers)
+    groups = assign_workers(specs, workers) if specs else {}
     crons = maintenance_crons(specs)  # spread over every table, as the schedules would be
     workers_jobs = [worker_job(k, group, sqlite, crons, keys) for k, group in groups.items() if group]
     lake = dg.Definitions(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from dagster import Definitions
 
-from kafka_iceberg.config.settings import Settings, load_settings
+from kafka_iceberg.config.settings import Settings, load_settings, require_declared_tables
 from kafka_iceberg.declaration.spec import TableSpec, load_table_specs
 from kafka_iceberg.errors import BrokerUnavailableError
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
@@ -72,8 +72,9 @@ def load_definitions(settings: Settings) -> tuple[Definitions, list[TableSpec]]:
 
     Raises:
         ConfigError: a declaration is invalid, two instances declare the same table, or the defs
-            folder cannot be imported.
+            folder cannot be imported, or no tables are declared outside ``LAKE_DEV``.
     """
+    require_declared_tables(settings)
     if settings.tables_file is not None:
         specs = load_table_specs(settings.tables_file, topic_lister(settings))
         return build_definitions(settings, specs), specs

@@ -49,12 +49,6 @@ from kafka_iceberg.lake_assets.asset_metadata import (
     freshness_policy,
 )
 from kafka_iceberg.lake_assets.check_alerts import alert_check
-from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
-from kafka_iceberg.lake_assets.streaming import (
-    lower_cpu_priority,
-    materialize_stream,
-    stream_budget_s,
-)
 from kafka_iceberg.lake_assets.vocabulary import (
     IN_PROGRESS,
     MICRO_BATCHES,
@@ -193,10 +187,9 @@ def _one_batch(
     catalog: IcebergCatalogResource,
     slack: LakeSlackResource,
     settings: Settings,
-    expiry: StreamExpiry,
 ) -> MaterializeResult:
-    """One micro-batch of ``spec`` through the write path, as a materialization's metadata; ``expiry``
-    expires the table's snapshots past its ceiling, in the background."""
+    """One micro-batch of ``spec`` through the write path (:func:`run_micro_batch`, as a worker's), as a
+    materialization's metadata. Raises ``Failure`` (not retried) for the errors a retry cannot fix."""
     try:
         result = run_micro_batch(
             pyspark.spark_session,
@@ -217,7 +210,6 @@ def _one_batch(
     )
     if result.schema_changes:
         alert_schema_change(spec, result.schema_changes, slack.sink())
-    expiry(result.snapshots)
     md = materialization_metadata(result)
     if result.total_records is not None:
         md["dagster/row_count"] = MetadataValue.int(result.total_records)
@@ -236,7 +228,9 @@ def table_asset(
     catalog_name: str = "lake",
     keys: ResourceKeys = LAKE_KEYS,
 ):
-    """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot).
+    """The asset that materializes one micro-batch of ``spec`` per run (per :data:`MICRO_BATCHES` slot): the
+    UI's Materialize button, ``ingest_all`` and backfills. Streaming is the worker runs' (their commits are
+    materializations of this asset too, :mod:`kafka_iceberg.lake_assets.worker`).
 
     The partition key only names the slot; what is read is decided by the table's committed
     offsets when the run plans. A run must target exactly one slot (a backfill makes one run
@@ -250,20 +244,8 @@ def table_asset(
     @decorator
     def _materialize(context: AssetExecutionContext) -> MaterializeResult:
         pyspark, kafka, catalog, slack = keys.of(context, "pyspark", "kafka", "catalog", "slack")
-        # a sensor-launched run keeps committing while lag remains (lake_assets/streaming.py)
-        settings = settings_for(kafka, catalog)  # once per run, shared by its micro-batches
-        expiry = StreamExpiry(context, pyspark.spark_session, settings.catalog.name, catalog.load(), spec)
-        try:
-            return materialize_stream(
-                context,
-                kafka.metadata(),
-                spec.topic,
-                lambda: _one_batch(spec, context, pyspark, kafka, catalog, slack, settings, expiry),
-                settings.stream,
-                table_pool(spec, sqlite_catalog),
-            )
-        finally:
-            expiry.close()
+        # one micro-batch per run (by hand, ingest_all, a backfill's run); the worker runs stream
+        return _one_batch(spec, context, pyspark, kafka, catalog, slack, settings_for(kafka, catalog))
 
     _materialize.__name__ = f"ingest_{spec.name}"
     return _materialize
@@ -338,9 +320,6 @@ def _duplicate_free_check(spec: TableSpec, keys: ResourceKeys):
         table = load_table(catalog.load(), spec.identifier)
         if table is None:
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
-        if stream_budget_s(dict(context.run.tags), settings.stream.budget_s) > 0:
-            pyspark.spark_session  # noqa: B018 - the JVM first, so that it is one of the children lowered
-            lower_cpu_priority(settings.stream.check_niceness)  # a streaming run's last work: its successor goes first
         # after the run's own commits: only the rows they added; a check run on its own: the full scan
         outcome = checks.duplicate_free(
             pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run.run_id

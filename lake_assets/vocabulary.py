@@ -66,15 +66,16 @@ MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
 demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
 can hold every table plus the unpartitioned downstream asset."""
 
-SQLITE_POOL = "lake_sqlite_catalog"
-"""The one concurrency pool of every committing step on a SQLite catalog."""
+SQLITE_POOL = "lake/sqlite_catalog"
+"""The one concurrency pool of every committing step on a SQLite catalog. Every pool of the lake is
+named under ``lake/``, so its limits (limit 1: ``dagster instance concurrency set``) touch no other pool."""
 
 
 def table_pool(spec: TableSpec, sqlite_catalog: bool) -> str:
-    """Dagster concurrency pool of a table asset: one per table (``lake_table_<namespace>_<table>``),
+    """Dagster concurrency pool of a table asset: one per table (``lake/table/<namespace>_<table>``),
     or :data:`SQLITE_POOL` shared by all tables on a SQLite catalog (SQLite admits one committing
     process at a time). Limits: dagster.yaml."""
-    return SQLITE_POOL if sqlite_catalog else f"lake_table_{key_part(spec.identifier)}"
+    return SQLITE_POOL if sqlite_catalog else f"lake/table/{key_part(spec.identifier)}"
 
 
 def commit_pool(sqlite_catalog: bool) -> str | None:
@@ -84,12 +85,41 @@ def commit_pool(sqlite_catalog: bool) -> str | None:
 
 
 WORKER_TAG = "lake/worker"
-"""Run tag naming the worker (``0`` .. ``LAKE_WORKERS - 1``) of a worker run."""
+"""Run tag naming the worker (``0`` .. number of workers - 1) of a worker run."""
+
+BUDGET_S = 1800.0
+"""Seconds a sensor-launched worker run keeps starting micro-batches (then its successor, launched
+``kafka_iceberg.sensors.workers.HANDOVER_S`` before, takes over): long, so a process and Spark session
+serve many micro-batches; short enough that a code change or a leak reaches the next run within the hour."""
+BUDGET_TAG = "lake/budget_s"
+"""Run tag of a short worker run (tests, a run by hand): a sensor-launched run's budget in seconds instead of
+:data:`BUDGET_S`, idle time 0, and its last checks keep the process's priority (no successor to yield to)."""
+
+
+def run_budget_s(tags: dict[str, str]) -> float:
+    """Seconds a worker run with these tags may keep starting micro-batches: 0 (one round) for a backfill
+    run or a run not launched by a sensor, else :data:`BUDGET_S` or the :data:`BUDGET_TAG` value."""
+    if "dagster/backfill" in tags or "dagster/sensor_name" not in tags:
+        return 0.0
+    return float(tags.get(BUDGET_TAG, BUDGET_S))
 
 
 def worker_job_name(index: int) -> str:
-    """Name of worker ``index``'s job (and of its pool off SQLite): ``lake_worker_<index>``."""
+    """Name of worker ``index``'s job: ``lake_worker_<index>``."""
     return f"lake_worker_{index}"
+
+
+def worker_pool(index: int, lake: str = "") -> str:
+    """Pool of worker ``index``'s serving op off SQLite: ``lake/worker/<index>`` (limit 1); a lake of another
+    resource-key prefix (``lake``, e.g. ``orders_``) has its own: ``lake/worker/<lake><index>``."""
+    return f"lake/worker/{lake}{index}"
+
+
+RUN_RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
+"""Run tags of the lake's per-table, backfill and maintenance runs: a run that died (killed, its pod gone)
+is launched again up to twice, a run whose step raised is not (the asset's RetryPolicy covers step errors;
+a data error such as DataLossError must stop). The lake's own retry settings, not the instance's: they
+need only ``run_retries.enabled`` (the Helm chart's default). Worker runs have ``dagster/max_retries: 0``."""
 
 
 TABLE_TAG = "lake/table"
@@ -104,6 +134,9 @@ IN_PROGRESS = [
 """Run statuses during which a run may still write."""
 
 __all__ = [
+    "BUDGET_S",
+    "BUDGET_TAG",
+    "RUN_RETRY_TAGS",
     "IN_PROGRESS",
     "MICRO_BATCHES",
     "SQLITE_POOL",
@@ -114,8 +147,10 @@ __all__ = [
     "identifier_key",
     "key_identifier",
     "key_part",
+    "run_budget_s",
     "table_key",
     "table_pool",
+    "worker_pool",
     "topic_key",
     "worker_job_name",
 ]

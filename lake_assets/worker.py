@@ -1,26 +1,34 @@
-"""Worker runs (``LAKE_WORKERS`` >= 1): a few long-running runs serve every table.
+"""Worker runs: a few long-running runs serve every table (how many: ``LAKE_WORKERS``, or
+:func:`kafka_iceberg.batch.worker.worker_count`).
 
 Each worker is a job (``lake_worker_<k>``) that keeps one process and one Spark session: its ``warm``
 op starts the session and checks the tables outside the pool, then its ``serve`` op holds the pool and
 serves its share of the tables (:func:`kafka_iceberg.batch.worker.assign_workers`) through
 :class:`kafka_iceberg.batch.worker.Worker`: most-waiting table first, one bounded micro-batch at a
-time, each through the whole write path. Every commit is logged as an ``AssetMaterialization`` of
-that table's asset, with the same metadata as a table asset's run; the consumer groups get the committed
-offsets every ``LAKE_GROUP_MIRROR_S`` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
+time, each through the whole write path. Its commits are logged as ``AssetMaterialization`` s of
+that table's asset, at most one per table per :data:`~kafka_iceberg.batch.coalesce.MATERIALIZE_EVERY_S`
+(:func:`coalesced_metadata`: a table asset run's metadata, covering them all); the consumer groups get the committed
+offsets every :data:`GROUP_MIRROR_S` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
 outside the pool and at a lower CPU priority. It hands over only when another run's step waits for its
 pool: its warm successor, launched near the end of its budget
 (:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it serves on
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
-reported (log and Slack) and set aside; the others keep committing; the run then fails naming it.
+logged and set aside; the others keep committing; the run then fails naming it (Slack: once per failure
+episode, :mod:`kafka_iceberg.sensors.alerts`).
+While serving it exports per-table Prometheus metrics on ``LAKE_METRICS_PORT`` (:mod:`kafka_iceberg.ops.metrics`).
 Launched by the ``lake_workers`` sensor (:mod:`kafka_iceberg.sensors.workers`); a sensor-launched
-run keeps serving up to ``LAKE_STREAM_BUDGET_S`` seconds, a run launched by hand serves one round.
+run keeps serving up to :data:`BUDGET_S` seconds (the run tag ``lake/budget_s`` may shorten it), a run
+launched by hand or by a backfill serves one round: one micro-batch per table with records waiting.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from dagster import (
     AssetMaterialization,
@@ -28,6 +36,7 @@ from dagster import (
     Failure,
     In,
     JobDefinition,
+    MetadataValue,
     Nothing,
     OpExecutionContext,
     RunsFilter,
@@ -35,23 +44,132 @@ from dagster import (
     op,
 )
 
+from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalesced, Coalescer
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
-from kafka_iceberg.batch.worker import Worker
+from kafka_iceberg.batch.recovery import commit_token
+from kafka_iceberg.batch.worker import Latest, RunsInProgress, Worker, WorkerPorts
 from kafka_iceberg.catalog.tables import load_table, table_state
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.streaming import (
-    POOL_CHECK_S,
-    at_most_every,
-    lower_cpu_priority,
-    pool_waiting,
-    stream_budget_s,
+from kafka_iceberg.lake_assets.tables import materialization_metadata
+from kafka_iceberg.lake_assets.vocabulary import (
+    BUDGET_S,
+    BUDGET_TAG,
+    IN_PROGRESS,
+    SQLITE_POOL,
+    WORKER_TAG,
+    run_budget_s,
+    table_key,
+    worker_job_name,
+    worker_pool,
 )
-from kafka_iceberg.lake_assets.tables import dagster_liveness, materialization_metadata
-from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL, WORKER_TAG, table_key, worker_job_name
-from kafka_iceberg.lake_assets.worker_chores import WorkerChores, rota_for, worker_alert
+from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for
+from kafka_iceberg.ops import metrics
+from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG
 from kafka_iceberg.ops.spread import maintenance_crons
-from kafka_iceberg.resources import LAKE_KEYS, ROLES, ResourceKeys, settings_for
+from kafka_iceberg.resources import LAKE_KEYS, KafkaResource, ResourceKeys, settings_for
+
+IDLE_S = 60.0
+"""Seconds a worker run with no records waiting for any of its tables polls before it ends."""
+THREADS = 2
+"""Micro-batches of different tables one worker run runs at once, in threads of its one process and
+Spark session: one table's read (librdkafka, pyarrow, the JVM) overlaps another's commit."""
+GROUP_MIRROR_S = 10.0
+"""Seconds between a worker run's consumer-group offset commits (and all of them when it stops serving)."""
+CHECK_NICENESS = 10
+"""The nice value of a sensor-launched worker run's process tree (its Spark JVM included) for its last
+checks, so its successor serving on the same host gets the cores first."""
+POOL_CHECK_S = 1.0
+"""Seconds between two looks at the pool's waiting runs (a query of the Dagster instance)."""
+
+
+def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable[[], float] = time.monotonic):
+    """``predicate`` evaluated at most once per ``seconds``; in between, its last answer."""
+    last: list = [None, False]  # (clock when evaluated, answer)
+
+    def throttled() -> bool:
+        now = clock()
+        if last[0] is None or now - last[0] >= seconds:
+            last[:] = [now, predicate()]
+        return last[1]
+
+    return throttled
+
+
+def pool_waiting(context, pool: str) -> bool:
+    """Whether another run's step waits inside its run for a slot of ``pool`` (Dagster's pool
+    concurrency info; False on a storage without pools)."""
+    storage = context.instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return False
+    return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
+
+
+def _descendants(root: int, proc: Path) -> list[int]:
+    """``root`` and the pids of every process below it, from ``proc``'s ``<pid>/stat`` files (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def lower_cpu_priority(niceness: int, proc: Path = Path("/proc")) -> int:
+    """Raise the nice value of every thread of this process and of its descendants (the Spark JVM, its
+    Python workers) to ``niceness`` at least; Linux keeps it per thread, and threads started later inherit it.
+    Returns the number of threads changed (0 without ``/proc``, or with ``niceness`` 0). Never raises: a
+    thread that ended or that is not this user's is skipped."""
+    changed = 0
+    for pid in _descendants(os.getpid(), proc) if proc.is_dir() and niceness > 0 else []:
+        for task in (proc / str(pid) / "task").glob("[0-9]*"):
+            try:
+                tid = int(task.name)
+                if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
+                    changed += 1
+            except OSError:
+                continue
+    return changed
+
+
+def report_every_s(spec: TableSpec) -> float:
+    """Seconds between two ``AssetMaterialization`` s of ``spec``'s commits in a worker run: :data:`MATERIALIZE_EVERY_S`,
+    or half the table's ``freshness.max_snapshot_age`` when that is less (at least 1 s), so the asset's
+    freshness policy (:func:`kafka_iceberg.lake_assets.asset_metadata.freshness_policy`) sees a fresh table fresh."""
+    return max(1.0, min(MATERIALIZE_EVERY_S, spec.freshness.max_snapshot_age_s / 2))
+
+
+def coalesced_metadata(done: Coalesced) -> dict:
+    """The materialization metadata of a table's commits since its last report: those of one micro-batch
+    (:func:`materialization_metadata` of the merged result: ``records``, ``offset_ranges``, ... cover them
+    all; ``snapshot_id``, ``committed_offsets``, ``lag_after_commit`` are the last commit's), with
+    ``micro_batches`` (commits merged) and ``first_snapshot_id``."""
+    md = materialization_metadata(done.result)
+    md["micro_batches"] = MetadataValue.int(done.commits)
+    md["first_snapshot_id"] = MetadataValue.text(str(done.first_snapshot_id))
+    return md
+
+
+def _reporter(context: OpExecutionContext, specs: list[TableSpec]):
+    """(the :class:`Coalescer` of a worker run's commits of ``specs``, the function that logs what it hands
+    out as ``AssetMaterialization`` s of their tables, :func:`coalesced_metadata`)."""
+    by_id = {s.identifier: s for s in specs}
+
+    def report(done: dict[str, Coalesced]) -> None:
+        for identifier, commits in done.items():
+            md = coalesced_metadata(commits)
+            context.log_event(AssetMaterialization(asset_key=table_key(by_id[identifier]), metadata=md))
+
+    return Coalescer(every_s=lambda identifier: report_every_s(by_id[identifier])), report
 
 
 def _budget_left(context: OpExecutionContext, budget_s: float) -> float:
@@ -84,72 +202,86 @@ def successor_on_its_way(context: OpExecutionContext) -> bool:
     return any(r.dagster_run.run_id != context.run_id for r in context.instance.get_run_records(filters=flt, limit=3))
 
 
-def _chores_env(resources: dict) -> dict:
-    """What :class:`WorkerChores` needs of the op's resources: the Spark session, settings, pyiceberg catalog, Slack."""
-    kafka, catalog = resources["kafka"], resources["catalog"]
-    spark = resources["pyspark"].spark_session
-    return {
-        "spark": spark,
-        "settings": settings_for(kafka, catalog),
-        "catalog": catalog.load(),
-        "slack": resources["slack"],
-    }
+def runs_in_progress(context: OpExecutionContext) -> RunsInProgress:
+    """The commit tokens of the runs in progress now, from the Dagster instance (call it on the op's main
+    thread only): what a worker's micro-batches in pool threads judge attempts' liveness by."""
+    runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_PROGRESS))
+    return RunsInProgress(frozenset(commit_token(r.run_id) for r in runs), int(time.time() * 1000))
 
 
-def _serve(
-    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, resources: dict
-) -> tuple[dict, WorkerChores]:
-    """Run the worker loop over ``specs`` inside an op, with its chores (maintenance under the spread
-    ``crons``, checks) between micro-batches; returns what it served per table, and the chores (their
-    pending checks)."""
-    pyspark, kafka, slack = resources["pyspark"], resources["kafka"], resources["slack"]
-    env = _chores_env(resources)
-    settings, pycatalog, metadata, sink = env["settings"], env["catalog"], kafka.metadata(), slack.sink()
-    tables = {s.identifier: load_table(pycatalog, s.identifier) for s in specs}  # once: state and last maintenance
+def _batch_runner(run_id: str, env: ChoreEnv, metadata, alive: Latest, mirror: GroupMirror) -> Callable:
+    """``run_batch`` of a worker run ``run_id``: one micro-batch of a table through the whole write path
+    (:func:`run_micro_batch`, its ``BatchResult``), called in pool threads: it reads ``alive`` (the runs in
+    progress the main thread listed) and never the Dagster instance."""
+
+    def run_batch(spec: TableSpec):
+        return run_micro_batch(
+            env.spark,
+            env.settings,
+            spec,
+            commit_id=run_id,
+            kafka=metadata,
+            catalog=env.catalog,
+            is_alive=alive.get().is_alive,
+            mirror=mirror,
+        )
+
+    return run_batch
+
+
+def _worker_for(
+    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, env: ChoreEnv, kafka: KafkaResource
+) -> tuple[Worker, WorkerChores, Callable[[], None]]:
+    """The worker loop over ``specs`` inside an op, its chores (maintenance under the spread ``crons``,
+    checks) between micro-batches, and the function that reports the commits not yet reported; the caller
+    runs the first, closes the second and calls the third however the run ends."""
+    metadata, tags = kafka.metadata(), dict(context.run.tags)
+    tables = {s.identifier: load_table(env.catalog, s.identifier) for s in specs}  # once: state and last maintenance
+    states = {i: table_state(t) for i, t in tables.items()}
+    committed = {i: state.offsets for i, state in states.items()}  # replaced on each commit, on the main thread
     chores = WorkerChores(context, specs, rota_for(tables, crons), env)
-    mirror = GroupMirror(metadata, settings.stream.group_mirror_s) if settings.stream.group_mirror_s > 0 else None
+    mirror = GroupMirror(metadata, GROUP_MIRROR_S)
+    events, report = _reporter(context, specs)
+    alive = Latest(runs_in_progress(context))  # read by micro-batches in pool threads; set here, on the main thread
+    refresh = at_most_every(POOL_CHECK_S, lambda: runs_in_progress(context))
 
     def flush(final: bool) -> None:
-        for identifier, error in (mirror.flush(final) if mirror is not None else {}).items():
+        alive.set(refresh())  # the runs in progress now, not when the worker started
+        report(events.drain() if final else events.due())
+        for identifier, error in mirror.flush(final).items():
             context.log.warning(f"{identifier}: consumer group not updated (the table is the source of truth): {error}")
 
     def on_commit(spec: TableSpec, result) -> None:
         if result.snapshot_id is not None:
-            md = materialization_metadata(result)
-            context.log_event(AssetMaterialization(asset_key=table_key(spec), metadata=md))
+            committed[spec.identifier] = dict(result.offsets)
+            report({spec.identifier: done} if (done := events.add(spec.identifier, result)) else {})
             chores.committed(spec, result.snapshots, result.data_files_added)
 
     def on_failure(spec: TableSpec, error: BaseException) -> None:
+        # no Slack post here: the run fails naming the table, and run_failure_alert_sensor posts once per episode
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
-        sink.send(worker_alert(spec, "micro_batch", error, context.run_id, "ERROR"))
 
-    worker = Worker(
-        specs=specs,
-        run_batch=lambda spec: run_micro_batch(
-            pyspark.spark_session,
-            settings,
-            spec,
-            commit_id=context.run_id,
-            kafka=metadata,
-            catalog=pycatalog,
-            is_alive=dagster_liveness(context),  # the runs in progress now, not when the worker started
-            mirror=mirror,
-        ),
-        watermarks=metadata.watermarks_many,
-        committed={i: table_state(t).offsets for i, t in tables.items()},
+    ports = WorkerPorts(  # run_batch runs in pool threads and does not touch the Dagster instance
+        run_batch=metrics.metered_batch(_batch_runner(context.run_id, env, metadata, alive, mirror)),
+        watermarks=metrics.metered_watermarks(metadata.watermarks_many, specs, committed, states),
         on_commit=on_commit,
         on_failure=on_failure,
-        budget_s=_budget_left(context, stream_budget_s(dict(context.run.tags), settings.stream.budget_s)),
-        idle_s=settings.stream.idle_s,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
         hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
-        grace_s=SUCCESSOR_GRACE_S,
         chores=chores,
         paused=chores.paused,
         flush=flush,
-        threads=settings.stream.worker_threads,
     )
-    return worker.run(), chores
+    worker = Worker(
+        specs,
+        ports,
+        committed=dict(committed),
+        budget_s=_budget_left(context, run_budget_s(tags)),
+        idle_s=0.0 if BUDGET_TAG in tags else IDLE_S,
+        grace_s=SUCCESSOR_GRACE_S,
+        threads=THREADS,
+    )
+    return worker, chores, lambda: report(events.drain())
 
 
 def _warm_op(name: str, specs: list[TableSpec], keys: ResourceKeys):
@@ -179,15 +311,17 @@ def _check_op(name: str, specs: list[TableSpec], keys: ResourceKeys):
     @op(
         name=f"check_{name}",
         description="The checks still pending after serving, outside the pool.",
-        required_resource_keys=keys.required(*ROLES),
+        required_resource_keys=keys.required("pyspark", "kafka", "catalog", "slack"),
     )
     def _check(context, pending: dict) -> None:
-        resources = dict(zip(ROLES, keys.of(context, *ROLES)))
-        env = _chores_env(resources)  # the Spark session first: its JVM is then one of this process's children
-        niceness = env["settings"].stream.check_niceness
-        if pending and niceness:
-            context.log.info(f"{name}: {lower_cpu_priority(niceness)} threads at nice {niceness} for the last checks")
-        WorkerChores.resume(context, specs, pending, env).finish()
+        pyspark, kafka, catalog, slack = keys.of(context, "pyspark", "kafka", "catalog", "slack")
+        env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)  # the JVM is then a child of this process
+        tags = dict(context.run.tags)
+        if pending and run_budget_s(tags) > 0 and BUDGET_TAG not in tags:  # a successor may serve on this host
+            changed = lower_cpu_priority(CHECK_NICENESS)
+            context.log.info(f"{name}: {changed} threads at nice {CHECK_NICENESS} for the last checks")
+        with WorkerChores.resume(context, specs, pending, env) as chores:
+            chores.finish()
 
     return _check
 
@@ -202,33 +336,42 @@ def worker_job(
     """The job ``lake_worker_<index>``: ``warm`` (the Spark session), ``serve`` (``specs``, their chores), ``check``
     (the checks still pending, outside the pool). The serving op runs their maintenance under
     ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
-    catalog its op holds the one commit pool; otherwise a pool of its own (``lake_worker_<index>``,
-    limit 1 by default)."""
+    catalog its op holds the one commit pool; otherwise a pool of its own (``lake/worker/<index>``,
+    limit 1 by default; another lake's under its key prefix, :func:`worker_pool`)."""
     name = keys.name(worker_job_name(index))
     crons = crons or maintenance_crons(specs)
-    pool = SQLITE_POOL if sqlite_catalog else name
+    pool = SQLITE_POOL if sqlite_catalog else worker_pool(index, keys.name(""))
 
     @op(
         name=f"serve_{name}",
         pool=pool,
         ins={"warm": In(Nothing)},
         description=f"Serve {len(specs)} tables: one micro-batch at a time, most-waiting table first.",
-        required_resource_keys=keys.required(*ROLES),
+        required_resource_keys=keys.required("pyspark", "kafka", "catalog", "slack"),
     )
     def _serve_op(context) -> dict:  # OpExecutionContext (not annotated: annotations are strings here)
-        resources = dict(zip(ROLES, keys.of(context, *ROLES)))
-        served, chores = _serve(context, specs, crons, pool, resources)
-        commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
-        context.log.info(f"{name}: commits per table {commits}")
-        failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
-        if failed:
-            chores.finish()
-            raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
-        return chores.pending()
+        pyspark, kafka, catalog, slack = keys.of(context, "pyspark", "kafka", "catalog", "slack")
+        env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)
+        worker, chores, report_rest = _worker_for(context, specs, crons, pool, env, kafka)
+        # the metrics endpoint lives while the op serves; the chores' thread is shut down however the op ends
+        with metrics.serve(env.settings.stream.metrics_port) as port, chores:
+            context.log.info(f"{name}: Prometheus metrics on port {port}" if port else f"{name}: no metrics port")
+            try:
+                served = worker.run()
+            finally:
+                report_rest()  # a run that crashed still reports what it committed
+            commits = {k: sum(r.snapshot_id is not None for r in v.results) for k, v in served.items()}
+            context.log.info(f"{name}: commits per table {commits}")
+            failed = {k: str(v.error) for k, v in served.items() if v.error is not None}
+            if failed:
+                chores.finish()
+                context.instance.add_run_tags(context.run_id, {FAILED_TABLES_TAG: ",".join(sorted(failed))})
+                raise Failure(description=f"{len(failed)} of {len(specs)} tables failed: {failed}", allow_retries=False)
+            return chores.pending()
 
     @job(
         name=name,
-        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES},
+        tags={WORKER_TAG: str(index), **NO_RUN_RETRIES, **run_pod_tags()},
         description=f"Worker {index}: serves {', '.join(s.identifier for s in specs)}.",
     )
     def _job():
@@ -237,4 +380,19 @@ def worker_job(
     return _job
 
 
-__all__ = ["worker_job"]
+__all__ = [
+    "BUDGET_S",
+    "BUDGET_TAG",
+    "CHECK_NICENESS",
+    "GROUP_MIRROR_S",
+    "IDLE_S",
+    "POOL_CHECK_S",
+    "THREADS",
+    "coalesced_metadata",
+    "report_every_s",
+    "at_most_every",
+    "lower_cpu_priority",
+    "pool_waiting",
+    "run_budget_s",
+    "worker_job",
+]

@@ -17,52 +17,52 @@ while some table always has: a backlog is drained before its checks compete with
 Scheduled maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
 micro-batch runs meanwhile in another thread of the worker.
 
-A table whose last commit left it more than ``maintenance.max_snapshots`` snapshots has them expired
-by count as the next chore, down to ``retain_last`` (:func:`kafka_iceberg.ops.maintenance.expire`):
-a streaming table commits up to a few times a second, and each snapshot makes every later commit
-slower. Its pending check runs first, unless one started within :data:`TRIM_CHECK_S`, and the expiry
-keeps the snapshots that check will read from, so the check stays incremental. Likewise a table whose
-commits in this run added ``maintenance.compact_after_data_files`` data files since its last compaction
-is compacted as the next chore: each micro-batch adds at least one data file, and each commit that
-merges manifests (about one in a hundred) rewrites an entry per data file, so the table's tail latency
-grows with them. Those two jobs read every manifest list or data file of the table (seconds to tens of
-seconds), so they run in the background thread, like a check, while the worker goes on committing, to
+A table past ``maintenance.max_snapshots`` snapshots is expired by count, and one whose commits added
+``maintenance.compact_after_data_files`` data files is compacted, as the next chore
+(:mod:`kafka_iceberg.ops.chore_state` says which chore goes next, and why). Those two jobs read every
+manifest list or data file of the table (seconds to tens of seconds), so they run in the background thread, like a check, while the worker goes on committing, to
 that table too: its micro-batches commit on ``main`` (conditional, each on the latest metadata, and on
 top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and Iceberg's procedures
 retry a commit that conflicts with one of them. The expiry keeps the newest snapshots of the metadata it
-commits on, :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more than needed. At most one of each per table per :data:`TRIM_CHECK_S`.
+commits on, :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more than needed. At most one of
+each per table per :data:`TRIM_CHECK_S`.
 """
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
 from pyiceberg.exceptions import CommitFailedException
 
+from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
+from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.tables import check_result
 from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.alerts import Alert
+from kafka_iceberg.ops.chore_state import (
+    CHECK,
+    CHECK_EVERY_S,
+    TRIM_CHECK_S,
+    Chore,
+    TableChores,
+    after_commit,
+    next_chore,
+    pending_checks,
+)
 from kafka_iceberg.ops.incremental_check import snapshots_to_keep
 from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job, set_table_property
+from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
-CHECK_EVERY_S = 300.0
-"""Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
-sensor-launched run of the table would check it, at the end of its ``LAKE_STREAM_BUDGET_S``)."""
-
-
-TRIM_CHECK_S = 30.0
-"""Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
-expired without another one first (the expiry keeps the snapshots committed after its start); and the
-least time between two expiries by count of one table."""
-
+if TYPE_CHECKING:  # pyspark only for the annotation: importing it starts nothing, but it is heavy
+    from pyspark.sql import SparkSession
 
 CONCURRENT_COMMIT_RETRIES = 20
 """``commit.retry.num-retries`` a worker sets on a table it compacts in the background (unless the table
@@ -70,16 +70,22 @@ has its own; Iceberg's default is 4): ``rewrite_data_files`` then commits beside
 commit several times a second, each of which makes its commit try again."""
 
 
-class Chore(NamedTuple):
-    """A chore running in the background thread: ``what`` (``duplicate_free``, or the maintenance job
-    ``expire_snapshots`` or ``compact``) on table ``identifier``, started at ``started`` (monotonic s);
-    ``after``: the snapshot the table's check reads after; ``future``: its outcome."""
+@dataclass(frozen=True)
+class ChoreEnv:
+    """What chores work with, shared read-only with their background thread: the op's Spark session,
+    the runtime settings, the pyiceberg catalog, and the Slack resource (its ``sink()`` sends alerts)."""
 
-    identifier: str
-    started: float
-    after: int | None
-    future: Future
-    what: str
+    spark: SparkSession | None
+    settings: Settings | None
+    catalog: object
+    slack: LakeSlackResource | None
+
+    @classmethod
+    def of(
+        cls, spark: SparkSession, kafka: KafkaResource, catalog: IcebergCatalogResource, slack: LakeSlackResource
+    ) -> ChoreEnv:
+        """The environment of an op from its resources (the Spark session already started)."""
+        return cls(spark, settings_for(kafka, catalog), catalog.load(), slack)
 
 
 def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
@@ -110,72 +116,84 @@ def worker_alert(spec: TableSpec, what: str, error: BaseException, run_id: str, 
 
 class WorkerChores:
     """The chores of one worker run over ``specs``; call it for one chore (returns whether it ran or
-    started one; False while a check or an expiry runs in the background), :meth:`committed` after each commit,
-    and :meth:`finish` at the end of the run (the checks still pending). ``rota``: from
-    :func:`rota_for`; the rest are the op's context and resources."""
+    started one; False while a check or an expiry runs in the background), :meth:`committed` after each
+    commit, and :meth:`finish` at the end of the run (the checks still pending). ``rota``: from
+    :func:`rota_for`; ``env``: the op's connections; ``clock``: monotonic seconds and ms since epoch.
 
-    def __init__(self, context: OpExecutionContext, specs: list[TableSpec], rota: MaintenanceRota, env: dict):
-        self.context, self.rota = context, rota
-        self.by_id = {s.identifier: s for s in specs}
-        self.spark, self.settings, self.catalog = env["spark"], env["settings"], env["catalog"]
-        self.slack = env["slack"]
-        self.unchecked: dict[str, float] = {}  # committed to since their last check -> since (monotonic s)
-        self.over: dict[tuple[str, str], None] = {}  # (identifier, job) past its ceiling, in order
-        self.files_added: dict[str, int] = {}  # identifier -> data files its commits added since its last compaction
-        self.trimmed: dict[tuple[str, str], float] = {}  # (identifier, job) -> its last start by count (monotonic s)
-        self.checked: dict[str, tuple[float, int | None]] = {}  # identifier -> (monotonic s, main snapshot)
+    Thread contract: every method is called from the op's main thread, which alone reads and replaces
+    :attr:`tables` (one :class:`~kafka_iceberg.ops.chore_state.TableChores` per table), :attr:`running`
+    and the rota. The background thread runs :meth:`job` or :meth:`evaluate` with the values it needs as
+    arguments and reads only ``env``. Use it as a context manager (or call :meth:`close`): its thread is
+    shut down at the end."""
+
+    def __init__(
+        self,
+        context: OpExecutionContext,
+        specs: list[TableSpec],
+        rota: MaintenanceRota,
+        env: ChoreEnv,
+        clock: Clock = Clock(),
+    ):
+        self.context, self.rota, self.env, self.clock = context, rota, env, clock
+        self.tables: dict[str, TableChores] = {s.identifier: TableChores(s) for s in specs}
         self.running: Chore | None = None
+        self._tickets = 0  # commits noted so far: they order the tables (see chore_state)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
 
+    def __enter__(self) -> WorkerChores:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the background thread down: at once when no chore runs; a chore still running (the
+        serving op does not wait for it, :meth:`pending`) ends in its thread, which then exits."""
+        self._thread.shutdown(wait=self.running is None, cancel_futures=True)
+
+    def _ticket(self) -> int:
+        self._tickets += 1
+        return self._tickets
+
     def committed(self, spec: TableSpec, snapshots: int | None = None, data_files_added: int = 0) -> None:
-        """Note that ``spec``'s table got a commit of this run: its check is pending (since its first
-        commit after its last check; the least recently committed table comes first). ``snapshots``:
-        the table's snapshots the commit planned on (``BatchResult.snapshots``; None: unknown);
-        ``data_files_added``: the data files it added (``BatchResult.data_files_added``)."""
-        identifier, policy = spec.identifier, spec.maintenance
-        since = self.unchecked.pop(identifier, None)
-        self.unchecked[identifier] = time.monotonic() if since is None else since
-        if policy.past_max_snapshots(snapshots):
-            self.over[(identifier, "expire_snapshots")] = None
-        elif snapshots is not None:  # the latest count: one reported by a commit planned before an expiry is stale
-            self.over.pop((identifier, "expire_snapshots"), None)
-        self.files_added[identifier] = self.files_added.get(identifier, 0) + data_files_added
-        if self.files_added[identifier] >= policy.compact_after_data_files:
-            self.over[(identifier, "compact")] = None
+        """Note that ``spec``'s table got a commit of this run (:func:`~kafka_iceberg.ops.chore_state.after_commit`):
+        ``snapshots``: the table's snapshots the commit planned on (``BatchResult.snapshots``; None:
+        unknown); ``data_files_added``: the data files it added (``BatchResult.data_files_added``)."""
+        state = self.tables[spec.identifier]
+        now = self.clock.now()
+        self.tables[spec.identifier] = after_commit(state, self._ticket(), now, snapshots, data_files_added)
 
     def __call__(self, idle: bool = True, busy: frozenset = frozenset()) -> bool:
-        """One chore (see the class docstring); ``idle``: no table has records waiting; ``busy``: tables
-        whose micro-batch runs meanwhile (their maintenance waits)."""
+        """One chore (:func:`~kafka_iceberg.ops.chore_state.next_chore`); ``idle``: no table has records
+        waiting; ``busy``: tables whose micro-batch runs meanwhile (their maintenance waits)."""
         if self.running is not None:
             if not self.running.future.done():
                 return False  # one chore at a time; the worker goes on serving
             self._collect()
-        due = self.rota.next_due(int(time.time() * 1000), skip=busy)
-        if due is not None:
-            self.maintain(self.by_id[due[0]], due[1])
-            return True
-        over = self._over_ceiling(busy)
-        if over is not None:
-            self._trim(*over)
-            return True
-        now = time.monotonic()
-        ready = [
-            i
-            for i, since in self.unchecked.items()
-            if now - self.checked.get(i, (-CHECK_EVERY_S, None))[0] >= CHECK_EVERY_S
-            and (idle or now - since >= CHECK_EVERY_S)
-        ]
-        if ready:
-            self._start_check(ready[0])
-            return True
-        return False
+        due = self.rota.next_due(self.clock.epoch_ms(), skip=busy)
+        chore = next_chore(self.tables, due, self.clock.now(), idle, busy)
+        if chore is None:
+            return False
+        what, identifier, kind = chore
+        if what == "maintain":
+            self.maintain(self.tables[identifier].spec, kind)
+        elif what == "trim":
+            self._trim(identifier, kind)
+        else:
+            self._start_check(identifier)
+        return True
 
     @classmethod
-    def resume(cls, context: OpExecutionContext, specs: list[TableSpec], pending: dict, env: dict) -> WorkerChores:
+    def resume(
+        cls, context: OpExecutionContext, specs: list[TableSpec], pending: dict, env: ChoreEnv, clock: Clock = Clock()
+    ) -> WorkerChores:
         """The chores of a later op of the run with the checks ``pending`` (:meth:`pending`) and no maintenance."""
-        chores = cls(context, specs, MaintenanceRota({}), env)
+        chores = cls(context, specs, MaintenanceRota({}), env, clock)
         for identifier, after in pending.items():
-            chores.unchecked[identifier], chores.checked[identifier] = 0.0, (0.0, after)
+            state = chores.tables[identifier]
+            chores.tables[identifier] = replace(
+                state, pending_since=0.0, last_commit=chores._ticket(), checked_s=0.0, checked_after=after
+            )
         return chores
 
     def pending(self) -> dict[str, int | None]:
@@ -186,62 +204,55 @@ class WorkerChores:
         a compaction still running is not awaited either: it ends in its thread, and only its observation is lost."""
         if self.running is not None and not self.running.future.done():
             identifier, started, after, _, what = self.running
-            self.running = None
-            if what == "duplicate_free":
-                self.unchecked.setdefault(identifier, started)
-                self.checked[identifier] = (started, after)
+            if what == CHECK:
+                state = self.tables[identifier]
+                if state.pending_since is None:
+                    state = replace(state, pending_since=started, last_commit=self._ticket())
+                self.tables[identifier] = replace(state, checked_s=started, checked_after=after)
             else:
                 self.context.log.info(f"{identifier}: {what} still running at the end of serving, not awaited")
+            self.running = None
         self._collect()
-        return {i: self.checked.get(i, (0.0, None))[1] for i in self.unchecked}
+        return {t.spec.identifier: t.checked_after for t in pending_checks(self.tables)}
 
     def finish(self) -> None:
         """Run every pending check (the run's last commits), one after the other."""
         self._collect()
-        while self.unchecked:
-            self._start_check(next(iter(self.unchecked)))
+        while pending := pending_checks(self.tables):
+            self._start_check(pending[0].spec.identifier)
             self._collect()
 
     def paused(self) -> frozenset:
-        """The tables whose micro-batches wait (``Worker.paused``): an upsert table while it is compacted
+        """The tables whose micro-batches wait (``WorkerPorts.paused``): an upsert table while it is compacted
         in the background. Its micro-batch publishes by fast-forward, which a compaction's commit refuses,
         while an append rebases onto the compaction."""
         chore = self.running
         if chore is None or chore.what != "compact" or chore.future.done():
             return frozenset()
-        return frozenset({chore.identifier}) if self.by_id[chore.identifier].upsert is not None else frozenset()
-
-    def _over_ceiling(self, busy: frozenset) -> tuple[str, str] | None:
-        """(identifier, job) of a table whose commits passed a ceiling (``max_snapshots``: ``expire_snapshots``;
-        ``compact_after_data_files``: ``compact``), not in ``busy``, and whose job did not start by count
-        within :data:`TRIM_CHECK_S` (a commit planned before an expiry reports the count before it)."""
-        now = time.monotonic()
-        for identifier, kind in self.over:
-            recent = now - self.trimmed.get((identifier, kind), -TRIM_CHECK_S) < TRIM_CHECK_S
-            if identifier not in busy and not recent:
-                return identifier, kind
-        return None
+        return frozenset({chore.identifier}) if self.tables[chore.identifier].spec.upsert is not None else frozenset()
 
     def _trim(self, identifier: str, kind: str) -> None:
-        """Start the maintenance job ``kind`` on ``identifier``'s table, past its ceiling, in the background
-        thread; before an expiry, first its pending check, unless one started within :data:`TRIM_CHECK_S`."""
-        last_check = self.checked.get(identifier, (None, None))[0]
-        stale = last_check is None or time.monotonic() - last_check > TRIM_CHECK_S
-        if kind == "expire_snapshots" and identifier in self.unchecked and stale:
-            self._start_check(identifier)
-            return
-        del self.over[(identifier, kind)]
-        self.trimmed[(identifier, kind)] = time.monotonic()
+        """Start the maintenance job ``kind`` on ``identifier``'s table, past its ceiling, in the background thread."""
+        now = self.clock.now()
+        self.tables[identifier] = self.tables[identifier].with_ceiling(kind, passed=None, started_s=now)
         started_ms = self._mark(identifier, kind)
-        future = self._thread.submit(self.job, self.by_id[identifier], kind, started_ms, concurrent=True)
-        self.running = Chore(identifier, time.monotonic(), self.checked.get(identifier, (0.0, None))[1], future, kind)
+        state = self.tables[identifier]
+        future = self._thread.submit(
+            self.job,
+            state.spec,
+            kind,
+            started_ms,
+            concurrent=True,
+            after=state.checked_after,
+            run_id=self.context.run_id,
+        )
+        self.running = Chore(identifier, now, state.checked_after, future, kind)
 
     def _start_check(self, identifier: str) -> None:
         """Start the check of ``identifier`` in the background thread (:meth:`evaluate`)."""
-        del self.unchecked[identifier]
-        after = self.checked.get(identifier, (0.0, None))[1]
-        future = self._thread.submit(self.evaluate, self.by_id[identifier], after, self.context.run_id)
-        self.running = Chore(identifier, time.monotonic(), after, future, "duplicate_free")
+        state = self.tables[identifier] = replace(self.tables[identifier], pending_since=None)
+        future = self._thread.submit(self.evaluate, state.spec, state.checked_after, self.context.run_id)
+        self.running = Chore(identifier, self.clock.now(), state.checked_after, future, CHECK)
 
     def _collect(self) -> None:
         """Wait for the running check or expiry, if any, and log its evaluation or observation. One that
@@ -252,8 +263,8 @@ class WorkerChores:
         if self.running is None:
             return
         identifier, started, after, future, what = self.running
-        self.running, spec = None, self.by_id[identifier]
-        if what != "duplicate_free":
+        self.running, spec = None, self.tables[identifier].spec
+        if what != CHECK:
             try:
                 self.observe(spec, future.result())
             except Exception as exc:  # noqa: BLE001 - the next commit past the ceiling tries again
@@ -262,22 +273,24 @@ class WorkerChores:
         try:
             main, outcome = future.result()
         except Exception as exc:  # noqa: BLE001 - a chore must not stop the worker
-            self.checked[identifier] = (started, after)
-            self._alert(spec, "duplicate_free", exc)
+            self.tables[identifier] = replace(self.tables[identifier], checked_s=started, checked_after=after)
+            self._alert(spec, CHECK, exc)
             return
-        self.checked[identifier] = (started, main)
+        self.tables[identifier] = replace(self.tables[identifier], checked_s=started, checked_after=main)
         self.report(spec, outcome)
 
     def _alert(self, spec: TableSpec, what: str, exc: BaseException) -> None:
         self.context.log.error(f"{spec.identifier}: {what} failed in worker run: {exc}")
-        self.slack.sink().send(worker_alert(spec, what, exc, self.context.run_id, "WARN"))
+        self.env.slack.sink().send(worker_alert(spec, what, exc, self.context.run_id, "WARN"))
 
     def maintain(self, spec: TableSpec, kind: str) -> None:
         """Run the maintenance job ``kind`` on ``spec``'s table here (:meth:`job`) and observe it; a
         failure is logged and alerted (never raised), and the job waits for its next tick."""
         started_ms = self._mark(spec.identifier, kind)
         try:
-            result = self.job(spec, kind, started_ms)
+            result = self.job(
+                spec, kind, started_ms, after=self.tables[spec.identifier].checked_after, run_id=self.context.run_id
+            )
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
             self._alert(spec, kind, exc)
             return
@@ -287,39 +300,49 @@ class WorkerChores:
         """Note that the maintenance job ``kind`` starts on ``identifier``'s table now: not due again before
         its cron's next tick, and a compaction starts the count of data files added again. Returns now
         (ms since epoch)."""
-        started_ms = int(time.time() * 1000)
+        started_ms = self.clock.epoch_ms()
         self.rota.mark(identifier, kind, started_ms)
         if kind == "compact":
-            self.files_added[identifier] = 0
+            self.tables[identifier] = replace(self.tables[identifier], files_added=0)
         return started_ms
 
-    def job(self, spec: TableSpec, kind: str, started_ms: int, concurrent: bool = False):
+    def job(
+        self,
+        spec: TableSpec,
+        kind: str,
+        started_ms: int,
+        *,
+        concurrent: bool = False,
+        after: int | None,
+        run_id: str,
+    ):
         """Run the maintenance job ``kind`` on ``spec``'s table (:func:`kafka_iceberg.ops.rota.run_job`;
-        an expiry keeps what its next check reads and :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS`) and record that it ran
+        an expiry keeps what the next check of run ``run_id``'s rows after snapshot ``after`` reads, and
+        :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more) and record that it ran
         at ``started_ms`` (ms since epoch; when the table's own commits refuse that record three times,
         the result's output says ``last_run_not_recorded``, and the rota of a later run may run the job
         again at its next tick). ``concurrent``: the table's micro-batches commit meanwhile (a compaction
         first sets :data:`CONCURRENT_COMMIT_RETRIES`). Returns its ``MaintenanceResult``; raises what Spark
-        or the catalog raise."""
+        or the catalog raise. May run in the background thread: it reads only its arguments and ``env``."""
+        env = self.env
 
         def keep(view) -> int:
-            after = self.checked.get(spec.identifier, (0.0, None))[1]
-            return (snapshots_to_keep(view, self.context.run_id, after) or 1) + CONCURRENT_COMMITS
+            return (snapshots_to_keep(view, run_id, after) or 1) + CONCURRENT_COMMITS
 
         def view():
-            return metadata_view(load_table(self.catalog, spec.identifier))
+            return metadata_view(load_table(env.catalog, spec.identifier))
 
         if concurrent and kind == "compact":
             set_table_property(
-                self.catalog,
+                env.catalog,
                 spec.identifier,
                 "commit.retry.num-retries",
                 str(CONCURRENT_COMMIT_RETRIES),
                 unless_set=True,
             )
-        result = run_job(self.spark, self.settings.catalog.name, spec, kind, view, keep=keep)
+        result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep)
         try:
-            record_run(self.catalog, spec.identifier, kind, started_ms)
+            record_run(env.catalog, spec.identifier, kind, started_ms)
         except CommitFailedException as exc:  # the job committed; only its time is not recorded
             result.output["last_run_not_recorded"] = str(exc)
         return result
@@ -334,16 +357,18 @@ class WorkerChores:
 
     def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, checks.CheckOutcome]:
         """(main's snapshot id, the ``duplicate_free`` outcome) of ``spec``'s table over the rows run
-        ``run_id``'s commits added after snapshot ``after``. Reads the catalog and Spark; raises what they raise."""
-        view = metadata_view(load_table(self.catalog, spec.identifier))
+        ``run_id``'s commits added after snapshot ``after``. Reads the catalog and Spark; raises what they raise.
+        Runs in the background thread: it reads only its arguments and ``env``."""
+        env = self.env
+        view = metadata_view(load_table(env.catalog, spec.identifier))
         outcome = checks.duplicate_free(
-            self.spark, qualified(self.settings, spec), spec, view, commit_id=run_id, after=after
+            env.spark, qualified(env.settings, spec), spec, view, commit_id=run_id, after=after
         )
         return view.main, outcome
 
     def report(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation; alert on a change of status."""
-        alert_check(self.context, self.slack, spec, "duplicate_free", outcome, "ERROR")
+        alert_check(self.context, self.env.slack, spec, CHECK, outcome, "ERROR")
         result = check_result(outcome, AssetCheckSeverity.ERROR)
         self.context.log_event(
             AssetCheckEvaluation(
@@ -362,6 +387,7 @@ __all__ = [
     "CONCURRENT_COMMIT_RETRIES",
     "TRIM_CHECK_S",
     "Chore",
+    "ChoreEnv",
     "WorkerChores",
     "rota_for",
     "worker_alert",

@@ -28,7 +28,7 @@ from pydantic import PrivateAttr
 from kafka_iceberg.catalog.config import SECRET_KEYS
 from kafka_iceberg.catalog.spark import catalog_conf, spark_conf
 from kafka_iceberg.catalog.tables import load_catalog
-from kafka_iceberg.config.models import RuntimeSettings
+from kafka_iceberg.config.models import DevHooks, RuntimeSettings
 from kafka_iceberg.config.settings import (
     Settings,
     export_spark_environment,
@@ -131,7 +131,7 @@ class LakeSparkResource(ConfigurableResource):
 
     spark_config: dict[str, Any]
     catalog: IcebergCatalogResource
-    open_retry_s: float = RuntimeSettings.model_fields["catalog_retry_s"].default
+    open_retry_s: float = DevHooks.model_fields["catalog_retry_s"].default
     _spark_session: Any = PrivateAttr(default=None)
 
     @property

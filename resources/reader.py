@@ -24,6 +24,7 @@ from typing import Any
 
 from dagster import AssetKey, AssetRecordsFilter, ConfigurableResource, MetadataValue
 
+from kafka_iceberg.catalog.group_view import read_group
 from kafka_iceberg.catalog.tables import load_table
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.lake_assets.vocabulary import SNAPSHOT_ID_METADATA, identifier_key, key_identifier
@@ -53,7 +54,7 @@ class TableSnapshot:
         snapshot_id: the Iceberg snapshot id read.
         asset_key: the table asset's key, e.g. ``lake/nyc/flights``.
         pinned_by: ``materialization`` (recorded by the asset's materialization), ``argument``
-            (asked for), or ``current`` (the table's current snapshot, see the module docstring).
+            (asked for), ``group`` (a consistency group's position, :meth:`LakeTableReader.group`), or ``current`` (the table's current snapshot, see the module docstring).
         run_id, partition: the materialization's run and micro-batch slot (``pinned_by`` ``materialization``).
         catalog_name: the catalog's name in Spark SQL (``lake``).
         table: the pyiceberg ``Table``.
@@ -142,6 +143,23 @@ class LakeTableReader(ConfigurableResource):
             f"{current.snapshot_id}"
         )
         return TableSnapshot(snapshot_id=current.snapshot_id, pinned_by="current", **pin)
+
+    def group(self, tables: list[AssetKey | str]) -> dict[str, TableSnapshot]:
+        """The tables of one consistency group (asset keys or identifiers) at one consistent position:
+        identifier -> :class:`TableSnapshot` (``pinned_by`` ``group``) at the snapshots of one group commit
+        (:func:`kafka_iceberg.catalog.group_view.read_group`; docs/cdc.md#consistency-groups).
+
+        Raises:
+            ConfigError: a table does not exist or the tables were never committed as a group.
+            LakeError: no consistent position was found (commits kept landing while loading).
+        """
+        keys = [t if isinstance(t, AssetKey) else identifier_key(t) for t in tables]
+        idents = [key_identifier(k) for k in keys]
+        read = read_group(self.catalog.load(), idents)
+        return {
+            ident: TableSnapshot(ident, read[ident][1], key, "group", self.catalog.name, read[ident][0])
+            for ident, key in zip(idents, keys, strict=True)
+        }
 
 
 def latest_recorded_snapshot(instance, key: AssetKey) -> tuple[int, str, str | None] | None:

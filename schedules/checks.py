@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dagster import AssetCheckKey, AssetSelection, DefaultScheduleStatus, ScheduleDefinition, define_asset_job
 
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.lake_assets.vocabulary import RUN_RETRY_TAGS, table_key
 from kafka_iceberg.ops.spread import maintenance_crons
 
 CHECK_NAME = "duplicate_free"
@@ -32,7 +33,13 @@ def full_check_schedule(spec: TableSpec, cron: str | None = None) -> ScheduleDef
         full_check_job_name(spec),
         selection=AssetSelection.checks(AssetCheckKey(table_key(spec), CHECK_NAME)),
         description=f"Full-scan duplicate_free check of {spec.identifier} (every row, every snapshot summary).",
-        tags={"lake/table": spec.identifier, "lake/check": "duplicate_free_full", "lake/maintenance": "full_check"},
+        tags={
+            "lake/table": spec.identifier,
+            "lake/check": "duplicate_free_full",
+            "lake/maintenance": "full_check",
+            **RUN_RETRY_TAGS,
+            **run_pod_tags(),
+        },
     )
     return ScheduleDefinition(
         name=f"{full_check_job_name(spec)}_schedule",

@@ -17,8 +17,9 @@ from dagster import (
 )
 
 from kafka_iceberg.catalog.tables import load_table, metadata_view
+from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.vocabulary import table_key, table_pool
+from kafka_iceberg.lake_assets.vocabulary import RUN_RETRY_TAGS, table_key, table_pool
 from kafka_iceberg.ops.rota import KINDS, record_run, run_job
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
@@ -54,7 +55,7 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool, keys: Res
     @job(
         name=f"{kind}_{spec.name}",
         description=f"{kind.replace('_', ' ')} on {spec.identifier}",
-        tags={"lake/table": spec.identifier, MAINTENANCE_TAG: kind},
+        tags={"lake/table": spec.identifier, MAINTENANCE_TAG: kind, **RUN_RETRY_TAGS, **run_pod_tags()},
     )
     def _job():
         _op()

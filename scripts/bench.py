@@ -406,7 +406,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--minutes", type=float, default=8.0, help="--freshness: minutes of load (default 8)")
     ap.add_argument("--rate", type=int, default=200, help="--freshness: records/s produced (default 200)")
     ap.add_argument("--many", type=int, default=0, help="goal 7 only: N tables under --rate records/s in total")
-    ap.add_argument("--workers", type=int, default=1, help="--many: LAKE_WORKERS, worker runs serving the tables")
+    ap.add_argument("--workers", type=int, default=None, help="--many: LAKE_WORKERS (default: unset, derived)")
     ap.add_argument("--backlog", type=int, default=10_000, help="--many: backlog records per table (default 10,000)")
     ap.add_argument(
         "--catalog",

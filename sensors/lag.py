@@ -1,4 +1,8 @@
-"""Consumer-lag sensor, one per table: observe lag, judge it, trigger micro-batches or a backfill.
+"""Consumer-lag sensor of one table: observe lag, judge it, trigger micro-batches or a backfill.
+
+Not in the code location (its worker runs serve every table, launched by ``lake_workers``); a location of
+its own may add :func:`lag_sensor` for a table whose runs should be one-micro-batch runs and backfills
+(tests/backfill_location.py does).
 
 Each evaluation reads the table's committed offsets and newest ingest snapshot time (its
 snapshot summary), the topic's high watermarks and the table's runs that failed since that
@@ -18,12 +22,17 @@ largest per-partition lag (:func:`kafka_iceberg.lake_assets.backfill.plan_catch_
   :func:`kafka_iceberg.lake_assets.backfill.next_slots`; a slot whose last run failed comes first);
 - larger: one asset backfill over ``ceil(backlog / bound)`` slots (at most
   :data:`kafka_iceberg.lake_assets.backfill.MAX_BACKFILL_BATCHES`), one run per micro-batch, shown under
-  *Runs -> Backfills*; a backfill posts one WARN naming the backlog.
+  *Runs -> Backfills*; a routine backfill is logged at INFO, one capped at
+  :data:`kafka_iceberg.lake_assets.backfill.MAX_BACKFILL_BATCHES` posts one WARN naming the backlog.
+
+A table whose runs keep failing is triggered again only after a backoff (30 s after one failed run,
+doubling up to 900 s; :func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`), not on every tick.
 
 Nothing is requested while the table is already being materialized: a queued or running run
 of the table, or a backfill of it not yet finished (:func:`kafka_iceberg.lake_assets.backfill.table_in_progress`).
 """
 
+import logging
 import time
 from datetime import datetime, timezone
 
@@ -53,6 +62,9 @@ from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table
 from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.ops.lag import STALL_ATTEMPTS, LagEvaluation, LagHistory, LagRules, observation
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
+from kafka_iceberg.sensors.backoff import relaunch_hold_s
+
+log = logging.getLogger(__name__)
 
 
 def observation_metadata(evaluation: LagEvaluation, last_commit_ms) -> dict:
@@ -114,8 +126,10 @@ def alert_lag_status(spec: TableSpec, evaluation: LagEvaluation, sink: AlertSink
 def alert_backfill(
     spec: TableSpec, evaluation: LagEvaluation, plan: CatchUpPlan, slot_keys: list[str], sink: AlertSink | None = None
 ) -> bool:
-    """Post a WARN that the backlog needs a backfill: measure ``backlog_records`` = the largest
-    per-partition lag (records by offset) against one micro-batch's bound. Never raises."""
+    """Report that the backlog needs a backfill: measure ``backlog_records`` = the largest per-partition lag
+    (records by offset) against one micro-batch's bound. A routine backfill (all of the backlog in one
+    backfill) is INFO and only logged; a capped one (more backfills follow) posts a WARN. Returns whether
+    a message was posted; never raises."""
     value = (
         f"{plan.max_partition_lag} records in partition {plan.partition}, "
         f"{plan.batches} micro-batches of {plan.bound} per partition"
@@ -124,17 +138,20 @@ def alert_backfill(
         f"{spec.identifier} on topic {spec.topic}: offset lag {evaluation.total_offset_lag} records; launched a "
         f"backfill of {plan.batches} runs, one micro-batch each" + (" (capped; more follow)" if plan.capped else "")
     )
-    return (sink or AlertSink.from_env()).send(
-        table_alert(
-            spec,
-            measure="backlog_records",
-            value=value,
-            severity="WARN",
-            summary=summary,
-            source=f"sensor {spec.name}_lag",
-            extra={"micro-batch slots": slot_keys[0] if len(slot_keys) == 1 else f"{slot_keys[0]} .. {slot_keys[-1]}"},
-        )
+    sink = sink or AlertSink.from_env()
+    alert = table_alert(
+        spec,
+        measure="backlog_records",
+        value=value,
+        severity="WARN" if plan.capped else "INFO",
+        summary=summary,
+        source=f"sensor {spec.name}_lag",
+        extra={"micro-batch slots": slot_keys[0] if len(slot_keys) == 1 else f"{slot_keys[0]} .. {slot_keys[-1]}"},
     )
+    if alert.severity == "INFO":
+        log.info("%s", sink.format_text(alert))
+        return False
+    return sink.send(alert)
 
 
 def _requests(
@@ -200,7 +217,10 @@ def lag_sensor(spec: TableSpec, keys: ResourceKeys = LAKE_KEYS):
             alert_lag_status(spec, evaluation, slack.sink())
         run_requests, partition_requests, what = [], [], "no"
         reason = should_trigger(spec, evaluation, last_commit_ms, now_ms)
-        if reason:
+        hold = relaunch_hold_s(context.instance, now_ms / 1000, tags={TABLE_TAG: spec.identifier}) if reason else 0
+        if hold:
+            what = f"{reason}, held back {hold:.0f} s more after failed runs"
+        elif reason:
             run_requests, partition_requests, what = _requests(
                 context, spec, evaluation, bool(state.offsets), reason, now_ms, slack.sink()
             )

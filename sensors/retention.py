@@ -25,6 +25,9 @@ from kafka_iceberg.ops.alerts import AlertSink
 from kafka_iceberg.ops.retention import PartitionRetention, evaluate
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 
+OBSERVE_EVERY_S = 600
+"""Seconds between two retention observations of a table whose status does not change (the heartbeat)."""
+
 
 def retention_metadata(status: str, parts: list[PartitionRetention], retention_ms: int) -> dict:
     """Observation metadata: the worst headroom (s) and ratio, status, and per-partition figures."""
@@ -108,9 +111,10 @@ def evaluate_table(spec: TableSpec, meta, pycatalog, watermarks: Mapping[int, Wa
 
 
 def all_tables_retention_sensor(specs: list[TableSpec], keys: ResourceKeys = LAKE_KEYS):
-    """One retention-headroom sensor for every table (``lake_retention``, with ``LAKE_WORKERS`` >= 1):
-    the watermarks of all topics in one batched call; per table the same figures, observations and
-    alerts as :func:`retention_sensor`; a table whose evaluation fails is logged and skipped."""
+    """One retention-headroom sensor for every table (``lake_retention``, named by ``keys``): the watermarks
+    of all topics in one batched call; per table the same figures and alerts as :func:`retention_sensor`, its
+    observations (of the table and its topic) only when its status changes or :data:`OBSERVE_EVERY_S` after
+    the last; a table whose evaluation fails is logged and skipped. ``keys``: the lake's resource keys."""
 
     @sensor(
         name=keys.name("lake_retention"),
@@ -123,7 +127,7 @@ def all_tables_retention_sensor(specs: list[TableSpec], keys: ResourceKeys = LAK
         kafka, catalog, slack = keys.of(context, "kafka", "catalog", "slack")
         now_ms, meta, pycatalog = int(time.time() * 1000), kafka.metadata(), catalog.load()
         marks = meta.watermarks_many(sorted({s.topic for s in specs}))
-        statuses = json.loads(context.cursor) if context.cursor else {}
+        statuses = json.loads(context.cursor) if context.cursor else {}  # identifier -> [status, observed ms]
         events = []
         for spec in specs:
             if marks.get(spec.topic) is None:
@@ -134,14 +138,16 @@ def all_tables_retention_sensor(specs: list[TableSpec], keys: ResourceKeys = LAK
             except Exception as exc:  # noqa: BLE001 - one table's failure must not hide the others
                 context.log.error(f"{spec.identifier}: retention not evaluated: {exc}")
                 continue
-            previous = statuses.get(spec.identifier, "OK")
+            seen = statuses.get(spec.identifier)
+            previous, observed_ms = (seen, None) if isinstance(seen, str) else (seen or ["OK", None])
             if status != previous and status != "OK":
                 alert_retention(spec, status, previous, parts, slack.sink())
-            statuses[spec.identifier] = status
-            events.append(
-                AssetObservation(asset_key=table_key(spec), metadata=retention_metadata(status, parts, retention_ms))
-            )
-            events.append(topic_observation(topic_key(spec), spec, marks[spec.topic], retention_ms))
+            if status != previous or observed_ms is None or now_ms - observed_ms >= OBSERVE_EVERY_S * 1000:
+                observed_ms = now_ms
+                table_md = retention_metadata(status, parts, retention_ms)
+                events.append(AssetObservation(asset_key=table_key(spec), metadata=table_md))
+                events.append(topic_observation(topic_key(spec), spec, marks[spec.topic], retention_ms))
+            statuses[spec.identifier] = [status, observed_ms]
         return SensorResult(asset_events=events, cursor=json.dumps(statuses))
 
     return _retention

@@ -1,15 +1,18 @@
-"""The ``lake_workers`` sensor (``LAKE_WORKERS`` >= 1): one sensor watches every table.
+"""The ``lake_workers`` sensor: one sensor watches every table and launches the worker runs that serve them.
 
 Per tick it looks at the tables of the workers with no run in progress, and at the tables whose last
 observation is :data:`OBSERVE_EVERY_S` old: the watermarks of every partition of their topics in one
 batched call (:meth:`kafka_iceberg.kafka.admin.KafkaMetadata.watermarks_many`) and their committed
 offsets from their snapshot summaries. Each of those tables gets an ``AssetObservation`` (offset lag in
-records, seconds since its last commit, whether its topic exists) when its last one is that old or its
-topic appeared or vanished; so the event log gets N / :data:`OBSERVE_EVERY_S` observations a second,
-not N per tick (the cursor keeps when each table was observed). A worker whose tables include one that
+records, seconds since its last commit, whether its topic exists, whether it is due) only when its state
+(topic exists, due) changed or as a heartbeat :data:`OBSERVE_EVERY_S` after its last one
+(:func:`should_observe`; the cursor keeps when each table was observed and in which state), so a healthy
+table adds at most 6 observations an hour. A worker whose tables include one that
 is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
 and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
-gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`). A busy worker's tables are not read:
+gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`), unless its latest runs failed (not
+merely set tables aside): then it waits 30 s, 60 s, ... up to 900 s after the last failure
+(:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are not read:
 its run commits each micro-batch as a materialization.
 """
 
@@ -32,13 +35,21 @@ from dagster import (
 
 from kafka_iceberg.batch.worker import offset_lags
 from kafka_iceberg.catalog.tables import read_state
-from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, table_key, worker_job_name
+from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, run_budget_s, table_key, worker_job_name
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
+from kafka_iceberg.sensors.backoff import relaunch_hold_s
 
-OBSERVE_EVERY_S = 30
-"""Seconds between two lag observations of one table (sooner when its topic appears or vanishes)."""
+OBSERVE_EVERY_S = 600
+"""Seconds between two lag observations of one table whose state does not change (the heartbeat)."""
+
+
+def should_observe(seen: list | None, exists: bool, due: bool, now_ms: int) -> bool:
+    """Whether a table gets an observation now: never observed, its state changed (``seen``: the cursor's
+    [ms since epoch, topic existed, was due]), or its last observation is :data:`OBSERVE_EVERY_S` old."""
+    if seen is None or len(seen) < 3 or [bool(seen[1]), bool(seen[2])] != [exists, due]:
+        return True
+    return now_ms - seen[0] >= OBSERVE_EVERY_S * 1000
 
 
 def is_due(spec: TableSpec, lag: int, last_commit_ms: int | None, now_ms: int) -> bool:
@@ -53,6 +64,7 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
     """The one sensor of every table in worker mode; ``groups``: worker -> its tables; ``jobs``: their jobs."""
     specs = [s for group in groups.values() for s in group]
     worker_of = {s.identifier: k for k, group in groups.items() for s in group}
+    job_of = {k: keys.name(worker_job_name(k)) for k in groups}  # the lake's worker jobs (another lake's: prefixed)
     interval = int(min((s.lag.interval_s for s in specs), default=30))
 
     @sensor(
@@ -67,7 +79,7 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
         kafka, catalog = keys.of(context, "kafka", "catalog")
         now_ms = int(time.time() * 1000)
         cursor = json.loads(context.cursor) if context.cursor else {}
-        busy = _busy_workers(context, list(groups), load_settings().stream.budget_s, now_ms / 1000)
+        busy = _busy_workers(context, job_of, now_ms / 1000)
         looked = [s for s in specs if worker_of[s.identifier] not in busy or _stale(cursor, s, now_ms)]
         marks = kafka.metadata().watermarks_many(sorted({s.topic for s in looked})) if looked else {}
         pycatalog = catalog.load() if looked else None
@@ -76,17 +88,17 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
         events, due_workers = [], {}
         for spec in looked:
             last, lag = states[spec.identifier].snapshot_timestamp_ms, lags[spec.identifier]
-            exists = marks.get(spec.topic) is not None
-            seen = cursor.get(spec.identifier)
-            if seen is None or _stale(cursor, spec, now_ms) or seen[1] != exists:
-                cursor[spec.identifier] = [now_ms, exists]
-                events.append(_observation(spec, lag, last, exists, now_ms))
-            if worker_of[spec.identifier] not in busy and is_due(spec, lag, last, now_ms):
+            exists, due = marks.get(spec.topic) is not None, is_due(spec, lag, last, now_ms)
+            if should_observe(cursor.get(spec.identifier), exists, due, now_ms):
+                cursor[spec.identifier] = [now_ms, exists, due]
+                events.append(_observation(spec, lag, last, exists, due, now_ms))
+            if worker_of[spec.identifier] not in busy and due:
                 due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
-        requests = [_run_request(k, due, now_ms) for k, due in sorted(due_workers.items())]
+        held = {k for k in due_workers if relaunch_hold_s(context.instance, now_ms / 1000, job_of[k]) > 0}
+        requests = [_run_request(k, job_of[k], due, now_ms) for k, due in sorted(due_workers.items()) if k not in held]
         context.log.info(
             f"lake_workers: {len(specs)} tables, {len(looked)} looked at, {len(events)} observed, "
-            f"due per idle worker {due_workers}, busy {sorted(busy)}"
+            f"due per idle worker {due_workers}, busy {sorted(busy)}, held back after failed runs {sorted(held)}"
         )
         return SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor))
 
@@ -106,9 +118,11 @@ def _stale(cursor: dict, spec: TableSpec, now_ms: int) -> bool:
     return seen is None or now_ms - seen[0] >= OBSERVE_EVERY_S * 1000
 
 
-def _observation(spec: TableSpec, lag: int, last_commit_ms: int | None, exists: bool, now_ms: int) -> AssetObservation:
+def _observation(
+    spec: TableSpec, lag: int, last_commit_ms: int | None, exists: bool, due: bool, now_ms: int
+) -> AssetObservation:
     """The lag observation of one table: offset lag (records), seconds since its last commit (-1: none),
-    whether its topic exists."""
+    whether its topic exists, whether it is due (:func:`is_due`)."""
     since = round((now_ms - last_commit_ms) / 1000, 1) if last_commit_ms else -1.0
     return AssetObservation(
         asset_key=table_key(spec),
@@ -116,15 +130,16 @@ def _observation(spec: TableSpec, lag: int, last_commit_ms: int | None, exists: 
             "offset_lag": MetadataValue.int(lag),
             "seconds_since_commit": MetadataValue.float(since),
             "topic_exists": MetadataValue.bool(exists),
+            "due": MetadataValue.bool(due),
         },
     )
 
 
-def _run_request(worker: int, due: list[str], now_ms: int) -> RunRequest:
-    """The run of worker ``worker``'s job, tagged with (up to five of) the due tables that triggered it."""
+def _run_request(worker: int, job_name: str, due: list[str], now_ms: int) -> RunRequest:
+    """The run of worker ``worker``'s job ``job_name``, tagged with (up to five of) the due tables that triggered it."""
     return RunRequest(
-        run_key=f"{worker_job_name(worker)}:{now_ms}",
-        job_name=worker_job_name(worker),
+        run_key=f"{job_name}:{now_ms}",
+        job_name=job_name,
         tags={WORKER_TAG: str(worker), "lake/trigger": f"due: {', '.join(due[:5])}" + (" ..." if len(due) > 5 else "")},
     )
 
@@ -138,15 +153,17 @@ def handover_due(start_times: list[float | None], budget_s: float, now_s: float)
     return start_times[0] + budget_s - now_s <= HANDOVER_S
 
 
-def _busy_workers(context: SensorEvaluationContext, workers: list[int], budget_s: float, now_s: float) -> set[int]:
-    """Workers with a run queued or in progress, unless it is time for its successor (:func:`handover_due`)."""
+def _busy_workers(context: SensorEvaluationContext, jobs: dict[int, str], now_s: float) -> set[int]:
+    """Workers with a run queued or in progress, unless it is time for its successor (:func:`handover_due`,
+    under the run's budget: :func:`kafka_iceberg.lake_assets.vocabulary.run_budget_s` of its tags)."""
     busy = set()
-    for k in workers:
-        flt = RunsFilter(job_name=worker_job_name(k), statuses=IN_PROGRESS)
+    for k, job_name in jobs.items():
+        flt = RunsFilter(job_name=job_name, statuses=IN_PROGRESS)
         records = context.instance.get_run_records(filters=flt, limit=2)
+        budget_s = run_budget_s(records[0].dagster_run.tags) if records else 0.0
         if records and not handover_due([r.start_time for r in records], budget_s, now_s):
             busy.add(k)
     return busy
 
 
-__all__ = ["HANDOVER_S", "OBSERVE_EVERY_S", "handover_due", "is_due", "workers_sensor"]
+__all__ = ["HANDOVER_S", "OBSERVE_EVERY_S", "handover_due", "is_due", "should_observe", "workers_sensor"]

@@ -1,7 +1,7 @@
 """Slack alerts against a local recording HTTP server standing in for the Slack Web API.
 
 Fast: no Spark, no Kafka. The run-failure sensor is evaluated on real failed runs executed
-in an ephemeral Dagster instance.
+in an ephemeral Dagster instance (its episodes: tests/test_episodes.py).
 """
 
 import json
@@ -10,11 +10,10 @@ import time
 
 import pytest
 from dagster import (
-    DagsterEventType,
     DagsterInstance,
     Definitions,
     asset,
-    build_run_status_sensor_context,
+    build_sensor_context,
     define_asset_job,
     job,
     op,
@@ -239,20 +238,16 @@ def test_pick_measure():
 # --- run-failure sensor --------------------------------------------------------------------
 
 
-def _failure_context(instance, run_id):
-    run = instance.get_run_by_id(run_id)
-    assert run.is_failure
-    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
-    assert len(records) == 1
+def _tick(instance, cursor=None) -> str:
+    """One evaluation of the run-failure alert sensor on ``instance``; returns its new cursor."""
     from kafka_iceberg.resources.slack import LakeSlackResource
 
-    return build_run_status_sensor_context(
-        sensor_name="run_failure_alert_sensor",
-        dagster_event=records[0].event_log_entry.dagster_event,
-        dagster_instance=instance,
-        dagster_run=run,
-        resources={"lake_slack": LakeSlackResource.from_env()},
-    ).for_run_failure()
+    context = build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lake_slack": LakeSlackResource.from_env()}
+    )
+    result = run_failure_alert_sensor(context)
+    assert result.cursor
+    return result.cursor
 
 
 @pytest.fixture
@@ -276,7 +271,7 @@ def test_run_failure_sensor_posts_job_and_run_id(slack_env):
     with DagsterInstance.ephemeral() as instance:
         result = tiny_failing_job.execute_in_process(instance=instance, raise_on_error=False)
         assert not result.success
-        run_failure_alert_sensor(_failure_context(instance, result.run_id))
+        _tick(instance)
 
     assert len(slack_env.messages) == 1
     msg = slack_env.messages[0]
@@ -308,7 +303,7 @@ def test_run_failure_sensor_names_failed_assets(slack_env):
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("lake_job").execute_in_process(instance=instance, raise_on_error=False)
         assert not result.success
-        run_failure_alert_sensor(_failure_context(instance, result.run_id))
+        _tick(instance)
 
     assert len(slack_env.messages) == 1
     text = slack_env.messages[0]["text"]
@@ -336,7 +331,7 @@ def test_run_failure_sensor_without_token_only_logs(slack, monkeypatch, caplog):
     with DagsterInstance.ephemeral() as instance:
         result = quiet_job.execute_in_process(instance=instance, raise_on_error=False)
         with caplog.at_level(logging.WARNING, logger="kafka_iceberg.ops.alerts"):
-            run_failure_alert_sensor(_failure_context(instance, result.run_id))
+            _tick(instance)
     assert slack.requests == []
     logged = [r.getMessage() for r in caplog.records if r.name == "kafka_iceberg.ops.alerts"]
     assert any("quiet_job" in m and result.run_id in m and "nobody is listening" in m for m in logged)
@@ -354,8 +349,8 @@ def test_run_failure_sensor_survives_slack_errors(slack_env):
         explode()
 
     with DagsterInstance.ephemeral() as instance:
-        result = job_with_broken_slack.execute_in_process(instance=instance, raise_on_error=False)
-        run_failure_alert_sensor(_failure_context(instance, result.run_id))  # must not raise
+        job_with_broken_slack.execute_in_process(instance=instance, raise_on_error=False)
+        _tick(instance)  # must not raise
     assert len(slack_env.messages) >= 1 and "job_with_broken_slack" in slack_env.messages[0]["text"]
 
 

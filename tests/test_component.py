@@ -57,13 +57,10 @@ def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path
         assert f"lake/{namespace}/{table}" in assets
         assert sources[f"lake/{namespace}/{table}"].startswith("kafka_iceberg/defs/nyc/defs.yaml")  # the Component
         assert {f"lake/{namespace}/{table}:{c}" for c in ("duplicate_free", "freshness", "quarantine")} <= checks
-        assert {f"{spec.name}_lag", f"{spec.name}_retention"} <= sensors
-        assert {
-            f"{kind}_{spec.name}_schedule" for kind in ("compact", "expire_snapshots", "remove_orphan_files")
-        } <= schedules
+        assert f"duplicate_free_full_{spec.name}_schedule" in schedules  # the worker runs do the maintenance
     # the per-location definitions, once: the demo's downstream asset and the shared sensors
     assert "lake/analytics/hourly_departure_delay" in assets
-    assert {"run_liveness", "run_failure_alert_sensor"} <= sensors
+    assert {"lake_workers", "lake_retention", "run_liveness", "run_failure_alert_sensor"} <= sensors
 
 
 def _project(root: Path, instances: dict[str, str]) -> Path:
@@ -187,10 +184,12 @@ def test_two_lakes_in_one_code_location_keep_their_own_resources(tmp_path, monke
     assert required[AssetKey(["lake", "comp", "clicks"])] >= {"web_kafka", "web_catalog", "web_pyspark"}
     assert required[AssetKey(["lake", "comp", "orders"])] >= {"lake_kafka", "lake_catalog", "lake_pyspark"}
     sensors = {s.name for s in repo.sensor_defs}
-    assert {"orders_lag", "refunds_lag", "clicks_lag", "run_liveness", "run_failure_alert_sensor"} <= sensors
+    assert {"lake_workers", "lake_retention", "run_liveness", "run_failure_alert_sensor"} <= sensors
+    assert {"web_lake_workers", "web_lake_retention"} <= sensors  # the second lake's own
+    assert "web_run_failure_alert_sensor" not in sensors and "web_run_liveness" not in sensors
     jobs = {j.name for j in defs.resolve_all_job_defs()}
     assert "ingest_all" not in jobs  # not the demo's tables
-    assert jobs >= {"replay", "web_replay", "compact_orders", "compact_clicks"}
+    assert jobs >= {"replay", "web_replay", "lake_worker_0", "web_lake_worker_0"}
 
     # the same table in two instances is refused, naming it; so are two instances of one key prefix
     clash = _project(tmp_path / "clash", {"a": first, "b": _instance([_table("orders", "x")], key_prefix="b_")})
@@ -205,21 +204,31 @@ def test_two_lakes_with_workers_have_their_own_worker_jobs_and_sensors(tmp_path,
     """With ``LAKE_WORKERS``, each lake's worker jobs and sensors take its key prefix and its resources."""
     from dagster import Definitions
 
+    from kafka_iceberg.lake_assets.worker import worker_job
+    from kafka_iceberg.resources import ResourceKeys
+
     monkeypatch.delenv("LAKE_TABLES_FILE", raising=False)
     monkeypatch.setenv("LAKE_HOME", str(tmp_path / "lake"))
     monkeypatch.setenv("LAKE_WORKERS", "1")
     first = _instance([_table("orders", "orders.v1")])
     second = _instance([_table("clicks", "clicks.v1")], key_prefix="web_", kafka_bootstrap_servers="web:9092")
-    defs, _ = _load(_project(tmp_path / "workers", {"payments": first, "web": second}), monkeypatch)
+    defs, specs = _load(_project(tmp_path / "workers", {"payments": first, "web": second}), monkeypatch)
     Definitions.validate_loadable(defs)
     repo = defs.get_repository_def()
     workers = {s.name: s for s in repo.sensor_defs if s.name.endswith("lake_workers")}
     assert set(workers) == {"lake_workers", "web_lake_workers"}
     assert workers["web_lake_workers"].required_resource_keys == {"web_kafka", "web_catalog"}
+    assert [t.job_name for t in workers["web_lake_workers"].targets] == ["web_lake_worker_0"]
     jobs = {j.name: j for j in repo.get_all_jobs() if "worker" in j.name}
     assert set(jobs) == {"lake_worker_0", "web_lake_worker_0"}
     serve = jobs["web_lake_worker_0"].graph.node_named("serve_web_lake_worker_0").definition
-    assert serve.required_resource_keys == {"web_kafka", "web_catalog", "web_pyspark", "web_slack", "web_reader"}
+    assert serve.required_resource_keys == {"web_kafka", "web_catalog", "web_pyspark", "web_slack"}
+    # off SQLite each lake's worker holds a pool of its own, so neither hands over to the other's runs
+    pools = {}
+    for prefix in ("lake_", "web_"):
+        job = worker_job(0, specs, sqlite_catalog=False, keys=ResourceKeys(prefix))
+        pools[job.name] = job.graph.node_named(f"serve_{job.name}").definition.pool
+    assert pools == {"lake_worker_0": "lake/worker/0", "web_lake_worker_0": "lake/worker/web_0"}
 
 
 def test_the_code_location_loads_the_defs_folder_or_a_tables_file(tmp_path):
@@ -313,7 +322,7 @@ def test_the_component_builds_what_the_same_declarations_build_as_a_tables_file(
     assert specs == file_specs == load_table_specs(tables)
     component, file = _names(from_component), _names(from_file)
     assert component == file
-    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 16
+    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 4
 
 
 def _team_project(root: Path) -> Path:
@@ -397,6 +406,5 @@ def test_a_teams_project_scaffolds_the_component_and_loads_what_it_needs(tmp_pat
     resources = {r["name"] for r in listed["resources"]}
     assert resources == {"lake_kafka", "lake_catalog", "lake_pyspark", "lake_slack", "lake_reader"}
     sensors = {s["name"] for s in listed["sensors"]}
-    assert {"run_failure_alert_sensor", "run_liveness"} <= sensors
-    assert "orders_lag" in sensors or "lake_workers" in sensors  # per table, or the workers' one
+    assert {"run_failure_alert_sensor", "run_liveness", "lake_workers", "lake_retention"} <= sensors
     assert "replay" in {j["name"] for j in listed["jobs"]}

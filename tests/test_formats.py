@@ -344,7 +344,7 @@ def test_registry_basic_auth_comes_from_the_environment(tmp_path, monkeypatch):
         with pytest.raises(RegistryUnavailableError, match="refused"):
             resolve(url, [1], RegistrySettings())
         monkeypatch.setenv(
-            "LAKE_SCHEMA_REGISTRY_BASIC_AUTH", "lake:s3cret"
+            "LAKE_SCHEMA_REGISTRY_CONFIG", '{"basic.auth.user.info": "lake:s3cret"}'
         )  # kafka_iceberg.config.settings.registry_settings
         from kafka_iceberg.formats import client_config
 

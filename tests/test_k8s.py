@@ -15,6 +15,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -25,6 +29,8 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+
+from kafka_iceberg.config.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -124,98 +130,76 @@ def test_values_hold_no_secret_literal(values, instance_values):
     assert "SPARK_LOCAL_IP" not in configmap["data"]  # the pod sets it from its own IP
 
 
-# keys of the main chart's value models (helm/dagster/schema/.../subschema/concurrency.py and
-# compute_log_manager.py, both extra="forbid"), until that chart's schema is vendored too
-CHART_CONCURRENCY = {"enabled", "pools", "runs"}
-CHART_POOLS = {"defaultLimit", "granularity", "opGranularityRunBuffer"}
-CHART_S3_LOGS = {
-    "bucket",
-    "localDir",
-    "prefix",
-    "useSsl",
-    "verify",
-    "verifyCertPath",
-    "endpointUrl",
-    "skipEmptyFiles",
-    "uploadInterval",
-    "uploadExtraArgs",
-    "showUrlOnly",
-    "region",
+# The main chart's defaults (helm/dagster/values.yaml of dagster 1.13.x) for the instance settings a team
+# shares: the snippet must leave each of them as the team has it. dagster.yaml's names on the right.
+CHART_DEFAULTS = {
+    ("dagsterDaemon", "runRetries", "enabled"): True,
+    ("dagsterDaemon", "runRetries", "maxRetries"): 0,
+    ("dagsterDaemon", "runCoordinator", "enabled"): True,
+    ("dagsterDaemon", "runMonitoring", "enabled"): True,
 }
-SNAKE = {
-    "startTimeoutSeconds": "start_timeout_seconds",
-    "pollIntervalSeconds": "poll_interval_seconds",
-    "maxResumeRunAttempts": "max_resume_run_attempts",
-    "freeSlotsAfterRunEndSeconds": "free_slots_after_run_end_seconds",
-    "enabled": "enabled",
-    "maxRetries": "max_retries",
-    "retryOnAssetOrOpFailure": "retry_on_asset_or_op_failure",
-    "dequeueIntervalSeconds": "dequeue_interval_seconds",
-    "defaultLimit": "default_limit",
-    "granularity": "granularity",
-    "bucket": "bucket",
-    "prefix": "prefix",
-    "region": "region",
+SHARED = {
+    ("dagsterDaemon",): "run coordinator, run monitoring, run retries (every team's runs)",
+    ("computeLogManager",): "every team's step logs",
+    ("concurrency", "pools"): "the default limit and granularity of every team's pools",
+    ("runLauncher",): "every team's run pods",
 }
+LAKE_TAGS = ("lake/",)
 
 
-def chart_instance_config(snippet: dict) -> dict:
-    """The dagster.yaml blocks the chart renders from the snippet (camelCase values -> snake_case)."""
-    daemon = snippet["dagsterDaemon"]
-    coordinator = daemon["runCoordinator"]
-    logs = snippet["computeLogManager"]
-    return {
-        "run_coordinator": {
-            "module": "dagster.core.run_coordinator",
-            "class": coordinator["type"],
-            "config": {SNAKE[k]: v for k, v in coordinator["config"]["queuedRunCoordinator"].items()},
-        },
-        "run_monitoring": {SNAKE[k]: v for k, v in daemon["runMonitoring"].items()},
-        "run_retries": {SNAKE[k]: v for k, v in daemon["runRetries"].items()},
-        "concurrency": {
-            "pools": {SNAKE[k]: v for k, v in snippet["concurrency"]["pools"].items()},
-            "runs": {"tag_concurrency_limits": snippet["concurrency"]["runs"]["tagConcurrencyLimits"]},
-        },
-        "compute_logs": {
-            "module": "dagster_aws.s3.compute_log_manager",
-            "class": logs["type"],
-            "config": {SNAKE[k]: v for k, v in logs["config"]["s3ComputeLogManager"].items()},
-        },
-        "telemetry": {"enabled": False},
-    }
+def leaves(node, path=()):
+    """(path, value) of every leaf of a values document; a list is one leaf (helm replaces lists)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from leaves(v, (*path, k))
+    else:
+        yield path, node
 
 
-def test_instance_snippet_keys_are_the_charts(instance_values):
-    assert set(instance_values) == {"dagsterDaemon", "concurrency", "computeLogManager"}
-    assert set(instance_values["concurrency"]) <= CHART_CONCURRENCY
-    assert set(instance_values["concurrency"]["pools"]) <= CHART_POOLS
-    logs = instance_values["computeLogManager"]
-    assert logs["type"] == "S3ComputeLogManager"
-    assert set(logs["config"]) == {"s3ComputeLogManager"}
-    assert set(logs["config"]["s3ComputeLogManager"]) <= CHART_S3_LOGS
+def test_instance_snippet_sets_nothing_outside_the_lakes_own_names(instance_values):
+    """Additive: no shared instance setting (pools' default limit or granularity, run retries, run
+    monitoring, the run coordinator, the compute-log manager); tag limits only on the lake's own tags."""
+    for path, value in leaves(instance_values):
+        assert not any(path[: len(p)] == p for p in SHARED), f"{'.'.join(path)} is shared: {SHARED}"
+        if path == ("concurrency", "runs", "tagConcurrencyLimits"):
+            assert value and all(e["key"].startswith(LAKE_TAGS) for e in value), value
+        elif path == ("concurrency", "enabled"):
+            assert value is True  # renders the concurrency block; sets no limit by itself
+        else:
+            raise AssertionError(f"{'.'.join(path)}: not one of the lake's own names")
+    for path, default in CHART_DEFAULTS.items():
+        node = instance_values
+        for key in path:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        assert node in ({}, default), f"{'.'.join(path)} must stay the chart's default {default}"
 
 
 def test_instance_snippet_renders_a_valid_dagster_yaml(instance_values, tmp_path):
-    # dagster_aws is not installed here: the compute log block's shape is checked above, the rest by Dagster
-    rendered = {k: v for k, v in chart_instance_config(instance_values).items() if k != "compute_logs"}
+    rendered = {
+        "concurrency": {
+            "runs": {"tag_concurrency_limits": instance_values["concurrency"]["runs"]["tagConcurrencyLimits"]}
+        },
+        "telemetry": {"enabled": False},
+    }
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(rendered))
     checked, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError when invalid
-    assert checked["concurrency"]["pools"] == {"granularity": "run", "default_limit": 1}
-
-
-def test_instance_snippet_keeps_the_repository_liveness_rules(instance_values):
-    """Run monitoring and run retries as in dagster.yaml (the local instance); waiting runs queue."""
+    assert "pools" not in checked["concurrency"]
+    # the maintenance limit is the one of the repository's dev instance
     local = load_yaml(ROOT / "dagster.yaml")
-    rendered = chart_instance_config(instance_values)
-    assert rendered["run_monitoring"] == local["run_monitoring"]
-    assert rendered["run_retries"] == local["run_retries"]
-    assert (
-        rendered["run_coordinator"]["config"]["dequeue_interval_seconds"]
-        == local["run_queue"]["dequeue_interval_seconds"]
-    )
-    assert rendered["concurrency"]["pools"]["default_limit"] == local["concurrency"]["pools"]["default_limit"]
-    assert rendered["concurrency"]["pools"]["granularity"] == "run"
-    assert rendered["concurrency"]["runs"] == local["concurrency"]["runs"]  # the maintenance run limit
+    assert checked["concurrency"]["runs"] == local["concurrency"]["runs"]
+
+
+def test_the_lakes_pools_and_run_tags_are_its_own():
+    from types import SimpleNamespace
+
+    from kafka_iceberg.lake_assets import vocabulary
+
+    spec = SimpleNamespace(identifier="shop.orders")  # table_pool reads the identifier only
+    pools = [vocabulary.table_pool(spec, False), vocabulary.table_pool(spec, True), vocabulary.worker_pool(0)]
+    assert pools == ["lake/table/shop_orders", "lake/sqlite_catalog", "lake/worker/0"]
+    assert vocabulary.RUN_RETRY_TAGS["dagster/max_retries"] == "2"
+    # the dev instance's run_retries: the same retries, there for every run
+    assert load_yaml(ROOT / "dagster.yaml")["run_retries"]["max_retries"] == 2
 
 
 def test_run_pod_carries_the_location_config(values):
@@ -260,11 +244,145 @@ def test_run_pod_carries_the_location_config(values):
 
 def test_dockerfile_installs_the_lock_and_bakes_no_spark_local_ip():
     text = (DEPLOY / "Dockerfile").read_text()
-    assert "--require-hashes -r requirements-runtime.lock" in text
-    assert "--no-deps" in text
+    script = (DEPLOY / "build-image.sh").read_text()  # the image's steps (tests/test_image.py runs it)
+    assert 'LOCK="${LAKE_IMAGE_LOCK-requirements-runtime.lock}"' in script and "--require-hashes" in script
+    assert "--no-deps" in script
     assert "SPARK_LOCAL_IP=" not in text
-    assert "ARG WITH_S3" in text and "iceberg-aws-bundle-1.10.2.jar" in text
+    assert "ARG WITH_S3" in text and "iceberg-aws-bundle-${ICEBERG_VERSION}.jar" in script
     assert "openjdk-17-jre-headless" in text and "libpostgresql-jdbc-java" in text
     assert "/usr/lib/jvm/java-17-openjdk-amd64" not in text  # JAVA_HOME portable across arm64/amd64
     assert "\nUSER 10001" in text
     assert "kafka_iceberg.lake_assets.definitions" in text
+
+
+def _pod_environment(tmp_path: Path, drop: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment of a pod with the documented ConfigMap and Secret (deploy/README.md): the
+    ConfigMap's data without ``drop``, the Secret's keys with stand-in values; no LAKE_DEV."""
+    data = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")["data"]
+    secrets = {key: f"secret-value-{i}" for i, key in enumerate(documented_secret_keys())}
+    env = {k: v for k, v in data.items() if k not in drop}
+    env.update(secrets, PATH=os.environ["PATH"], HOME=str(tmp_path), LAKE_HOME=str(tmp_path / "lake"))
+    env["DAGSTER_HOME"] = str(tmp_path / "dagster")
+    return env, secrets
+
+
+def documented_secret_keys() -> list[str]:
+    """The keys deploy/README.md puts into the Secret ``lake-secrets`` (``--from-literal=KEY=...``)."""
+    readme = (DEPLOY / "README.md").read_text()
+    return re.findall(r"--from-literal=([A-Z0-9_]+)=", readme)
+
+
+def test_the_documented_configmap_and_secret_name_the_catalog_and_keep_credentials_out(tmp_path):
+    env, secrets = _pod_environment(tmp_path)
+    assert "PYICEBERG_CATALOG__LAKE__PASSWORD" in secrets and "SLACK_BOT_TOKEN" in secrets
+    settings = load_settings(env=env)
+    assert settings.catalog.jdbc_password == secrets["PYICEBERG_CATALOG__LAKE__PASSWORD"]
+    assert settings.catalog.warehouse.startswith("s3://") and not settings.catalog.is_sqlite
+    assert settings.slack.token.get_secret_value() == secrets["SLACK_BOT_TOKEN"]
+    assert not any(v in repr(settings) for v in secrets.values()), "a credential is never printed"
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ["-m", "kafka_iceberg.lake_assets.cli", "status"],
+        ["-c", "import kafka_iceberg.lake_assets.definitions"],
+    ],
+)
+def test_without_a_catalog_the_installed_package_refuses_to_load(tmp_path, entry):
+    """The documented ConfigMap and Secret without the catalog: loading exits non-zero naming the
+    catalog setting; no SQLite file appears and no demo table is served."""
+    env, secrets = _pod_environment(tmp_path, drop=("LAKE_CATALOG_PROPERTIES",))
+    out = subprocess.run([sys.executable, *entry], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "LAKE_CATALOG_PROPERTIES (or LAKE_CATALOG_URI) is not set" in out.stderr, out.stderr[-2000:]
+    if entry[1].endswith("cli"):
+        assert out.stderr.strip().count("\n") == 0, f"one line: {out.stderr}"
+    printed = out.stdout + out.stderr
+    assert not any(v in printed for v in secrets.values()), "a credential is never printed"
+    assert not list(tmp_path.rglob("*.db")), "no SQLite catalog appears"
+    assert "nyc" not in printed
+
+
+def test_without_tables_the_location_serves_no_demo_table(tmp_path):
+    env, _ = _pod_environment(tmp_path, drop=("LAKE_DEFS_MODULE",))
+    probe = "import kafka_iceberg.lake_assets.definitions as d; print(sorted(s.identifier for s in d.specs))"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode != 0 and "LAKE_TABLES_FILE (or LAKE_DEFS_MODULE) is not set" in out.stderr, out.stderr
+    assert "nyc." not in out.stdout
+
+
+def test_run_pods_get_the_spark_drivers_resources_not_the_code_servers(values, tmp_path):
+    """The lake's runs carry a dagster-k8s/config tag sized from the ConfigMap's Spark settings; merged
+    after the location's container context (includeConfigInLaunchedRuns), it replaces the code server's
+    resources in the Job dagster-k8s builds."""
+    from dagster_k8s.container_context import K8sContainerContext
+    from dagster_k8s.job import get_user_defined_k8s_config
+
+    from kafka_iceberg.config.run_pods import memory_mib, run_pod_tags
+
+    (deployment,) = values["deployments"]
+    env, _ = _pod_environment(tmp_path)
+    tags = run_pod_tags(load_settings(env=env))
+    location = K8sContainerContext(resources=deployment["resources"], env_config_maps=["lake-env"])
+    context = location.merge(K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(tags)))
+    job = construct_dagster_k8s_job(
+        job_config=DagsterK8sJobConfig(job_image="lake:0.1.0", dagster_home=values["dagsterHome"]),
+        args=["dagster", "api", "execute_run", "{}"],
+        job_name="dagster-run-1",
+        user_defined_k8s_config=context.run_k8s_config,
+        component="run_worker",
+    )
+    (container,) = kubernetes.client.ApiClient().sanitize_for_serialization(job)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    run_memory = container["resources"]["limits"]["memory"]
+    driver = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")["data"]["LAKE_SPARK_DRIVER_MEMORY"]
+    assert run_memory != deployment["resources"]["limits"]["memory"]
+    assert memory_mib(run_memory.removesuffix("i")) >= memory_mib(driver) + 384 + 1024  # heap + overhead + Python
+    assert container["resources"]["requests"]["cpu"] == "2"  # SPARK_MASTER local[2]
+    assert memory_mib("512m") == 512 and memory_mib("2g") == 2048 and memory_mib(str(2**30)) == 1024
+
+
+def _settings_variables() -> set[str]:
+    from kafka_iceberg.config import models
+
+    groups = [g for g in vars(models).values() if isinstance(g, type) and issubclass(g, models.EnvGroup)]
+    return {f.validation_alias for g in groups for f in g.model_fields.values() if f.validation_alias}
+
+
+def test_the_names_shared_by_the_kit_agree(values):
+    """Dockerfile, build script, Helm values, ConfigMap, Secret, docs and settings name the same things."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    script = (DEPLOY / "build-image.sh").read_text()
+    readme = (DEPLOY / "README.md").read_text()
+    reasons = (ROOT / "docs" / "deployment.md").read_text()
+    configmap = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")
+    (deployment,) = values["deployments"]
+    env = dict(re.findall(r"(\w+)=(/\S+)", dockerfile.split("ENV ", 1)[1].split("\n\n", 1)[0]))
+    # the image's layout: Dockerfile, build script and values
+    workdir = re.search(r"^WORKDIR (\S+)", dockerfile, re.M)[1]
+    assert f"WORKDIR={workdir}" in script and workdir in readme and workdir in reasons
+    assert env["DAGSTER_HOME"] == values["dagsterHome"] == values["global"]["dagsterHome"]
+    assert f"DAGSTER_HOME_DIR={env['DAGSTER_HOME']}" in script and f"LAKE_HOME_DIR={env['LAKE_HOME']}" in script
+    assert {"name": "spark-scratch", "mountPath": env["LAKE_HOME"]} in deployment["volumeMounts"]
+    uid = int(re.search(r"^USER (\d+)", dockerfile, re.M)[1])
+    assert f"IMAGE_UID={uid}" in script and deployment["podSecurityContext"]["runAsUser"] == uid
+    assert f"uid {uid}" in readme
+    # the code location: module and port
+    module = deployment["dagsterApiGrpcArgs"][deployment["dagsterApiGrpcArgs"].index("-m") + 1]
+    assert module == "kafka_iceberg.lake_assets.definitions" and f'"-m", "{module}"' in dockerfile
+    assert f"EXPOSE {deployment['port']}" in dockerfile and f"port: {deployment['port']}" in readme
+    # ConfigMap and Secret: the names the values use, the README creates, the settings read
+    assert deployment["envConfigMaps"] == [{"name": configmap["metadata"]["name"]}]
+    assert f"-f deploy/k8s/{'lake-env.configmap.yaml'}" in readme and configmap["metadata"]["name"] in readme
+    (secret,) = deployment["envSecrets"]
+    assert f"create secret generic {secret['name']}" in readme
+    known = _settings_variables()
+    assert set(configmap["data"]) <= known, set(configmap["data"]) - known
+    for key in documented_secret_keys():
+        assert key in known or key.startswith(f"PYICEBERG_CATALOG__{configmap['data']['LAKE_CATALOG_NAME'].upper()}__")
+    # the chart version the README installs is the Dagster the lock pins
+    (chart,) = set(re.findall(r"--version (\S+)", readme + (HELM / "values.yaml").read_text()))
+    lock = (ROOT / "requirements-runtime.lock").read_text()
+    assert f"dagster=={chart}" in lock

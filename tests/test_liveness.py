@@ -101,7 +101,7 @@ def test_a_sigkilled_materialization_does_not_block_the_next_one(
     instance.add_dynamic_partitions(MICRO_BATCHES.name, ["s1", "s2"])
     raw = spec_dict(unique, topic, max_records_per_partition=500)
     env = {**os.environ, **lake_env, "DAGSTER_HOME": str(home), "LAKE_TEST_TABLE_JSON": json.dumps(raw)}
-    if catalog_kind == "postgresql":  # one pool per table (lake_table_<namespace>_<table>)
+    if catalog_kind == "postgresql":  # one pool per table (lake/table/<namespace>_<table>)
         env.update(LAKE_CATALOG_URI=request.getfixturevalue("postgres_uri"), LAKE_WAREHOUSE=f"file://{tmp_path / 'wh'}")
     pool = table_pool(parse_table_spec(raw), sqlite_catalog=catalog_kind == "sqlite")
     select = f"lake/test/{unique}"

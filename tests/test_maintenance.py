@@ -351,7 +351,7 @@ def test_maintenance_runs_use_the_tables_pool_and_the_bounded_run_tag(tmp_path):
     from kafka_iceberg.config.settings import CHECKOUT
 
     specs = _specs(2)
-    for sqlite, pool in [(True, lambda s: "lake_sqlite_catalog"), (False, lambda s: f"lake_table_test_{s.name}")]:
+    for sqlite, pool in [(True, lambda s: "lake/sqlite_catalog"), (False, lambda s: f"lake/table/test_{s.name}")]:
         schedules = all_schedules(specs, sqlite_catalog=sqlite)
         assert len(schedules) == 8
         for schedule in schedules:

@@ -251,8 +251,8 @@ def test_the_definitions_hold_each_pattern_table_with_its_checks_sensors_and_sch
     repo = defs.get_repository_def()
     for spec in specs:
         assert repo.asset_graph.has(AssetKey(["lake", *spec.identifier.split(".")]))
-        assert repo.has_sensor_def(f"{spec.name}_lag")
-        assert repo.has_schedule_def(f"compact_{spec.name}_schedule")
+        assert repo.has_schedule_def(f"duplicate_free_full_{spec.name}_schedule")
+    assert all(s.identifier in repo.get_job("lake_worker_0").description for s in specs), "one worker serves them"
 
 
 def test_a_debezium_connectors_topics_become_upsert_tables_with_keys(lake_env, tmp_path, unique, kafka_config):
@@ -301,7 +301,7 @@ def test_a_broker_down_at_load_leaves_the_location_loading_without_pattern_table
     assert [s.name for s in specs] == ["p1"]
     assert "tables from topic patterns are not loaded" in caplog.text
     assert "Reload the code location once the broker answers" in caplog.text
-    assert build_definitions(settings, specs).get_repository_def().has_sensor_def("p1_lag")
+    assert build_definitions(settings, specs).get_repository_def().has_schedule_def("duplicate_free_full_p1_schedule")
 
 
 def _change(op: str, i: int, name: str | None, lsn: int) -> tuple[bytes, bytes]:

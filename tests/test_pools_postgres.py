@@ -1,7 +1,7 @@
 """On a PostgreSQL catalog, tables ingest in parallel within the pool limits (issue 13, section 4).
 
 The shipped code location (``kafka_iceberg.lake_assets.definitions``) declares two tables on a PostgreSQL JDBC
-catalog, so each table asset has a pool of its own (``lake_table_<namespace>_<table>``, limit 1
+catalog, so each table asset has a pool of its own (``lake/table/<namespace>_<table>``, limit 1
 from dagster.yaml). ``dagster-daemon run`` drives it on a Dagster instance with PostgreSQL storage,
 the shipped dagster.yaml's run queue and ``max_concurrent_runs: 4``: each table's lag sensor sees a
 backlog of several micro-batches and requests a backfill, the backfill daemon submits one run per

@@ -1,7 +1,6 @@
 """A streaming table's snapshots stay bounded (``maintenance.max_snapshots``): a worker run checks the
 table and then expires it by count, keeping what the ingest state and the next incremental check
-need; a sensor-launched streaming run expires earlier runs' snapshots in the background and keeps its
-own for its check; a worker run compacts a table once its commits added ``compact_after_data_files``
+need; a worker run compacts a table once its commits added ``compact_after_data_files``
 data files. Real Spark, the real catalog, the dev broker."""
 
 from __future__ import annotations
@@ -10,10 +9,10 @@ from types import SimpleNamespace
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
-from kafka_iceberg.lake_assets.stream_expiry import StreamExpiry
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, WorkerChores
+from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, ChoreEnv, WorkerChores
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota
@@ -46,8 +45,9 @@ def _chores(settings, spark, catalog, spec, unique):
         def report(self, spec, outcome):
             reported.append(outcome)
 
-    env = {"spark": spark, "settings": settings, "catalog": catalog, "slack": None}
-    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env), reported, events
+    env = ChoreEnv(spark, settings, catalog, None)
+    still = Clock(now=lambda: 1000.0)  # monotonic seconds stand still: the steps decide, not the machine's load
+    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env, still), reported, events
 
 
 def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
@@ -89,47 +89,6 @@ def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_chec
     view = metadata_view(load_table(catalog, spec.identifier))
     full = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
     assert full.passed and full.figures["scope"] == "full"
-
-
-def test_a_streaming_run_expires_older_snapshots_in_the_background_and_keeps_its_own(
-    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
-):
-    spec = _table(kafka_config, unique, topic_factory, records=700, max_snapshots=20)
-    for _ in range(19):  # an earlier run's commits: 20 snapshots (the first commit made two)
-        run_micro_batch(spark, settings, spec, commit_id=f"old-{unique}", kafka=kafka, catalog=catalog)
-    events, commits = [], [19]
-    context = _context(f"run-{unique}", events, spec)
-    expiry = StreamExpiry(context, spark, settings.catalog.name, catalog, spec)
-
-    def commit():
-        commits[0] += 1
-        return run_micro_batch(spark, settings, spec, commit_id=context.run_id, kafka=kafka, catalog=catalog)
-
-    result = commit()
-    assert result.snapshots == 20 and expiry(result.snapshots), "21 after this commit: past the ceiling"
-    commit()  # the run goes on committing while the expiry runs
-    expiry.collect(wait=True)
-    (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
-    assert observation.metadata["procedure_output"].value["over_max_snapshots"] in (21, 22)
-    view = metadata_view(load_table(catalog, spec.identifier))
-    kept = 2 + CONCURRENT_COMMITS  # the run's first snapshot, the parent its check reads after, the margin
-    assert kept <= len(view.snapshots) <= kept + 1, "and the commit made meanwhile, unless it landed first"
-    outcome = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
-    assert outcome.passed and outcome.figures["scope"] == "incremental" and outcome.figures["rows_scanned"] == 40
-
-    started = False
-    while not started:  # past the ceiling again, with this run's own snapshots and the margin most of them
-        result = commit()
-        started = expiry(result.snapshots)
-        assert commits[0] < 40, "the table passes its ceiling again"
-    expiry.collect(wait=True)
-    assert expiry.not_worth_it, "only this run's own snapshots and the margin could go: not worth an expiry"
-    assert len(metadata_view(load_table(catalog, spec.identifier)).snapshots) == result.snapshots + 1
-    expiry.pycatalog = None  # the run's later commits skip it without reading the table
-    assert not expiry(result.snapshots + 1)
-    expiry.close()
-    assert [type(e).__name__ for e in events] == ["AssetObservation"], "no failed expiry logged"
-    assert _rows(settings, spec) == (20 * commits[0], 20 * commits[0])
 
 
 def test_a_worker_compacts_a_table_whose_commits_added_compact_after_data_files_in_the_background(

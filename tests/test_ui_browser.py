@@ -2,17 +2,17 @@
 Chromium (Debian's) through Playwright. Screenshots go to docs/screenshots/ (shown in the README).
 
 It checks what a user sees: the lineage from Kafka topics to tables to the downstream asset,
-a table's checks with their results, the lag sensor's ticks, a backfill of micro-batches the
-lag sensor launched on its own, and a backfill of two new micro-batch slots launched from the
-asset's Materialize dialog, both under Runs -> Backfills; a table's freshness policy badge, its
+a table's checks with their results, the ``lake_workers`` sensor's ticks and the worker run it launched
+on its own, and a backfill of two new micro-batch slots launched from the asset's Materialize dialog,
+under Runs -> Backfills; a table's freshness policy badge, its
 column schema with column docs, the Component's ``defs.yaml`` as the table's code reference, the
 downstream asset's source snapshots, and the resources without their secrets (the test sets a Kafka
 SASL password and a Slack bot token it then looks for in the Resources pages).
 
 The tables are declared by a ``KafkaIcebergTables`` Component instance in a defs folder of the
 test's own (``LAKE_DEFS_MODULE``), a copy of the demo's flights and weather with the weather table's
-``max_records_per_partition: 150``, so its 300 records are a backlog of two micro-batches and the
-lag sensor launches a backfill of two runs at its first tick. The demo's downstream asset is never
+``max_records_per_partition: 150``, so its 300 records are a backlog of two micro-batches that the
+worker run the ``lake_workers`` sensor launches at its first tick commits. The demo's downstream asset is never
 launched by the test: it refreshes itself (its AutomationCondition) and shows the snapshots it read.
 """
 
@@ -172,8 +172,9 @@ def _runs_of_backfill(url: str, backfill_id: str) -> list[dict]:
 
 
 def _runs(url: str) -> list[dict]:
-    """The instance's runs (``runId`` and ``status``), newest first."""
-    return _graphql(url, "{ runsOrError { ... on Runs { results { runId status } } } }")["runsOrError"]["results"]
+    """The instance's runs (``runId``, ``status`` and ``jobName``), newest first."""
+    query = "{ runsOrError { ... on Runs { results { runId status jobName } } } }"
+    return _graphql(url, query)["runsOrError"]["results"]
 
 
 def _check_executions(url: str, check: str) -> list[dict]:
@@ -243,25 +244,22 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         (from_ui,) = [b for b in _backfills(url) if b["tags"].get("dagster/from_ui") == "true"]
         assert sorted(from_ui["partitionNames"]) == ["ui-slot-1", "ui-slot-2"]
 
-        # 2. the lag sensor launched a backfill of two micro-batches on its own (300 records, 150 per batch)
-        deadline = time.monotonic() + 120
-        while not (by_sensor := [b for b in _backfills(url) if b["tags"].get("dagster/sensor_name") == "weather_lag"]):
-            assert time.monotonic() < deadline, "the weather_lag sensor launched no backfill in 120 s"
+        # 2. the lake_workers sensor launched a worker run on its own, which committed the weather backlog
+        deadline = time.monotonic() + 600
+        while not [r for r in _runs(url) if r["jobName"] == "lake_worker_0"]:
+            assert time.monotonic() < deadline, "the lake_workers sensor launched no worker run in 600 s"
             time.sleep(3)
-        (by_sensor,) = by_sensor
-        assert by_sensor["numPartitions"] == 2 and by_sensor["tags"]["lake/table"] == "nyc.weather"
-        assert _wait_for_backfill(url, by_sensor["id"])["status"] == "COMPLETED_SUCCESS"
+        while len(_materializations(url, ["lake", "nyc", "weather"])) < 1:
+            assert time.monotonic() < deadline, "no worker commit of the weather table in 600 s"
+            time.sleep(3)
         assert _wait_for_backfill(url, from_ui["id"])["status"] == "COMPLETED_SUCCESS"
-        page.goto(f"{url}/runs/b/{by_sensor['id']}")
-        expect(page.get_by_text("Succeeded", exact=True).first).to_be_visible()
+        page.goto(f"{url}/runs/b/{from_ui['id']}")
         expect(page.get_by_text("100% completed", exact=False).first).to_be_visible()
         page.screenshot(path=str(SHOTS / "backfill.png"))
 
-        # 3. Runs -> Backfills lists both
+        # 3. Runs -> Backfills lists the UI's
         page.goto(f"{url}/runs?view=backfills")
-        expect(page.get_by_text(by_sensor["id"], exact=True).first).to_be_visible()
         expect(page.get_by_text(from_ui["id"], exact=True).first).to_be_visible()
-        expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
         page.wait_for_timeout(1000)
         page.screenshot(path=str(SHOTS / "backfills.png"))
 
@@ -280,13 +278,13 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         expect(page.get_by_text("Loading", exact=False)).to_have_count(0, timeout=30_000)
         page.screenshot(path=str(SHOTS / "lineage.png"))
 
-        # 6. the table's checks: each of the four runs evaluated all three, then the Checks tab, where
+        # 6. the table's checks: each of the backfill's runs evaluated all three, then the Checks tab, where
         # "Execute all" runs them on their own against the newest snapshot and shows them Passed.
         # (The tab shows the execution of the run *created* last; its runs wait for the table's pool
         # in no fixed order, so when another run committed last that execution does not target the
         # newest materialization and the tab reads "Not evaluated" until the checks run again: the
         # CI run of 2026-11-25. docs/operations.md, "Asset checks".)
-        all_runs = {r["runId"] for b in (by_sensor, from_ui) for r in _runs_of_backfill(url, b["id"])}
+        all_runs = {r["runId"] for r in _runs_of_backfill(url, from_ui["id"])}
         for check in ("duplicate_free", "freshness", "quarantine"):
             executions = [e for e in _check_executions(url, check) if e["runId"] in all_runs]
             assert sorted(e["runId"] for e in executions) == sorted(all_runs), (check, executions)
@@ -304,9 +302,9 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         deadline = time.monotonic() + 600  # one Spark run on a loaded machine
         # besides the checks run, the demo's downstream asset may refresh itself (lake_downstream_automation)
         done = ("SUCCESS", "FAILURE", "CANCELED")
-        while not (checks_run := [r for r in _runs(url) if r["runId"] not in before]) or any(
-            r["status"] not in done for r in checks_run
-        ):
+        # (a worker run the lake_workers sensor launches meanwhile serves on: not one of them)
+        fresh = lambda: [r for r in _runs(url) if r["runId"] not in before and r["jobName"] != "lake_worker_0"]  # noqa: E731
+        while not (checks_run := fresh()) or any(r["status"] not in done for r in checks_run):
             assert time.monotonic() < deadline, f"the checks run did not finish in 600 s: {checks_run}"
             time.sleep(3)
         assert 1 <= len(checks_run) <= 2 and all(r["status"] == "SUCCESS" for r in checks_run), checks_run
@@ -315,19 +313,19 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         expect(page.get_by_text("Not evaluated", exact=True)).to_have_count(0)
         page.screenshot(path=str(SHOTS / "checks.png"))
 
-        # 7. the lag sensor and its ticks (the first requested the backfill)
-        page.goto(f"{url}/locations/{LOCATION}/sensors/weather_lag")
-        expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
+        # 7. the lake_workers sensor and its ticks (the first requested the worker run)
+        page.goto(f"{url}/locations/{LOCATION}/sensors/lake_workers")
+        expect(page.get_by_text("lake_workers", exact=False).first).to_be_visible()
         ticks = _graphql(
             url,
             '{ sensorOrError(sensorSelector: {repositoryLocationName: "%s", '
-            'repositoryName: "__repository__", sensorName: "weather_lag"}) '
+            'repositoryName: "__repository__", sensorName: "lake_workers"}) '
             "{ ... on Sensor { sensorState { ticks(limit: 1000) { status } } } } }" % LOCATION,
         )
         statuses = [t["status"] for t in ticks["sensorOrError"]["sensorState"]["ticks"]]
         assert "SUCCESS" in statuses, statuses
         page.reload()
-        expect(page.get_by_text("weather_lag", exact=False).first).to_be_visible()
+        expect(page.get_by_text("lake_workers", exact=False).first).to_be_visible()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(SHOTS / "lag-sensor.png"))
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import Future
+from dataclasses import replace
 from types import SimpleNamespace
 
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
@@ -17,19 +18,29 @@ from devtools.demo.data import produce
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.planning import Watermarks
-from kafka_iceberg.batch.worker import Worker, assign_workers, offset_lags
+from kafka_iceberg.batch.worker import (
+    MAX_DEFAULT_WORKERS,
+    Clock,
+    Worker,
+    WorkerPorts,
+    assign_workers,
+    offset_lags,
+    worker_count,
+)
 from kafka_iceberg.catalog.tables import load_catalog, read_state
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.lake_assets.definitions import build_definitions
-from kafka_iceberg.lake_assets.streaming import POOL_CHECK_S, at_most_every
 from kafka_iceberg.lake_assets.vocabulary import table_key
-from kafka_iceberg.lake_assets.worker import worker_job
-from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, WorkerChores
+from kafka_iceberg.lake_assets.worker import BUDGET_S, BUDGET_TAG, POOL_CHECK_S, at_most_every, run_budget_s, worker_job
+from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, ChoreEnv, WorkerChores
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import HANDOVER_S, OBSERVE_EVERY_S, handover_due, is_due, workers_sensor
 from tests.helpers import event_records, make_spec
+
+NO_ENV = ChoreEnv(spark=None, settings=None, catalog=None, slack=None)
+"""The environment of chores whose reads a test replaces."""
 
 
 def _rows(settings, spec) -> tuple[int, int]:
@@ -55,29 +66,22 @@ def test_the_order_is_by_waiting_time_and_fair():
     specs = [make_spec(f"t{i}", f"topic{i}") for i in range(3)]
     marks = {s.topic: {0: Watermarks(0, 10)} for s in specs}
     committed = {s.identifier: {} for s in specs}
-    order = []
+    order, done = [], {s.identifier: 0 for s in specs}
 
     def run_batch(spec):
         order.append(spec.name)
-        done = committed[spec.identifier].get(0, 0) + (10 if spec.name == "t0" else 5)
-        return type("R", (), {"offsets": {0: min(done, 10)}, "snapshot_id": 1})()
+        done[spec.identifier] = min(10, done[spec.identifier] + (10 if spec.name == "t0" else 5))
+        return type("R", (), {"offsets": {0: done[spec.identifier]}, "snapshot_id": 1})()
 
     flushes = []
 
     def flush(final):
         flushes.append((final, len(order)))
 
-    Worker(
-        specs,
-        run_batch,
-        lambda topics: marks,
-        committed,
-        lambda s, r: None,
-        lambda s, e: None,
-        budget_s=60,
-        idle_s=0,
-        flush=flush,
-    ).run()
+    ports = WorkerPorts(run_batch, lambda topics: marks, flush=flush)
+    served = Worker(specs, ports, committed, budget_s=60, idle_s=0).run()
+    assert committed == {s.identifier: {} for s in specs}, "the caller's offsets are read, never changed"
+    committed = {k: dict(v.offsets) for k, v in served.items()}
     # every table once per round, longest waiting first; t0 (one batch) drops out, t1 and t2 take a second turn
     assert order == ["t0", "t1", "t2", "t1", "t2"]
     # the group mirror is flushed between rounds and once, final, at the end
@@ -90,16 +94,8 @@ def test_the_order_is_by_waiting_time_and_fair():
     def gone(spec):
         raise RuntimeError(f"topic {spec.topic} does not exist")
 
-    Worker(
-        [specs[0]],
-        gone,
-        lambda topics: {t: None for t in topics},
-        {},
-        lambda s, r: None,
-        lambda s, e: failed.append(s.name),
-        budget_s=60,
-        idle_s=0,
-    ).run()
+    ports = WorkerPorts(gone, lambda topics: {t: None for t in topics}, on_failure=lambda s, e: failed.append(s.name))
+    Worker([specs[0]], ports, budget_s=60, idle_s=0).run()
     assert failed == ["t0"]
     groups = assign_workers([make_spec(f"g{i}", "x") for i in range(10)], 3)
     assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
@@ -109,17 +105,9 @@ def _clocked_worker(specs, run_batch, marks, now: list, **options) -> Worker:
     """A ``Worker`` over ``specs`` on the fake clock ``now[0]`` (seconds; sleeping moves it on), with the
     watermarks ``marks`` (topic -> partition -> ``Watermarks``), nothing committed and callbacks that
     do nothing; ``options``: the rest of its fields."""
-    return Worker(
-        list(specs),
-        run_batch,
-        lambda topics: marks,
-        {s.identifier: {} for s in specs},
-        lambda s, r: None,
-        lambda s, e: None,
-        clock=lambda: now[0],
-        sleep=lambda s: now.__setitem__(0, now[0] + s),
-        **options,
-    )
+    ports = {k: options.pop(k) for k in ("chores", "paused", "hold", "flush") if k in options}
+    clock = Clock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    return Worker(list(specs), WorkerPorts(run_batch, lambda topics: marks, **ports), clock=clock, **options)
 
 
 def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
@@ -151,7 +139,7 @@ def test_chores_run_while_idle_and_within_their_share_while_tables_wait():
     chores_while_busy = [e for e in busy if e != "batch"]
     assert busy.count("batch") == 12 and 2 <= len(chores_while_busy) <= 4, log
     assert not pending, "the rest ran once no table had records waiting"
-    assert log[0] == "batch" and worker.chore_s == 6
+    assert log[0] == "batch" and worker.last_run.chore_s == 6
 
 
 def test_a_paused_table_keeps_its_place_and_the_run_does_not_end_idle_while_it_waits():
@@ -215,40 +203,36 @@ def test_with_two_threads_two_tables_commit_at_once_and_one_table_never_twice():
     marks = {s.topic: {0: Watermarks(0, 20)} for s in specs}
     committed = {s.identifier: {} for s in specs}
     lock, in_flight, most, both = threading.Lock(), set(), [0], threading.Barrier(2, timeout=10)
-    main, callbacks, busy_seen = threading.current_thread(), [], []
+    main, callbacks, busy_seen, offsets = threading.current_thread(), [], [], {}
 
     def run_batch(spec):
         with lock:
             assert spec.identifier not in in_flight, "one table's micro-batches never overlap"
             in_flight.add(spec.identifier)
             most[0] = max(most[0], len(in_flight))
-        if len(committed[spec.identifier]) == 0 and spec.name in ("p0", "p1"):
+        if spec.identifier not in offsets and spec.name in ("p0", "p1"):
             both.wait()  # p0 and p1 start together: the second starts while the first runs
-        done = committed[spec.identifier].get(0, 0) + 10
         with lock:
+            offsets[spec.identifier] = offsets.get(spec.identifier, 0) + 10
             in_flight.discard(spec.identifier)
-        return type("R", (), {"offsets": {0: done}, "snapshot_id": 1})()
+            return type("R", (), {"offsets": {0: offsets[spec.identifier]}, "snapshot_id": 1})()
 
     def chores(idle, busy):
         busy_seen.append(busy)
         callbacks.append(threading.current_thread())
         return False
 
-    served = Worker(
-        specs,
+    ports = WorkerPorts(
         run_batch,
         lambda topics: {t: marks[t] for t in topics},
-        committed,
-        lambda s, r: callbacks.append(threading.current_thread()),
-        lambda s, e: callbacks.append(threading.current_thread()),
-        budget_s=60,
-        idle_s=0,
+        on_commit=lambda s, r: callbacks.append(threading.current_thread()),
+        on_failure=lambda s, e: callbacks.append(threading.current_thread()),
         chores=chores,
-        threads=2,
-    ).run()
+    )
+    served = Worker(specs, ports, committed, budget_s=60, idle_s=0, threads=2).run()
     assert most[0] == 2, "two micro-batches ran at once"
     assert all(len(v.results) == 2 for v in served.values()), {k: len(v.results) for k, v in served.items()}
-    assert committed == {s.identifier: {0: 20} for s in specs}
+    assert {k: v.offsets for k, v in served.items()} == {s.identifier: {0: 20} for s in specs}
     assert set(callbacks) == {main}, "callbacks and chores run in the calling thread"
     assert any(busy_seen), "a chore after one micro-batch sees those still running as busy"
 
@@ -274,40 +258,27 @@ def test_with_two_threads_the_next_table_starts_before_a_finished_one_is_reporte
     def on_commit(spec, _result):
         reported[spec.identifier] = third.wait(5) if spec is specs[0] else None
 
-    served = Worker(
-        specs,
-        run_batch,
-        lambda topics: {t: marks[t] for t in topics},
-        committed,
-        on_commit,
-        lambda s, e: None,
-        budget_s=0,
-        threads=2,
-    ).run()
+    ports = WorkerPorts(run_batch, lambda topics: {t: marks[t] for t in topics}, on_commit=on_commit)
+    served = Worker(specs, ports, committed, budget_s=0, threads=2).run()
     assert reported[specs[0].identifier] is True, "q2 started before q0's commit was reported"
     assert all(len(v.results) == 1 for v in served.values())
-    assert committed == {s.identifier: {0: 10} for s in specs}
+    assert {k: v.offsets for k, v in served.items()} == {s.identifier: {0: 10} for s in specs}
 
 
-def test_a_check_waits_while_tables_have_records_waiting_until_it_is_overdue(monkeypatch):
+def test_a_check_waits_while_tables_have_records_waiting_until_it_is_overdue():
     """While some table has records waiting a pending check does not start, until it has been pending
     for ``CHECK_EVERY_S``; while idle it starts at once. Maintenance of a busy table waits."""
-    from types import SimpleNamespace
-
-    from kafka_iceberg.lake_assets import worker_chores
-
     spec = make_spec("c0", "topic_c0")
     now = [1000.0]
-    monkeypatch.setattr(worker_chores.time, "monotonic", lambda: now[0])
     started = []
 
     class Recording(WorkerChores):
         def _start_check(self, identifier):
             started.append(identifier)
-            del self.unchecked[identifier]
+            self.tables[identifier] = replace(self.tables[identifier], pending_since=None)
 
-    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
-    chores = Recording(SimpleNamespace(run_id="r"), [spec], MaintenanceRota({}), env)
+    clock = Clock(now=lambda: now[0])
+    chores = Recording(SimpleNamespace(run_id="r"), [spec], MaintenanceRota({}), NO_ENV, clock)
     chores.committed(spec)
     now[0] += CHECK_EVERY_S - 1
     chores.committed(spec)  # a later commit does not postpone it
@@ -403,7 +374,7 @@ def test_a_failing_check_chore_is_logged_and_alerted_and_the_worker_goes_on():
 
     context = SimpleNamespace(log=SimpleNamespace(error=logged.append), run_id="run-1")
     slack = SimpleNamespace(sink=lambda: SimpleNamespace(send=sent.append))
-    env = {"spark": None, "settings": None, "catalog": Unreachable(), "slack": slack}
+    env = ChoreEnv(None, None, Unreachable(), slack)
     chores = WorkerChores(context, [spec], MaintenanceRota({}), env)
     chores.committed(spec)
     assert chores() is True, "the check started"
@@ -433,9 +404,7 @@ def test_a_check_reads_in_the_background_while_the_worker_goes_on():
             reported.append((spec.identifier, outcome))
 
     context = SimpleNamespace(run_id="run-2")
-    chores = SlowChores(
-        context, [spec], MaintenanceRota({}), {"spark": None, "settings": None, "catalog": None, "slack": None}
-    )
+    chores = SlowChores(context, [spec], MaintenanceRota({}), NO_ENV)
     chores.committed(spec)
     assert chores() is True and chores() is False and reported == [], "the check runs on; nothing logged yet"
     release.set()
@@ -464,8 +433,7 @@ def test_the_serving_op_does_not_wait_for_a_running_check_at_its_end():
         def report(self, spec, outcome):
             reported.append(outcome)
 
-    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
-    chores = SlowChores(SimpleNamespace(run_id="run-3"), [spec], MaintenanceRota({}), env)
+    chores = SlowChores(SimpleNamespace(run_id="run-3"), [spec], MaintenanceRota({}), NO_ENV)
     chores.committed(spec)
     assert chores() is True
     assert chores.pending() == {spec.identifier: None}, "not awaited: pending again, from where it started"
@@ -478,13 +446,15 @@ def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
 ):
     specs = _three_tables(kafka_config, unique, topic_factory)
     commits, failures = [], []
-    worker = Worker(
-        specs,
+    ports = WorkerPorts(
         lambda spec: run_micro_batch(spark, settings, spec, commit_id=f"worker-{unique}", kafka=kafka, catalog=catalog),
         kafka.watermarks_many,
-        {s.identifier: {} for s in specs},
-        lambda spec, result: commits.append((spec.name, result.records)),
-        lambda spec, error: failures.append((spec.name, type(error).__name__)),
+        on_commit=lambda spec, result: commits.append((spec.name, result.records)),
+        on_failure=lambda spec, error: failures.append((spec.name, type(error).__name__)),
+    )
+    worker = Worker(
+        specs,
+        ports,
         budget_s=1800,  # ends when no table has records waiting (idle_s 0); the budget only bounds a hang
         idle_s=0,
     )
@@ -505,10 +475,8 @@ def test_one_worker_serves_three_tables_and_a_poisoned_one_fails_alone(
 
 
 def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
-    settings, kafka, kafka_config, unique, topic_factory, monkeypatch
+    settings, kafka, kafka_config, unique, topic_factory
 ):
-    monkeypatch.setenv("LAKE_STREAM_BUDGET_S", "1800")
-    monkeypatch.setenv("LAKE_STREAM_IDLE_S", "0")
     specs = _three_tables(kafka_config, unique, topic_factory, counts=(90, 30, 10))
     instance = DagsterInstance.ephemeral()
     resources = default_resources(settings)
@@ -525,9 +493,9 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert again.asset_events == [], f"observed again within {OBSERVE_EVERY_S} s"
     assert [r.job_name for r in again.run_requests] == ["lake_worker_0"], "still due: the worker has no run"
 
-    run = job.execute_in_process(
-        instance=instance, resources=resources, raise_on_error=False, tags={"dagster/sensor_name": "lake_workers"}
-    )
+    # a sensor-launched run with a short-run tag: serves until no table has records waiting (idle time 0)
+    tags = {"dagster/sensor_name": "lake_workers", BUDGET_TAG: "1800"}
+    run = job.execute_in_process(instance=instance, resources=resources, raise_on_error=False, tags=tags)
     assert not run.success, "the poisoned table fails the run, after the others committed"
     assert instance.get_run_by_id(run.run_id).tags["dagster/max_retries"] == "0", "the sensor replaces a dead worker"
     commits = {s.name: len(instance.fetch_materializations(table_key(s), limit=100).records) for s in specs}
@@ -568,27 +536,43 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     assert {e.asset_key for e in observed.asset_events} >= {table_key(s) for s in specs}
 
 
-def test_worker_mode_replaces_the_per_table_sensors(lake_env):
+def test_workers_serve_every_table_by_default_and_their_sensors_run_unclicked(lake_env):
+    from dagster import DefaultSensorStatus
+
     specs = [make_spec(f"w{i}", f"topic{i}") for i in range(5)]
-    settings = load_settings(env={**lake_env, "LAKE_WORKERS": "2"})
-    defs = build_definitions(settings, specs)
-    names = {s.name for s in defs.sensors}
-    assert {"lake_workers", "lake_retention"} <= names and not any(
-        n.endswith(("_lag", "_retention")) for n in names - {"lake_retention"}
-    )
-    assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in defs.jobs}
+    defs = build_definitions(load_settings(env=lake_env), specs)  # no LAKE_WORKERS, a SQLite catalog: one worker
+    sensors = {s.name: s for s in defs.sensors}
+    assert set(sensors) == {"lake_workers", "lake_retention", "run_failure_alert_sensor", "run_liveness"}, set(sensors)
+    assert all(s.default_status == DefaultSensorStatus.RUNNING for s in sensors.values())
+    workers = {j.name for j in defs.jobs if j.name.startswith("lake_worker_")}
+    assert workers == {"lake_worker_0"}
     # the workers do the maintenance; only the full-scan checks keep their schedules
     assert {s.name for s in defs.schedules} == {f"duplicate_free_full_w{i}_schedule" for i in range(5)}
-    per_table = build_definitions(load_settings(env=lake_env), specs)
-    assert {f"w{i}_lag" for i in range(5)} <= {s.name for s in per_table.sensors}
-    assert {f"compact_w{i}_schedule" for i in range(5)} <= {s.name for s in per_table.schedules}
+    two = build_definitions(load_settings(env={**lake_env, "LAKE_WORKERS": "2"}), specs)
+    assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in two.jobs}
+
+
+def test_the_worker_count_follows_the_catalog_the_cores_and_the_tables():
+    assert worker_count(100, sqlite_catalog=True, cores=16) == 1, "SQLite admits one committing process"
+    assert worker_count(100, sqlite_catalog=False, cores=2) == 2
+    assert worker_count(3, sqlite_catalog=False, cores=16) == 3, "never more workers than tables"
+    assert worker_count(100, sqlite_catalog=False, cores=64) == MAX_DEFAULT_WORKERS, "a JVM each: memory bounds them"
+    assert worker_count(0, sqlite_catalog=False, cores=None) == 1
+    assert worker_count(100, sqlite_catalog=True, cores=2, override=3) == 3, "LAKE_WORKERS wins"
+
+
+def test_only_sensor_runs_outside_backfills_keep_serving():
+    assert run_budget_s({"dagster/sensor_name": "lake_workers"}) == BUDGET_S
+    assert run_budget_s({"dagster/sensor_name": "lake_workers", BUDGET_TAG: "30"}) == 30.0
+    assert run_budget_s({"dagster/sensor_name": "lake_workers", "dagster/backfill": "abc"}) == 0.0
+    assert run_budget_s({}) == 0.0, "a run launched by hand or by a job serves one round"
 
 
 def test_the_check_op_lowers_the_priority_of_its_process_tree(tmp_path):
     # in a process of its own: nobody may lower a nice value again, and pytest must keep its priority
     script = """
 import os, subprocess, sys, threading, time
-from kafka_iceberg.lake_assets.streaming import lower_cpu_priority
+from kafka_iceberg.lake_assets.worker import lower_cpu_priority
 code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); print('ready', flush=True); time.sleep(30)"
 child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline().strip() == "ready"  # its second thread runs
@@ -623,8 +607,7 @@ def test_an_upsert_table_is_paused_while_it_is_compacted_in_the_background():
     """Its micro-batch publishes by fast-forward, which a compaction's commit would refuse (the table
     would be set aside); an append table rebases onto the compaction and keeps committing."""
     append, upsert = make_spec("ap", "ap_topic"), make_spec("up", "up_topic", mode="upsert", key=["id"], cdc="none")
-    env = {"spark": None, "settings": None, "catalog": None, "slack": None}
-    chores = WorkerChores(SimpleNamespace(run_id="r"), [append, upsert], MaintenanceRota({}), env)
+    chores = WorkerChores(SimpleNamespace(run_id="r"), [append, upsert], MaintenanceRota({}), NO_ENV)
     running = Future()
     chores.running = Chore(upsert.identifier, 0.0, None, running, "compact")
     assert chores.paused() == frozenset({upsert.identifier})

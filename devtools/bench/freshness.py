@@ -41,7 +41,7 @@ PRIMING = 40  # records ingested before the timed load (the first run also start
 
 
 def write_tables_file(path: Path) -> None:
-    """One table, the flights declaration on :data:`TOPIC`, with a lag sensor that triggers on any lag."""
+    """One table, the flights declaration on :data:`TOPIC`, due (``lake_workers``) on any lag."""
     doc = yaml.safe_load((CHECKOUT / "kafka_iceberg" / "defs" / "nyc" / "defs.yaml").read_text())["attributes"]
     flights = dict(next(t for t in doc["tables"] if t["name"] == "flights"))
     flights.update(identifier=IDENTIFIER, topic=TOPIC, lag=LAG, description="freshness benchmark")
@@ -183,13 +183,8 @@ def run_freshness(args, tmp: Path, settings: Settings) -> dict:
     shutil.copy(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
     tables = tmp / "tables.yaml"
     write_tables_file(tables)
-    env = daemon_env(
-        settings, home, tables, tmp, **{k: v for k, v in os.environ.items() if k.startswith("LAKE_STREAM_")}
-    )
-    say(
-        f"table {IDENTIFIER} (flights declaration) on topic {TOPIC}; lag sensor {LAG}; "
-        f"LAKE_STREAM_BUDGET_S={env.get('LAKE_STREAM_BUDGET_S', 'default')}; DAGSTER_HOME {home}"
-    )
+    env = daemon_env(settings, home, tables, tmp)
+    say(f"table {IDENTIFIER} (flights declaration) on topic {TOPIC}; lag {LAG}; DAGSTER_HOME {home}")
     df = demo_data.load_frame("flights")
     daemon = start_daemon(home, env, tmp / "daemon.log")
     producer = None

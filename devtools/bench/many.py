@@ -2,7 +2,7 @@
 
 ``scripts/bench.py --many N [--workers W] [--minutes M] [--rate R] [--backlog B]`` declares N tables
 (the flights declaration on N fresh topics of 2 partitions), runs ``dagster-daemon run`` on this
-checkout's code location with ``LAKE_WORKERS=W`` on the default SQLite catalog, and measures:
+checkout's code location (``LAKE_WORKERS=W`` when ``--workers`` is given) on the default SQLite catalog, and measures:
 
 - steady load: ``--rate`` records/s in total, spread round-robin over the N topics (record
   timestamp = produce time) for ``--minutes``; per table, freshness = commit time of the first
@@ -215,16 +215,9 @@ def table_report(
     }
 
 
-def _env(settings: Settings, home: Path, tables: Path, tmp: Path, workers: int) -> dict[str, str]:
-    return daemon_env(
-        settings,
-        home,
-        tables,
-        tmp,
-        LAKE_WORKERS=str(workers),
-        LAKE_STREAM_BUDGET_S=os.environ.get("LAKE_STREAM_BUDGET_S", "1800"),
-        LAKE_STREAM_IDLE_S=os.environ.get("LAKE_STREAM_IDLE_S", "60"),
-    )
+def _env(settings: Settings, home: Path, tables: Path, tmp: Path, workers: int | None) -> dict[str, str]:
+    """The deployment's environment: the defaults, with ``LAKE_WORKERS`` only when ``workers`` is given."""
+    return daemon_env(settings, home, tables, tmp, **({"LAKE_WORKERS": str(workers)} if workers else {}))
 
 
 def _produce_backlog(config: KafkaConfig, df, topics: list[str], per_topic: int, offset: int) -> None:
@@ -278,7 +271,7 @@ def run_many(args, tmp: Path, settings: Settings) -> dict:
     """The many-tables benchmark (module docstring). Returns the figures it printed."""
     n, workers = args.many, args.workers
     section(
-        f"(7) many tables: {n} tables, {workers} worker(s), {args.rate} records/s in total for "
+        f"(7) many tables: {n} tables, {workers or 'the default number of'} worker(s), {args.rate} records/s in total for "
         f"{args.minutes:g} min, then a backlog of {n} x {args.backlog:,} records; catalog on "
         f"{'SQLite' if settings.catalog.is_sqlite else 'PostgreSQL'}"
     )

@@ -9,7 +9,7 @@ rehearsal home, the project's ``dagster.yaml``) and, where a webserver runs, a f
 * ``dagster_cli_kills``: SIGKILL (process group) ``dagster asset materialize`` of the table at
   random points (before its run exists, holding the pool slot, mid micro-batch), then one more
   materialization catches up;
-* ``dagster_sensor_kills``: ``dagster dev`` with the table's lag sensor on; SIGKILL the run
+* ``dagster_sensor_kills``: ``dagster dev`` with the ``lake_workers`` sensor on; SIGKILL the run
   workers the sensor launched (with their Spark JVM and Python workers);
 * ``dagster_daemon_kill``: ``lake backfill`` submitted, ``dagster-daemon run`` SIGKILLed (process
   group, with the runs it launched) mid-backfill and restarted;
@@ -390,9 +390,9 @@ def _settle(
 
 
 def sensor_kills(r: Rehearsal, n: int = 3, rate: float = 150.0) -> ScenarioResult:
-    """``dagster dev`` (daemon and webserver) with the table's lag sensor on, a producer writing:
+    """``dagster dev`` (daemon and webserver) with the ``lake_workers`` sensor on, a producer writing:
     SIGKILL ``n`` runs the sensor launched (the run worker, its Spark JVM and Python workers) at
-    random moments; the run_liveness sensor fails them and frees their slots, the lag sensor
+    random moments; the run_liveness sensor fails them and frees their slots, the lake_workers sensor
     launches the next run, and the table catches up by itself."""
     t0 = time.monotonic()
     site = DagsterSite(r, _table(r, "dsensor", max_offset_lag=200, max_interval="10s", interval="5s"))
@@ -432,7 +432,7 @@ def sensor_kills(r: Rehearsal, n: int = 3, rate: float = 150.0) -> ScenarioResul
         len(killed),
         tally,
         checks,
-        f"{launched} runs launched by the lag sensor, {len(killed)} killed; recovered in {recover_s:.0f} s",
+        f"{launched} runs launched by the lake_workers sensor, {len(killed)} killed; recovered in {recover_s:.0f} s",
         time.monotonic() - t0,
     )
 
@@ -469,7 +469,7 @@ def _backfill_status(site: DagsterSite, backfill_id: str) -> str:
 def daemon_kill(r: Rehearsal, batches: int = 3, rate: float = 150.0) -> ScenarioResult:
     """A backfill of ``batches`` micro-batch runs (``lake backfill``) under ``dagster-daemon run``,
     a producer writing; SIGKILL the daemon's process group (with the runs it launched) mid-backfill,
-    start it again: the dead run is failed, the backfill ends, the lag sensor catches up the rest."""
+    start it again: the dead run is failed, the backfill ends, the worker run catches up the rest."""
     from kafka_iceberg.lake_assets.backfill import ACTIVE_BACKFILL_STATUSES
 
     t0 = time.monotonic()

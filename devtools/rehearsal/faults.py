@@ -15,6 +15,7 @@ import signal
 from collections.abc import Callable, Mapping
 
 from kafka_iceberg.batch.context import CRASH_POINTS
+from kafka_iceberg.batch.group_commit import GROUP_CRASH_POINTS
 
 ENV = "LAKE_CRASH_AT"
 
@@ -23,10 +24,10 @@ def kill_at(point: str) -> Callable[[str], None]:
     """A crash hook that SIGKILLs this process at ``point``.
 
     Raises:
-        ValueError: ``point`` is not one of :data:`CRASH_POINTS`.
+        ValueError: ``point`` is not one of :data:`CRASH_POINTS` or ``GROUP_CRASH_POINTS`` (a group commit's).
     """
-    if point not in CRASH_POINTS:
-        raise ValueError(f"unknown crash point {point!r}; one of {CRASH_POINTS}")
+    if point not in CRASH_POINTS + GROUP_CRASH_POINTS:
+        raise ValueError(f"unknown crash point {point!r}; one of {CRASH_POINTS + GROUP_CRASH_POINTS}")
 
     def hook(name: str) -> None:
         if name == point:

@@ -23,7 +23,7 @@ from kafka_iceberg.config.settings import CHECKOUT
 def _worker_main(declarations: str, commit_prefix: str, idle_s: float) -> int:
     """Serve the tables of ``declarations`` (a JSON list) until killed; one JSON line per commit."""
     from kafka_iceberg.batch.pipeline import run_micro_batch
-    from kafka_iceberg.batch.worker import Worker
+    from kafka_iceberg.batch.worker import Worker, WorkerPorts
     from kafka_iceberg.catalog.spark import get_spark
     from kafka_iceberg.catalog.tables import load_catalog, read_state
     from kafka_iceberg.config.settings import load_settings
@@ -34,13 +34,16 @@ def _worker_main(declarations: str, commit_prefix: str, idle_s: float) -> int:
     specs = [parse_table_spec(d) for d in json.loads(declarations)]
     spark, catalog = get_spark(settings), load_catalog(settings.catalog)
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
-    worker = Worker(
-        specs,
+    ports = WorkerPorts(
         lambda spec: run_micro_batch(spark, settings, spec, commit_id=commit_prefix, kafka=kafka, catalog=catalog),
         kafka.watermarks_many,
+        on_commit=lambda spec, r: print(json.dumps({"table": spec.name, "records": r.records}), flush=True),
+        on_failure=lambda spec, e: print(json.dumps({"table": spec.name, "error": str(e)[:300]}), flush=True),
+    )
+    worker = Worker(
+        specs,
+        ports,
         {s.identifier: read_state(catalog, s.identifier).offsets for s in specs},
-        lambda spec, r: print(json.dumps({"table": spec.name, "records": r.records}), flush=True),
-        lambda spec, e: print(json.dumps({"table": spec.name, "error": str(e)[:300]}), flush=True),
         budget_s=3600,
         idle_s=idle_s,
     )

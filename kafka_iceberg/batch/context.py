@@ -47,10 +47,33 @@ def no_crash(point: str) -> None:
     """The default crash hook: does nothing."""
 
 
-_ENSURED: set[tuple] = set()  # (spark app id, catalog uri, identifier) whose DDL ran in this process
-_ENSURING = threading.Lock()
-"""One thread of the process at a time creates or checks tables: two creating the first tables of a
-namespace would both create it (a worker serves several tables at once, ``LAKE_WORKER_THREADS``)."""
+class EnsuredTables:
+    """The tables whose DDL ran in this process, keyed by connection and declaration: (Spark application
+    id, catalog JDBC URI, identifier, ``TableSpec``). Every read and write of the keys holds one lock;
+    :attr:`creating` lets one thread of the process at a time create or check tables: two creating the
+    first tables of a namespace would both create it (a worker serves several tables at once)."""
+
+    def __init__(self) -> None:
+        self._keys: set[tuple] = set()
+        self._lock = threading.Lock()
+        self.creating = threading.Lock()
+
+    def __contains__(self, key: tuple) -> bool:
+        with self._lock:
+            return key in self._keys
+
+    def add(self, key: tuple) -> None:
+        """Note that ``key``'s DDL ran."""
+        with self._lock:
+            self._keys.add(key)
+
+    def forget(self, identifier: str) -> None:
+        """Forget every key of table ``identifier``, on every connection (its table vanished)."""
+        with self._lock:
+            self._keys = {k for k in self._keys if k[2] != identifier}
+
+
+_ENSURED = EnsuredTables()
 
 
 @dataclass
@@ -149,7 +172,7 @@ class Lake:
         key = (self.spark.sparkContext.applicationId, self.settings.catalog.jdbc_uri, spec.identifier, spec)
         if key in _ENSURED:
             return
-        with _ENSURING:
+        with _ENSURED.creating:
             if key not in _ENSURED:
                 self._ensure_tables(spec, *loaded)
                 _ENSURED.add(key)
@@ -180,5 +203,5 @@ class Lake:
 
     def forget_tables(self, spec: TableSpec) -> None:
         """Forget that :meth:`ensure_tables` ran for ``spec`` (its table vanished)."""
-        _ENSURED.difference_update({k for k in _ENSURED if k[2] == spec.identifier})
+        _ENSURED.forget(spec.identifier)
         self.java_tables.pop(spec.identifier, None)

@@ -7,7 +7,7 @@ group is only a copy. A worker run (:mod:`kafka_iceberg.lake_assets.worker`) com
 micro-batches a second over many tables, and an offset commit per micro-batch is a write to the group
 coordinator each time (on the dev broker, a save of its whole state). So a worker run notes each
 commit's offsets in a :class:`GroupMirror` and commits the latest ones of every group at most every
-``LAKE_GROUP_MIRROR_S`` seconds, and all of them when it stops serving, as Kafka Connect commits its
+``GROUP_MIRROR_S`` seconds (lake_assets/worker.py), and all of them when it stops serving, as Kafka Connect commits its
 offsets every ``offset.flush.interval.ms``. A run that dies before that leaves the group behind the
 table until the table's next micro-batch mirrors it; nothing is read again because of it.
 """

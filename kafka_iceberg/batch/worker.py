@@ -9,235 +9,349 @@ one process on one Spark session: one table's read, mostly in librdkafka, pyarro
 another's commit); one table never has two. A table whose micro-batch fails (a missing topic, a blocked
 schema change, bad records over its policy, a refused catalog commit) is set aside for the rest of
 the run and reported; the others keep committing. Plain Python: the Dagster layer
-(:mod:`kafka_iceberg.lake_assets.worker`) supplies the callbacks.
+(:mod:`kafka_iceberg.lake_assets.worker`) supplies the ports (:class:`WorkerPorts`).
+
+Thread contract: a run's state (:class:`RunState`, one :class:`TableState` per table) is read and
+replaced only by the thread that called :meth:`Worker.run`, its main thread. A pool thread runs
+``run_batch(spec)`` and nothing else: it gets a table's declaration and returns that micro-batch's
+outcome through its future, which the main thread reports. Every other port is called from the main
+thread. What a pool thread must read of the main thread's world it reads from a :class:`Latest` (under
+its lock), holding an immutable value such as :class:`RunsInProgress`. The pool is shut down when the
+run ends, however it ends.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
-from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.batch.assign import MAX_DEFAULT_WORKERS, assign_workers, worker_count
+from kafka_iceberg.batch.planning import Watermarks, offset_lag
+from kafka_iceberg.batch.recovery import Attempt
 from kafka_iceberg.declaration.spec import TableSpec
 
 POLL_S = 0.25
 """Seconds between watermark polls while no table has records waiting."""
 
+LIVENESS_MARGIN_MS = 30_000
+"""An attempt that started at most this many ms before a :class:`RunsInProgress` was taken counts as
+alive whatever its run: its run may have started after the runs were listed, or its host's clock may be
+behind (ms since epoch on both sides). Larger only delays the clean-up of a dead attempt to a later micro-batch."""
 
-def assign_workers(specs: Sequence[TableSpec], workers: int) -> dict[int, list[TableSpec]]:
-    """Tables per worker (0 .. ``workers`` - 1): round robin over the identifiers in sorted order, so the
-    workers' shares differ by one table at most. A table added or removed moves others at the next
-    reload; two runs serving one table for a while is safe (conditional commits), only slower."""
-    groups: dict[int, list[TableSpec]] = {k: [] for k in range(max(1, workers))}
-    for i, spec in enumerate(sorted(specs, key=lambda s: s.identifier)):
-        groups[i % max(1, workers)].append(spec)
-    return groups
+T = TypeVar("T")
+
+
+def table_lag(marks: Mapping[int, Watermarks] | None, offsets: Mapping[int, int]) -> int:
+    """Offset lag of one table (records, summed over partitions) from its topic's watermarks (``None``
+    for a missing topic: 0) and its committed offsets (partition -> next offset to read; a partition
+    never committed counts from its log start offset; :func:`kafka_iceberg.batch.planning.offset_lag`)."""
+    return sum(offset_lag(marks or {}, offsets).values())
 
 
 def offset_lags(
     specs: Sequence[TableSpec],
-    watermarks: dict[str, dict[int, Watermarks] | None],
-    committed: dict[str, dict[int, int]],
+    watermarks: Mapping[str, Mapping[int, Watermarks] | None],
+    committed: Mapping[str, Mapping[int, int]],
 ) -> dict[str, int]:
-    """Offset lag (records, summed over partitions) per table identifier, from the topics' watermarks
-    (``None`` for a missing topic: lag 0, its micro-batch reports the error) and each table's committed
-    offsets (a partition the table never committed counts from its log start offset)."""
-    lags = {}
-    for spec in specs:
-        marks = watermarks.get(spec.topic) or {}
-        done = committed.get(spec.identifier, {})
-        lags[spec.identifier] = sum(max(0, w.high - done.get(p, w.low)) for p, w in marks.items())
-    return lags
+    """Offset lag (records, summed over partitions) per table identifier (:func:`table_lag`), from the
+    topics' watermarks and each table's committed offsets (identifier -> partition -> offset)."""
+    return {s.identifier: table_lag(watermarks.get(s.topic), committed.get(s.identifier, {})) for s in specs}
+
+
+@dataclass(frozen=True)
+class TableState:
+    """One table's state in a worker run; the run's main thread replaces it whole, never changes it.
+
+    ``offsets``: its committed offsets (partition -> next offset to read), from the run's start or
+    its last commit in the run; ``lag``: records waiting at the last watermark poll; ``waiting_since``:
+    clock seconds (:attr:`Clock.now`) since records have waited (None: none wait); ``tried``: a
+    micro-batch was started (a table whose topic is missing is tried once, to report it); ``results``:
+    its ``BatchResult`` per micro-batch, in commit order; ``error``: the failure that set it aside;
+    ``last_commit_s``: clock seconds of its last micro-batch that ended (None: none yet)."""
+
+    spec: TableSpec
+    offsets: Mapping[int, int] = field(default_factory=dict)
+    lag: int = 0
+    waiting_since: float | None = None
+    tried: bool = False
+    results: tuple = ()
+    error: BaseException | None = None
+    last_commit_s: float | None = None
+
+
+def polled(state: TableState, marks: Mapping[int, Watermarks] | None, now_s: float) -> TableState:
+    """``state`` after a watermark poll at ``now_s`` (clock s) that found ``marks`` for its topic (None:
+    the topic is missing): its lag, and since when records have waited (kept while they wait; a missing
+    topic waits until it has been tried once)."""
+    lag = table_lag(marks, state.offsets)
+    waits = lag > 0 or (marks is None and not state.tried)
+    since = (now_s if state.waiting_since is None else state.waiting_since) if waits else None
+    return replace(state, lag=lag, waiting_since=since)
+
+
+def next_tables(states: Iterable[TableState], paused: frozenset[str] = frozenset()) -> list[TableSpec]:
+    """The tables to serve next, in order: those not set aside with records waiting, longest waiting
+    first (ties in ``states``' order), less the identifiers ``paused``. A pure function of the states."""
+    waiting = sorted((s for s in states if s.error is None and s.waiting_since is not None), key=_since)
+    return [s.spec for s in waiting if s.spec.identifier not in paused]
+
+
+def _since(state: TableState) -> float:
+    return state.waiting_since if state.waiting_since is not None else 0.0
+
+
+def ended(state: TableState, now_s: float, result: Any = None, error: BaseException | None = None) -> TableState:
+    """``state`` after a micro-batch that ended at ``now_s`` (clock s) with ``result`` (a ``BatchResult``:
+    its ``offsets`` are the table's committed offsets now) or ``error`` (the table is set aside). It
+    waits again from the next poll that finds records."""
+    if error is not None:
+        return replace(state, error=error, waiting_since=None)
+    offsets = dict(result.offsets)
+    return replace(state, offsets=offsets, results=(*state.results, result), waiting_since=None, last_commit_s=now_s)
+
+
+def chore_allowed(idle: bool, chore_s: float, elapsed_s: float, share: float) -> bool:
+    """Whether a chore may run now: always while ``idle``, else while chores took at most ``share`` of the
+    ``elapsed_s`` seconds of the run (``chore_s`` of them)."""
+    return idle or chore_s <= share * elapsed_s
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a run starts micro-batches: until ``budget_s`` seconds after ``started`` (clock s), and
+    past that while a successor is on its way, ``grace_s`` seconds at most."""
+
+    started: float
+    budget_s: float
+    grace_s: float = 0.0
+
+    def spent(self, now_s: float, held: Callable[[], bool]) -> bool:
+        """Whether the budget is spent at ``now_s``: past the deadline, and past the grace or not ``held()``
+        (asked only past the deadline)."""
+        deadline = self.started + self.budget_s
+        return now_s >= deadline and (now_s >= deadline + self.grace_s or not held())
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The clocks of a run: ``now`` (seconds, monotonic: durations and order), ``sleep`` (seconds) and
+    ``epoch_ms`` (ms since epoch: cron ticks and recorded times). Tests pass fake ones."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    epoch_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class WorkerPorts:
+    """What a :class:`Worker` calls. ``run_batch(spec)`` runs one micro-batch and returns its
+    ``BatchResult`` (``offsets``: the committed offsets after it); with ``threads`` > 1 it runs in pool
+    threads, several at once, and must touch no state of the run. Every other port is called from the
+    run's main thread only, and must not raise: ``watermarks(topics)`` returns the watermarks of every
+    partition of the topics (one batched call; ``None`` for a missing topic); ``on_commit(spec, result)``
+    and ``on_failure(spec, error)`` report each micro-batch; ``should_stop()``: stop starting
+    micro-batches; ``hold()``: a successor is on its way (serve on past the budget, within the grace);
+    ``chores(idle, busy)`` does one piece of other work and returns whether there was any (``idle``: no
+    table has records waiting; ``busy``: the identifiers whose micro-batch runs meanwhile);
+    ``paused()``: the identifiers whose micro-batch must not start now (a chore runs on them);
+    ``flush(final)``: between micro-batches and while idle (``final`` False), once at a normal end."""
+
+    run_batch: Callable[[TableSpec], Any]
+    watermarks: Callable[[list[str]], Mapping[str, Mapping[int, Watermarks] | None]]
+    on_commit: Callable[[TableSpec, Any], None] = lambda spec, result: None
+    on_failure: Callable[[TableSpec, BaseException], None] = lambda spec, error: None
+    should_stop: Callable[[], bool] = lambda: False
+    hold: Callable[[], bool] = lambda: False
+    chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
+    paused: Callable[[], frozenset] = frozenset
+    flush: Callable[[bool], None] = lambda final: None
 
 
 @dataclass
-class TableServed:
-    """What one run of the worker did for one table: its commits and, if it failed, the error."""
+class RunState:
+    """What one run of a :class:`Worker` keeps; read and changed only by the run's main thread. ``tables``:
+    identifier -> :class:`TableState` (replaced whole); ``chore_s``: seconds its chores took;
+    ``idle_until``: clock seconds at which the run ends idle (None while records wait)."""
 
-    spec: TableSpec
-    results: list = field(default_factory=list)  # BatchResult per micro-batch, in commit order
-    error: BaseException | None = None
-    tried: bool = False  # a micro-batch was attempted (a table whose topic is missing is tried once, to report it)
+    tables: dict[str, TableState]
+    budget: Budget
+    chore_s: float = 0.0
+    idle_until: float | None = None
+
+
+class Latest(Generic[T]):
+    """One value the run's main thread replaces and pool threads read, under a lock. The value itself
+    must be immutable (a frozen dataclass, a frozenset): a reader keeps the one it got."""
+
+    def __init__(self, value: T):
+        self._value, self._lock = value, threading.Lock()
+
+    def get(self) -> T:
+        """The value set last."""
+        with self._lock:
+            return self._value
+
+    def set(self, value: T) -> None:
+        """Replace the value."""
+        with self._lock:
+            self._value = value
+
+
+@dataclass(frozen=True)
+class RunsInProgress:
+    """The commit tokens (:func:`~kafka_iceberg.batch.recovery.commit_token`) of the runs in progress when
+    they were listed at ``taken_ms`` (ms since epoch), on a run's main thread: what a micro-batch in a pool
+    thread decides an attempt's liveness by, without asking the orchestrator itself."""
+
+    tokens: frozenset[str]
+    taken_ms: int
+
+    def is_alive(self, attempt: Attempt) -> bool:
+        """Whether ``attempt``'s run may still be writing: it was in progress at ``taken_ms``, or the attempt
+        started within :data:`LIVENESS_MARGIN_MS` before (or after) it."""
+        return attempt.token in self.tokens or attempt.started_ms >= self.taken_ms - LIVENESS_MARGIN_MS
 
 
 @dataclass
 class Worker:
     """Serves ``specs`` until no records wait for ``idle_s`` seconds, ``budget_s`` seconds pass (no
-    micro-batch starts after it), or ``should_stop()`` is true. With ``budget_s`` 0 every table with
-    records waiting gets one micro-batch. Past the budget, the run keeps serving while ``hold()`` is true
-    (a successor is on its way but not ready to take over), ``grace_s`` seconds at most.
-
-    ``run_batch(spec)`` runs one micro-batch and returns its ``BatchResult`` (``offsets``: the
-    committed offsets after it); ``watermarks(topics)`` returns the watermarks of every partition
-    of the topics (one batched call; ``None`` for a missing topic); ``committed`` holds each table's
-    committed offsets when the run starts; ``on_commit(spec, result)`` and ``on_failure(spec, error)``
-    report each micro-batch (they must not raise).
-
-    ``threads``: micro-batches of different tables run at once (1: one at a time, in the calling
-    thread). ``run_batch`` must then be safe to call from several threads at once; the callbacks and
-    chores are always called from the thread that called :meth:`run`.
-
-    ``chores(idle, busy)`` does one piece of other work (a due maintenance job, a pending check) and
-    returns whether there was any (it must not raise); ``idle``: no table has records waiting;
-    ``busy``: the identifiers whose micro-batch runs meanwhile (their maintenance must wait). It is
-    called while no table has records waiting, and after a micro-batch while chores have taken at most
-    ``chore_share`` of the run's time so far, so a backlog of chores slows ingestion by that share at
-    most and never stops it. ``paused()``: the identifiers whose micro-batch must not start now (a chore
-    runs on them that their commit would conflict with); they keep their place in the line, and the run
-    does not count as idle while they have records waiting. ``flush(final)`` is called from the same thread
-    between micro-batches and while idle (``final`` False), and once when the run ends normally (``final``
-    True): the Dagster layer commits the deferred consumer-group mirrors there
-    (:class:`kafka_iceberg.batch.mirror.GroupMirror`); it must not raise."""
+    micro-batch starts after it), or ``ports.should_stop()`` is true. With ``budget_s`` 0 every table
+    with records waiting gets one micro-batch. Past the budget, the run keeps serving while
+    ``ports.hold()`` is true (a successor is on its way but not ready to take over), ``grace_s`` seconds
+    at most. ``committed``: each table's committed offsets when the run starts (identifier -> partition
+    -> next offset to read; read, never changed). ``threads``: micro-batches of different tables run at
+    once (1: one at a time, in the calling thread). Chores run while no table has records waiting, and
+    after a micro-batch while they have taken at most ``chore_share`` of the run's time so far, so a
+    backlog of chores slows ingestion by that share at most and never stops it. A paused table keeps its
+    place in the line, and the run does not count as idle while it has records waiting. ``last_run``:
+    the state of the latest run (see the module docstring for the thread contract)."""
 
     specs: Sequence[TableSpec]
-    run_batch: Callable[[TableSpec], object]
-    watermarks: Callable[[list[str]], dict[str, dict[int, Watermarks] | None]]
-    committed: dict[str, dict[int, int]]
-    on_commit: Callable[[TableSpec, object], None]
-    on_failure: Callable[[TableSpec, BaseException], None]
+    ports: WorkerPorts
+    committed: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     budget_s: float = 0.0
     idle_s: float = 2.0
-    should_stop: Callable[[], bool] = lambda: False
-    hold: Callable[[], bool] = lambda: False
     grace_s: float = 0.0
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
-    chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
-    paused: Callable[[], frozenset] = frozenset
-    flush: Callable[[bool], None] = lambda final: None
     chore_share: float = 0.25
     threads: int = 1
-    chore_s: float = field(default=0.0, init=False)  # seconds spent in chores this run
-    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    clock: Clock = field(default_factory=Clock)
+    last_run: RunState | None = field(default=None, init=False, repr=False)
 
-    def _run(self) -> dict[str, TableServed]:
-        served = {s.identifier: TableServed(s) for s in self.specs}
-        self.started = self.clock()
-        self.deadline = self.started + self.budget_s
-        waiting_since: dict[str, float] = {}
-        idle_until = None
+    def run(self) -> dict[str, TableState]:
+        """Serve the tables (see the class docstring). Returns each table's state at the end, per table
+        identifier. Raises what a micro-batch raised that is not an ``Exception`` (a crash hook's exit)."""
+        tables = {s.identifier: TableState(s, dict(self.committed.get(s.identifier, {}))) for s in self.specs}
+        run = self.last_run = RunState(tables, Budget(self.clock.now(), self.budget_s, self.grace_s))
+        many = self.threads > 1
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="lake-worker") if many else nullcontext() as pool:
+            self._loop(run, pool)
+        self.ports.flush(True)
+        return dict(run.tables)
+
+    def _loop(self, run: RunState, pool: ThreadPoolExecutor | None) -> None:
+        """Poll, serve a round of the tables due, or do a chore or sleep, until the run ends."""
         while True:
-            self.flush(False)
-            live = [s for s in self.specs if served[s.identifier].error is None]
-            marks = self.watermarks(sorted({s.topic for s in live}))
-            lags = offset_lags(live, marks, self.committed)
-            now = self.clock()
-            for s in live:
-                if lags[s.identifier] > 0 or (marks.get(s.topic) is None and not served[s.identifier].tried):
-                    waiting_since.setdefault(s.identifier, now)
-                else:
-                    waiting_since.pop(s.identifier, None)
-            waiting = sorted(
-                (s for s in live if s.identifier in waiting_since), key=lambda s: waiting_since[s.identifier]
-            )
-            paused = self.paused() if waiting else frozenset()
-            due = [s for s in waiting if s.identifier not in paused]
+            self.ports.flush(False)
+            live = [t for t in run.tables.values() if t.error is None]
+            marks = self.ports.watermarks(sorted({t.spec.topic for t in live}))
+            now = self.clock.now()
+            for t in live:
+                run.tables[t.spec.identifier] = polled(t, marks.get(t.spec.topic), now)
+            waiting = next_tables(run.tables.values())
+            due = next_tables(run.tables.values(), self.ports.paused()) if waiting else []
             if not due:
-                if self._ending():
-                    return served
+                if self._ending(run):
+                    return
                 if not waiting:  # paused tables' records wait for a chore, not for new records: not idle
-                    idle_until = idle_until or now + self.idle_s
-                    if now >= idle_until:
-                        return served
-                if not self._chore(idle=not waiting):
-                    self.sleep(POLL_S)
+                    run.idle_until = now + self.idle_s if run.idle_until is None else run.idle_until
+                    if now >= run.idle_until:
+                        return
+                if not self._chore(run, idle=not waiting):
+                    self.clock.sleep(POLL_S)
                 continue
-            idle_until = None
-            self._serve_round(due, served, waiting_since)
-            if self._ending():
-                return served
+            run.idle_until = None
+            self._serve_round(run, pool, due)
+            if self._ending(run):
+                return
 
-    def run(self) -> dict[str, TableServed]:
-        """Serve the tables (see the class docstring). Returns what was done, per table identifier."""
-        try:
-            served = self._run()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-        self.flush(True)
-        return served
-
-    def _serve_round(self, due: list[TableSpec], served: dict[str, TableServed], waiting_since: dict[str, float]):
+    def _serve_round(self, run: RunState, pool: ThreadPoolExecutor | None, due: list[TableSpec]) -> None:
         """One micro-batch of each due table, longest waiting first and up to :attr:`threads` at once;
         each table goes to the back after its own. With several threads, the next tables' micro-batches
         start before the finished ones are reported (``on_commit``: a write to the Dagster instance),
         unless one crashed. No micro-batch starts past the budget; those running are awaited."""
         queue, running = list(due), {}
         while queue or running:
-            self._fill(queue, running, served)
+            self._fill(run, pool, queue, running)
             if not running:
                 return
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             finished = [(running.pop(future), future) for future in done]
             if self.threads > 1 and not any(_crashed(f) for _, f in finished):
-                self._fill(queue, running, served)  # the next tables read while these are reported
+                self._fill(run, pool, queue, running)  # the next tables read while these are reported
             for spec, future in finished:
-                self._finish(spec, future, served, waiting_since)
-                self._chore(idle=False, busy=frozenset(s.identifier for s in running.values()))
-            self.flush(False)
+                self._finish(run, spec, future)
+                self._chore(run, idle=False, busy=frozenset(s.identifier for s in running.values()))
+            self.ports.flush(False)
 
-    def _fill(self, queue: list[TableSpec], running: dict[Future, TableSpec], served: dict[str, TableServed]) -> None:
+    def _fill(self, run: RunState, pool, queue: list[TableSpec], running: dict[Future, TableSpec]) -> None:
         """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping. A table
         that a chore paused since the round began is left for a later round (it keeps its place)."""
-        while queue and len(running) < max(1, self.threads) and not self._stopping():
+        while queue and len(running) < max(1, self.threads) and not self._stopping(run):
             spec = queue.pop(0)
-            if spec.identifier in self.paused():
+            if spec.identifier in self.ports.paused():
                 continue
-            served[spec.identifier].tried = True
-            running[self._start(spec)] = spec
+            run.tables[spec.identifier] = replace(run.tables[spec.identifier], tried=True)
+            running[self._start(pool, spec)] = spec
 
-    def _ending(self) -> bool:
-        """Whether the run ends instead of waiting: one micro-batch per table (``budget_s`` 0), the budget
-        spent, or asked to stop."""
-        return self.budget_s <= 0 or self._spent() or self.should_stop()
-
-    def _stopping(self) -> bool:
-        return self.budget_s > 0 and (self._spent() or self.should_stop())
-
-    def _start(self, spec: TableSpec) -> Future:
+    def _start(self, pool: ThreadPoolExecutor | None, spec: TableSpec) -> Future:
         """``spec``'s micro-batch: in a thread of the pool, or (one thread) run here, its future already done."""
-        if self.threads > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="lake-worker")
-            return self._pool.submit(self.run_batch, spec)
+        if pool is not None:
+            return pool.submit(self.ports.run_batch, spec)
         future: Future = Future()
         try:
-            future.set_result(self.run_batch(spec))
+            future.set_result(self.ports.run_batch(spec))
         except Exception as exc:  # noqa: BLE001 - reported by _finish; a BaseException (a crash) propagates
             future.set_exception(exc)
         return future
 
-    def _finish(self, spec: TableSpec, future: Future, served: dict[str, TableServed], waiting_since: dict) -> None:
+    def _finish(self, run: RunState, spec: TableSpec, future: Future) -> None:
         """Report one finished micro-batch: its commit, or its failure (the table is set aside)."""
-        waiting_since.pop(spec.identifier, None)
         error = future.exception()
         if _crashed(future):
             raise error  # a crash (SystemExit from a crash hook, a KeyboardInterrupt) ends the run
+        state, now = run.tables[spec.identifier], self.clock.now()
         if error is not None:
-            served[spec.identifier].error = error
-            self.on_failure(spec, error)
+            run.tables[spec.identifier] = ended(state, now, error=error)
+            self.ports.on_failure(spec, error)
             return
         result = future.result()
-        served[spec.identifier].results.append(result)
-        self.committed[spec.identifier] = dict(result.offsets)
-        self.on_commit(spec, result)
+        run.tables[spec.identifier] = ended(state, now, result=result)
+        self.ports.on_commit(spec, result)
 
-    def _spent(self) -> bool:
-        """Whether the budget is spent: past the deadline, and past the grace or not held (:attr:`hold`)."""
-        now = self.clock()
-        return now >= self.deadline and (now >= self.deadline + self.grace_s or not self.hold())
+    def _ending(self, run: RunState) -> bool:
+        """Whether the run ends instead of waiting: one micro-batch per table (``budget_s`` 0), the budget
+        spent, or asked to stop."""
+        return self.budget_s <= 0 or self._spent(run) or self.ports.should_stop()
 
-    def _chore(self, idle: bool, busy: frozenset = frozenset()) -> bool:
-        """One chore when ``idle``, or when chores took at most ``chore_share`` of the run so far; returns whether one ran."""
-        if not idle and self.chore_s > self.chore_share * (self.clock() - self.started):
+    def _stopping(self, run: RunState) -> bool:
+        return self.budget_s > 0 and (self._spent(run) or self.ports.should_stop())
+
+    def _spent(self, run: RunState) -> bool:
+        return run.budget.spent(self.clock.now(), self.ports.hold)
+
+    def _chore(self, run: RunState, idle: bool, busy: frozenset = frozenset()) -> bool:
+        """One chore if :func:`chore_allowed`; returns whether one ran (its seconds count in ``chore_s``)."""
+        if not chore_allowed(idle, run.chore_s, self.clock.now() - run.budget.started, self.chore_share):
             return False
-        t0 = self.clock()
-        ran = self.chores(idle, busy)
+        t0 = self.clock.now()
+        ran = self.ports.chores(idle, busy)
         if ran:
-            self.chore_s += self.clock() - t0
+            run.chore_s += self.clock.now() - t0
         return ran
 
 
@@ -247,4 +361,24 @@ def _crashed(future: Future) -> bool:
     return error is not None and not isinstance(error, Exception)
 
 
-__all__ = ["POLL_S", "TableServed", "Worker", "assign_workers", "offset_lags"]
+__all__ = [
+    "LIVENESS_MARGIN_MS",
+    "MAX_DEFAULT_WORKERS",
+    "POLL_S",
+    "Budget",
+    "Clock",
+    "Latest",
+    "RunState",
+    "RunsInProgress",
+    "TableState",
+    "Worker",
+    "WorkerPorts",
+    "assign_workers",
+    "chore_allowed",
+    "ended",
+    "next_tables",
+    "offset_lags",
+    "polled",
+    "table_lag",
+    "worker_count",
+]

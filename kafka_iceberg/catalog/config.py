@@ -82,6 +82,13 @@ class CatalogSettings:
     warehouse: str  # file:///abs/warehouse or s3://bucket/prefix
     config: CatalogConfig | None = None  # the same catalog as pyiceberg properties (kafka_iceberg.catalog.config)
 
+    def __repr__(self) -> str:
+        """Without the password (in ``jdbc_password`` and inside ``sqlalchemy_uri``): settings are logged."""
+        return (
+            f"CatalogSettings(name={self.name!r}, jdbc_uri={self.jdbc_uri!r}, jdbc_user={self.jdbc_user!r}, "
+            f"warehouse={self.warehouse!r}, config={self.config!r})"
+        )
+
     @property
     def is_sqlite(self) -> bool:
         """True for the embedded SQLite catalog, which admits one committing process at a time."""
@@ -264,16 +271,15 @@ def _secret_files(directory: str) -> dict[str, str]:
     return {p.name: p.read_text().strip() for p in sorted(root.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
-def catalog_config_from_env(env: dict[str, str], name: str = "lake") -> CatalogConfig | None:
-    """The catalog described by ``LAKE_CATALOG_PROPERTIES``, ``PYICEBERG_CATALOG__<NAME>__*`` and
-    ``LAKE_CATALOG_SECRETS_DIR`` (later sources win), or ``None`` when none of them is set
-    (then ``LAKE_CATALOG_URI``/``LAKE_WAREHOUSE`` apply, see kafka_iceberg.config.settings).
+def catalog_properties_from_env(env: dict[str, str], name: str = "lake") -> dict[str, str] | None:
+    """The catalog properties of ``LAKE_CATALOG_PROPERTIES``, ``PYICEBERG_CATALOG__<NAME>__*`` and
+    ``LAKE_CATALOG_SECRETS_DIR`` (later sources win), or ``None`` when none of them is set. They may
+    lack ``type`` (credentials only, for the catalog of ``LAKE_CATALOG_URI``).
 
     ``env``: the process environment (empty values already removed).
 
     Raises:
-        ConfigError: bad JSON, a credential inside ``LAKE_CATALOG_PROPERTIES``, a missing secrets
-            directory, an unknown type or a missing uri.
+        ConfigError: bad JSON, a credential inside ``LAKE_CATALOG_PROPERTIES``, a missing secrets directory.
     """
     import json
 
@@ -298,4 +304,85 @@ def catalog_config_from_env(env: dict[str, str], name: str = "lake") -> CatalogC
     merged.update(from_env)
     if secrets_dir:
         merged.update(_secret_files(secrets_dir))
-    return CatalogConfig(name, merged)
+    return merged
+
+
+def catalog_config_from_env(env: dict[str, str], name: str = "lake") -> CatalogConfig | None:
+    """The catalog described by :func:`catalog_properties_from_env`, or ``None`` when none of its
+    variables is set (then ``LAKE_CATALOG_URI``/``LAKE_WAREHOUSE`` apply, see :func:`resolve_catalog`).
+
+    Raises:
+        ConfigError: see :func:`catalog_properties_from_env`; an unknown type or a missing uri.
+    """
+    props = catalog_properties_from_env(env, name)
+    return None if props is None else CatalogConfig(name, props)
+
+
+def catalog_from_uri(name: str, uri: str, warehouse: str) -> CatalogSettings:
+    """Derive the JDBC (Spark) and SQLAlchemy (pyiceberg) spellings from one URI.
+
+    Accepts ``sqlite:////abs/path/catalog.db`` or
+    ``postgresql://user:password@host:port/database``.
+
+    Raises:
+        ConfigError: for any other scheme, or a relative SQLite path.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        path = uri[len("sqlite:///") :]
+        if not path.startswith("/"):
+            raise ConfigError(
+                f"LAKE_CATALOG_URI must use an absolute SQLite path (sqlite:////abs/catalog.db), got {uri!r}"
+            )
+        return CatalogSettings(
+            name,
+            uri,
+            f"jdbc:sqlite:{path}",
+            None,
+            None,
+            warehouse,
+            CatalogConfig(name, {"type": "sql", "uri": uri, "warehouse": warehouse}),
+        )
+    if parsed.scheme in ("postgresql", "postgres", "postgresql+psycopg2"):
+        host = parsed.hostname or "127.0.0.1"
+        port = parsed.port or 5432
+        db = parsed.path.lstrip("/")
+        user = unquote(parsed.username) if parsed.username else None
+        password = unquote(parsed.password) if parsed.password else None
+        sa_uri = "postgresql+psycopg2://" + uri.split("://", 1)[1]
+        return CatalogSettings(
+            name,
+            sa_uri,
+            f"jdbc:postgresql://{host}:{port}/{db}",
+            user,
+            password,
+            warehouse,
+            CatalogConfig(name, {"type": "sql", "uri": uri, "warehouse": warehouse}),
+        )
+    raise ConfigError(f"LAKE_CATALOG_URI scheme {parsed.scheme!r} is not supported; use sqlite:// or postgresql://")
+
+
+def resolve_catalog(env: dict[str, str], name: str, uri: str, warehouse: str) -> CatalogSettings:
+    """The catalog named ``name``: from ``LAKE_CATALOG_PROPERTIES``, ``PYICEBERG_CATALOG__<NAME>__*`` and
+    ``LAKE_CATALOG_SECRETS_DIR`` in ``env`` when any is set (a sql catalog without a warehouse gets
+    ``warehouse``; properties without a type are the credentials of the sql catalog ``uri``), else from
+    ``uri`` (:func:`catalog_from_uri`).
+
+    Raises:
+        ConfigError: see :func:`catalog_properties_from_env` and :func:`catalog_from_uri`; properties
+            without a type and no ``uri``.
+    """
+    props = catalog_properties_from_env(env, name)  # LAKE_CATALOG_PROPERTIES & co. win over LAKE_CATALOG_URI
+    if props is None:
+        return catalog_from_uri(name, uri, warehouse)
+    if "type" not in props:
+        if not uri:
+            raise ConfigError(
+                "LAKE_CATALOG_PROPERTIES (or LAKE_CATALOG_URI) is not set: name the Iceberg catalog "
+                f"(only credentials of catalog {name} are set)"
+            )
+        props = {"type": "sql", "uri": uri, **props}
+    config = CatalogConfig(name, props)
+    if config.warehouse is None and config.type == "sql":
+        config = CatalogConfig(name, {**config.properties, "warehouse": warehouse})
+    return config.to_catalog_settings()

@@ -58,16 +58,23 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_TABLES_FILE",
         description="LAKE_TABLES_FILE: a table declarations file; unset: the Component instances of the defs folder.",
     )
-    defs_module: str = Field(
-        "kafka_iceberg.defs",
+    defs_module: str | None = Field(
+        None,
         validation_alias="LAKE_DEFS_MODULE",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
-        description="LAKE_DEFS_MODULE: the importable defs folder whose KafkaIcebergTables instances declare the tables.",
+        description="LAKE_DEFS_MODULE: the importable defs folder whose KafkaIcebergTables instances declare the "
+        "tables (LAKE_DEV=1: default kafka_iceberg.defs, the demo's tables).",
+    )
+    dev: bool = Field(
+        False,
+        validation_alias="LAKE_DEV",
+        description="LAKE_DEV: 1 in the repository's make targets, workspace.yaml and tests: the dev broker, the "
+        "SQLite catalog under LAKE_HOME and the demo's tables are the defaults; unset, each must be configured.",
     )
     kafka_bootstrap_servers: str = Field(
         "",
         validation_alias="KAFKA_BOOTSTRAP_SERVERS",
-        description="KAFKA_BOOTSTRAP_SERVERS: host:port list; unset: the dev broker.",
+        description="KAFKA_BOOTSTRAP_SERVERS: host:port list; required (LAKE_DEV=1: default the dev broker).",
     )
     kafka_client_config: JsonObject = Field(
         default_factory=dict,
@@ -80,12 +87,30 @@ class RuntimeSettings(EnvGroup):
     catalog_uri: str | None = Field(
         None,
         validation_alias="LAKE_CATALOG_URI",
-        description="LAKE_CATALOG_URI: sqlite:////abs/catalog.db or postgresql://… (default $LAKE_HOME/catalog.db).",
+        description="LAKE_CATALOG_URI: sqlite:////abs/catalog.db or postgresql://…; this or LAKE_CATALOG_PROPERTIES "
+        "is required (LAKE_DEV=1: default $LAKE_HOME/catalog.db).",
+    )
+    catalog_properties: str | None = Field(
+        None,
+        validation_alias="LAKE_CATALOG_PROPERTIES",
+        description="LAKE_CATALOG_PROPERTIES: JSON object of the catalog's non-secret pyiceberg properties; "
+        "replaces LAKE_CATALOG_URI (read by kafka_iceberg.catalog.config).",
+    )
+    catalog_secrets_dir: Path | None = Field(
+        None,
+        validation_alias="LAKE_CATALOG_SECRETS_DIR",
+        description="LAKE_CATALOG_SECRETS_DIR: a directory of one file per secret catalog property (a mounted Secret).",
+    )
+    debug: str | None = Field(
+        None,
+        validation_alias="LAKE_DEBUG",
+        description="LAKE_DEBUG: non-empty: the lake command prints tracebacks and librdkafka's log lines.",
     )
     warehouse: str | None = Field(
         None,
         validation_alias="LAKE_WAREHOUSE",
-        description="LAKE_WAREHOUSE: table data and metadata location (default file://$LAKE_HOME/warehouse).",
+        description="LAKE_WAREHOUSE: table data and metadata location; required with LAKE_CATALOG_URI "
+        "(LAKE_DEV=1: default file://$LAKE_HOME/warehouse).",
     )
     spark_master: str = Field("local[*]", validation_alias="SPARK_MASTER", description="SPARK_MASTER: spark.master.")
     spark_local_ip: str = Field(
@@ -115,12 +140,6 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_KAFKA_TIMEOUT_S",
         description="LAKE_KAFKA_TIMEOUT_S: seconds per admin request.",
     )
-    read_timeout_s: float = Field(
-        120.0,
-        ge=0,
-        validation_alias="LAKE_READ_TIMEOUT_S",
-        description="LAKE_READ_TIMEOUT_S: seconds a read task may go without progress.",
-    )
     max_records_per_task: int = Field(
         250_000,
         ge=0,
@@ -149,24 +168,6 @@ class RuntimeSettings(EnvGroup):
         description="LAKE_WARM_READ_JOB: a worker's warm op runs the read phase's Spark job once, on no records, "
         "when a table's lag is above LAKE_DRIVER_READ_MAX_RECORDS.",
     )
-    attempt_timeout_s: float = Field(
-        3600.0,
-        ge=0,
-        validation_alias="LAKE_ATTEMPT_TIMEOUT_S",
-        description="LAKE_ATTEMPT_TIMEOUT_S: seconds after which a write attempt outside Dagster is abandoned.",
-    )
-    orphan_clock_skew_s: float = Field(
-        1.0,
-        ge=0,
-        validation_alias="LAKE_ORPHAN_CLOCK_SKEW_S",
-        description="LAKE_ORPHAN_CLOCK_SKEW_S: seconds subtracted from the orphan-file cut-off in recovery.",
-    )
-    catalog_retry_s: float = Field(
-        60.0,
-        ge=0,
-        validation_alias="LAKE_CATALOG_RETRY_S",
-        description="LAKE_CATALOG_RETRY_S: seconds a transient catalog error is retried.",
-    )
     dagster_executor: Literal["in_process", "multiprocess", "k8s"] = Field(
         "in_process",
         validation_alias="LAKE_DAGSTER_EXECUTOR",
@@ -187,54 +188,23 @@ class RuntimeSettings(EnvGroup):
 
 
 class StreamSettings(EnvGroup):
-    """Streaming runs (``lake_assets/streaming.py``): how long a sensor-launched run keeps committing."""
+    """The worker runs that serve every table (``lake_assets/worker.py``): how many."""
 
-    budget_s: float = Field(
-        300.0,
-        validation_alias="LAKE_STREAM_BUDGET_S",
-        ge=0,
-        description="LAKE_STREAM_BUDGET_S: seconds a sensor-launched run (not part "
-        "of a backfill) may keep starting micro-batches; 0 turns streaming off.",
-    )
-    idle_s: float = Field(
-        2.0,
-        validation_alias="LAKE_STREAM_IDLE_S",
-        ge=0,
-        description="LAKE_STREAM_IDLE_S: seconds a streaming run with no lag left polls "
-        "the high watermarks for new records before it ends.",
-    )
-    check_niceness: int = Field(
-        10,
-        validation_alias="LAKE_CHECK_NICENESS",
-        ge=0,
-        le=19,
-        description="LAKE_CHECK_NICENESS: the nice value a streaming run's process tree (its Spark JVM included) "
-        "takes for its last checks, so the next run on the same host gets the cores first; 0 leaves it as is.",
-    )
-    workers: int = Field(
-        0,
+    workers: int | None = Field(
+        None,
         validation_alias="LAKE_WORKERS",
-        ge=0,
-        le=256,
-        description="LAKE_WORKERS: 0 (default) gives every table its own sensor-launched runs; N >= 1 serves "
-        "all tables from N long-running worker runs (one process and Spark session each), launched by one "
-        "sensor that watches every table.",
-    )
-    worker_threads: int = Field(
-        2,
-        validation_alias="LAKE_WORKER_THREADS",
         ge=1,
-        le=16,
-        description="LAKE_WORKER_THREADS: micro-batches of different tables a worker run (LAKE_WORKERS >= 1) "
-        "runs at once, in threads of its one process and Spark session; 1: one at a time.",
+        le=256,
+        description="LAKE_WORKERS: worker runs (one process and Spark session each) serving all tables; "
+        "unset: 1 on a SQLite catalog, else one per core, at most 4 and at most one per table.",
     )
-    group_mirror_s: float = Field(
-        10.0,
-        validation_alias="LAKE_GROUP_MIRROR_S",
+    metrics_port: int = Field(
+        9464,
+        validation_alias="LAKE_METRICS_PORT",
         ge=0,
-        description="LAKE_GROUP_MIRROR_S: seconds between a worker run's consumer-group offset commits (the "
-        "latest committed offsets of every table it committed to, and all of them when it stops serving); "
-        "0: after every micro-batch.",
+        le=65535,
+        description="LAKE_METRICS_PORT: the port a worker run serves its Prometheus metrics on (the next free "
+        "one when taken, so several worker processes on one host listen on consecutive ports); 0: off.",
     )
 
 
@@ -276,33 +246,64 @@ class SlackSettings(EnvGroup):
 
 
 class RegistrySettings(EnvGroup):
-    """Schema Registry credentials (``kafka_iceberg/formats/resolver.py``); never in ``tables.yaml``."""
+    """Schema Registry client properties (``kafka_iceberg/formats/resolver.py``): credentials and TLS, from a
+    Secret; never in the table declarations."""
 
-    basic_auth: SecretStr | None = Field(
+    url: str | None = Field(
         None,
-        validation_alias="LAKE_SCHEMA_REGISTRY_BASIC_AUTH",
-        description="LAKE_SCHEMA_REGISTRY_BASIC_AUTH: user:password.",
+        validation_alias="LAKE_SCHEMA_REGISTRY_URL",
+        description="LAKE_SCHEMA_REGISTRY_URL: the registry URL of a table that declares none.",
     )
-    bearer_token: SecretStr | None = Field(
+    client_config: SecretStr | None = Field(
         None,
-        validation_alias="LAKE_SCHEMA_REGISTRY_BEARER_TOKEN",
-        description="LAKE_SCHEMA_REGISTRY_BEARER_TOKEN: a static bearer token.",
+        validation_alias="LAKE_SCHEMA_REGISTRY_CONFIG",
+        description="LAKE_SCHEMA_REGISTRY_CONFIG: JSON object of SchemaRegistryClient properties "
+        "(basic.auth.user.info, bearer.auth.token, bearer.auth.logical.cluster, bearer.auth.identity.pool.id, "
+        "ssl.ca.location, ...); a secret.",
     )
-    logical_cluster: str = Field(
-        "",
-        validation_alias="LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER",
-        description="LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER: Confluent Cloud logical cluster of the bearer token.",
+
+    @field_validator("client_config", mode="before")
+    @classmethod
+    def _object(cls, value: Any) -> Any:
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(raw, str):
+            _json_object(raw)  # ValueError (without the value) unless a JSON object
+        return value
+
+    def properties(self) -> dict[str, str]:
+        """The client properties (str -> str); empty when unset."""
+        return _json_object(self.client_config.get_secret_value()) if self.client_config else {}
+
+
+class DevHooks(EnvGroup):
+    """Test and rehearsal hooks, read only under ``LAKE_DEV=1`` (the repository's targets and tests); an
+    installed package uses the defaults, which are constants no deployment tunes. Not product settings."""
+
+    attempt_timeout_s: float = Field(
+        3600.0,
+        ge=0,
+        validation_alias="LAKE_ATTEMPT_TIMEOUT_S",
+        description="LAKE_ATTEMPT_TIMEOUT_S: (LAKE_DEV only) seconds after which a write attempt outside Dagster "
+        "counts as dead; under Dagster an attempt is dead when its run is no longer queued or running.",
     )
-    identity_pool: str | None = Field(
-        None,
-        validation_alias="LAKE_SCHEMA_REGISTRY_IDENTITY_POOL",
-        description="LAKE_SCHEMA_REGISTRY_IDENTITY_POOL: Confluent Cloud identity pool id of the bearer token.",
+    read_timeout_s: float = Field(
+        120.0,
+        ge=0,
+        validation_alias="LAKE_READ_TIMEOUT_S",
+        description="LAKE_READ_TIMEOUT_S: (LAKE_DEV only) seconds a read task may go without progress.",
     )
-    ca_location: str | None = Field(
-        None,
-        validation_alias="LAKE_SCHEMA_REGISTRY_CA",
-        description="LAKE_SCHEMA_REGISTRY_CA: path of a CA bundle for TLS.",
+    catalog_retry_s: float = Field(
+        60.0,
+        ge=0,
+        validation_alias="LAKE_CATALOG_RETRY_S",
+        description="LAKE_CATALOG_RETRY_S: (LAKE_DEV only) seconds a transient catalog error (SQLite locked, "
+        "PostgreSQL down) is retried before CatalogUnavailableError; a minute covers a database failover.",
     )
+
+
+ORPHAN_CLOCK_SKEW_S = 1.0
+"""Seconds subtracted from the orphan-file cut-off in recovery: covers clock skew between the hosts that
+write data files and the one that deletes orphans (file modification times against this host's clock)."""
 
 
 __all__ = [
@@ -310,7 +311,9 @@ __all__ = [
     "DEFAULT_SLACK_CHANNEL",
     "DEFAULT_SLACK_TIMEOUT_S",
     "DEFAULT_UI_URL",
+    "DevHooks",
     "EnvGroup",
+    "ORPHAN_CLOCK_SKEW_S",
     "RegistrySettings",
     "RuntimeSettings",
     "SlackSettings",

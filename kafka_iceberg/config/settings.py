@@ -27,15 +27,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
-from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
 
-from kafka_iceberg.catalog.config import CatalogConfig, CatalogSettings, catalog_config_from_env  # noqa: F401 (re-exported)
+from kafka_iceberg.catalog.config import (  # noqa: F401 (re-exported)
+    CatalogConfig,
+    CatalogSettings,
+    catalog_config_from_env,
+    catalog_from_uri,
+    catalog_properties_from_env,
+    resolve_catalog,
+)
 from kafka_iceberg.config.models import (
     DEFAULT_SLACK_TIMEOUT_S,
+    ORPHAN_CLOCK_SKEW_S,
+    DevHooks,
     EnvGroup,
     RegistrySettings,
     RuntimeSettings,
@@ -104,7 +112,8 @@ def _group(group: type[EnvGroup], env: Mapping[str, str]):
     except ValidationError as exc:
         err = exc.errors()[0]
         var = str(err["loc"][0]) if err["loc"] else group.__name__
-        raise ConfigError(f"{var} {_problem(err)}, got {env.get(var)!r}") from exc
+        shown = "a value not shown (it may hold a secret)" if var in NEVER_SHOWN else repr(env.get(var))
+        raise ConfigError(f"{var} {_problem(err)}, got {shown}") from exc
 
 
 def _process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -127,6 +136,13 @@ def slack_settings(env: Mapping[str, str] | None = None) -> SlackSettings:
 def registry_settings(env: Mapping[str, str] | None = None) -> RegistrySettings:
     """The Schema Registry credentials from ``env`` (default: the process environment)."""
     return _group(RegistrySettings, _process_env(env))
+
+
+def dev_defaults(env: Mapping[str, str] | None = None) -> bool:
+    """``LAKE_DEV`` is 1 (or true) in ``env`` (default: the process environment): the repository's make
+    targets, ``workspace.yaml`` (``devtools/dev_location.py``) and ``tests/conftest.py`` set it, and
+    only there do the dev broker, the SQLite catalog under ``LAKE_HOME`` and the demo's tables apply."""
+    return _process_env(env).get("LAKE_DEV", "").strip().lower() in ("1", "true", "yes")
 
 
 def debug_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -162,6 +178,8 @@ class Settings:
     lake_home: Path
     tables_file: Path | None  # LAKE_TABLES_FILE; None: the tables are the Component instances of the defs folder
     defs_module: str  # LAKE_DEFS_MODULE: that defs folder, an importable module name
+    tables_declared: bool  # LAKE_TABLES_FILE or LAKE_DEFS_MODULE is set (or LAKE_DEV=1 serves the demo's)
+    dev: bool  # LAKE_DEV=1: the development defaults apply (dev_defaults)
     kafka_bootstrap_servers: str
     kafka_client_config: dict[str, str]
     use_dev_broker: bool
@@ -207,65 +225,8 @@ class Settings:
         return self.lake_home / "kafka"
 
 
-def catalog_from_uri(name: str, uri: str, warehouse: str) -> CatalogSettings:
-    """Derive the JDBC (Spark) and SQLAlchemy (pyiceberg) spellings from one URI.
-
-    Accepts ``sqlite:////abs/path/catalog.db`` or
-    ``postgresql://user:password@host:port/database``.
-
-    Raises:
-        ConfigError: for any other scheme, or a relative SQLite path.
-    """
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        path = uri[len("sqlite:///") :]
-        if not path.startswith("/"):
-            raise ConfigError(
-                f"LAKE_CATALOG_URI must use an absolute SQLite path (sqlite:////abs/catalog.db), got {uri!r}"
-            )
-        return CatalogSettings(
-            name,
-            uri,
-            f"jdbc:sqlite:{path}",
-            None,
-            None,
-            warehouse,
-            CatalogConfig(name, {"type": "sql", "uri": uri, "warehouse": warehouse}),
-        )
-    if parsed.scheme in ("postgresql", "postgres", "postgresql+psycopg2"):
-        host = parsed.hostname or "127.0.0.1"
-        port = parsed.port or 5432
-        db = parsed.path.lstrip("/")
-        user = unquote(parsed.username) if parsed.username else None
-        password = unquote(parsed.password) if parsed.password else None
-        sa_uri = "postgresql+psycopg2://" + uri.split("://", 1)[1]
-        return CatalogSettings(
-            name,
-            sa_uri,
-            f"jdbc:postgresql://{host}:{port}/{db}",
-            user,
-            password,
-            warehouse,
-            CatalogConfig(name, {"type": "sql", "uri": uri, "warehouse": warehouse}),
-        )
-    raise ConfigError(f"LAKE_CATALOG_URI scheme {parsed.scheme!r} is not supported; use sqlite:// or postgresql://")
-
-
-def resolve_catalog(env: dict[str, str], name: str, uri: str, warehouse: str) -> CatalogSettings:
-    """The catalog named ``name``: from ``LAKE_CATALOG_PROPERTIES``, ``PYICEBERG_CATALOG__<NAME>__*`` and
-    ``LAKE_CATALOG_SECRETS_DIR`` in ``env`` when any is set (a sql catalog without a warehouse gets
-    ``warehouse``), else from the legacy ``uri`` (:func:`catalog_from_uri`).
-
-    Raises:
-        ConfigError: see :func:`kafka_iceberg.catalog.config.catalog_config_from_env` and :func:`catalog_from_uri`.
-    """
-    config = catalog_config_from_env(env, name)  # LAKE_CATALOG_PROPERTIES & co. win over LAKE_CATALOG_URI
-    if config is None:
-        return catalog_from_uri(name, uri, warehouse)
-    if config.warehouse is None and config.type == "sql":
-        config = CatalogConfig(name, {**config.properties, "warehouse": warehouse})
-    return config.to_catalog_settings()
-
+NEVER_SHOWN = frozenset({"KAFKA_CLIENT_CONFIG", "LAKE_SCHEMA_REGISTRY_CONFIG", "SLACK_BOT_TOKEN", "LAKE_CATALOG_URI"})
+"""Variables whose value an error message never repeats (credentials may be inside)."""
 
 SECRET_BEARING = ("KAFKA_CLIENT_CONFIG", "LAKE_CATALOG_URI", "LAKE_CATALOG_PROPERTIES", "LAKE_CATALOG_SECRETS_DIR")
 """Variables that may hold a secret (``sasl.password`` in the librdkafka properties, the database
@@ -299,36 +260,43 @@ def _cached_settings(items: tuple[tuple[str, str], ...]) -> Settings:
 
 
 def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
-    """:class:`Settings` from ``env`` (empty values already removed)."""
+    """:class:`Settings` from ``env`` (empty values already removed). ``LAKE_DEV`` is the process's
+    mode: set in ``env`` or in the process environment.
+
+    Raises:
+        ConfigError: see :func:`load_settings` and :func:`_deployment_choices`.
+    """
     run: RuntimeSettings = _group(RuntimeSettings, env)
+    dev = run.dev or dev_defaults()
     lake_home = (run.lake_home or CHECKOUT / ".lake").resolve()
-    bootstrap = run.kafka_bootstrap_servers.strip()
-    warehouse = run.warehouse or f"file://{lake_home / 'warehouse'}"
-    catalog_uri = run.catalog_uri or f"sqlite:///{lake_home / 'catalog.db'}"
+    bootstrap, catalog = _deployment_choices(run, env, dev, lake_home)
+    hooks = _group(DevHooks, env) if dev else DevHooks()  # constants outside LAKE_DEV
     slack = slack_settings(env)
     return Settings(
         lake_home=lake_home,
         tables_file=run.tables_file.resolve() if run.tables_file else None,
-        defs_module=run.defs_module,
+        defs_module=run.defs_module or DEMO_DEFS,
+        tables_declared=dev or run.tables_file is not None or run.defs_module is not None,
+        dev=dev,
         kafka_bootstrap_servers=bootstrap or f"127.0.0.1:{DEV_BROKER_PORT}",
         kafka_client_config=dict(run.kafka_client_config),
         use_dev_broker=not bootstrap,
-        catalog=resolve_catalog(env, run.catalog_name, catalog_uri, warehouse),
+        catalog=catalog,
         spark_master=run.spark_master,
         spark_local_ip=run.spark_local_ip,
         spark_driver_memory=run.spark_driver_memory,
         spark_extra_jars=run.spark_extra_jars,
         spark_conf=dict(run.spark_conf),
         kafka_timeout_s=run.kafka_timeout_s,
-        read_timeout_s=run.read_timeout_s,
+        read_timeout_s=hooks.read_timeout_s,
         max_records_per_task=run.max_records_per_task,
         json_parser=run.json_parser,
         writer=run.writer,
         driver_read_max_records=run.driver_read_max_records,
         warm_read_job=run.warm_read_job,
-        attempt_timeout_s=run.attempt_timeout_s,
-        orphan_clock_skew_s=run.orphan_clock_skew_s,
-        catalog_retry_s=run.catalog_retry_s,
+        attempt_timeout_s=hooks.attempt_timeout_s,
+        orphan_clock_skew_s=ORPHAN_CLOCK_SKEW_S,
+        catalog_retry_s=hooks.catalog_retry_s,
         dagster_executor=run.dagster_executor,
         dagster_ui_url=slack.ui_url,
         dagster_home_dir=run.dagster_home.resolve() if run.dagster_home else None,
@@ -341,6 +309,57 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         if from_process
         else frozenset(),
     )
+
+
+DEMO_DEFS = "kafka_iceberg.defs"
+"""The defs folder of the demo's tables: the default ``LAKE_DEFS_MODULE`` under ``LAKE_DEV=1`` only."""
+
+
+def _deployment_choices(run: RuntimeSettings, env: dict[str, str], dev: bool, lake_home: Path):
+    """The Kafka bootstrap servers ("" for the dev broker) and the catalog. Under ``LAKE_DEV`` the dev
+    broker and a SQLite catalog with its warehouse under ``LAKE_HOME`` are the defaults; elsewhere
+    each must be configured, and a local SQLite catalog cannot index a warehouse in object storage
+    (the catalog would be lost with the pod while the data stays).
+
+    Raises:
+        ConfigError: one line naming the missing or conflicting setting.
+    """
+    bootstrap = run.kafka_bootstrap_servers.strip()
+    props = catalog_properties_from_env(env, run.catalog_name) or {}
+    if dev:
+        uri = run.catalog_uri or f"sqlite:///{lake_home / 'catalog.db'}"
+        return bootstrap, resolve_catalog(
+            env, run.catalog_name, uri, run.warehouse or f"file://{lake_home / 'warehouse'}"
+        )
+    if not bootstrap:
+        raise ConfigError("KAFKA_BOOTSTRAP_SERVERS is not set: name the Kafka brokers (host:port,...)")
+    if "type" not in props and not run.catalog_uri:
+        raise ConfigError(
+            "LAKE_CATALOG_PROPERTIES (or LAKE_CATALOG_URI) is not set: name the Iceberg catalog (docs/configuration.md)"
+        )
+    if props.get("type", "sql") in ("sql", "jdbc") and "warehouse" not in props and not run.warehouse:
+        raise ConfigError("LAKE_WAREHOUSE is not set: name the table data location (s3://bucket/prefix, file:///abs)")
+    catalog = resolve_catalog(env, run.catalog_name, run.catalog_uri or "", run.warehouse or "")
+    if catalog.is_sqlite and not catalog.warehouse.startswith(("file:", "/")):
+        setting = "LAKE_CATALOG_PROPERTIES" if "type" in props else "LAKE_CATALOG_URI"
+        raise ConfigError(
+            f"{setting} names a local SQLite catalog but the warehouse {catalog.warehouse!r} is object storage: "
+            "use a shared catalog (PostgreSQL, REST, Glue, ...)"
+        )
+    return bootstrap, catalog
+
+
+def require_declared_tables(settings: Settings) -> None:
+    """Refuse a code location with no declared tables (outside ``LAKE_DEV``, the demo's tables are
+    never a default).
+
+    Raises:
+        ConfigError: neither ``LAKE_TABLES_FILE`` nor ``LAKE_DEFS_MODULE`` is set.
+    """
+    if not settings.tables_declared:
+        raise ConfigError(
+            "LAKE_TABLES_FILE (or LAKE_DEFS_MODULE) is not set: no tables are declared (docs/configuration.md)"
+        )
 
 
 @functools.lru_cache(maxsize=32)

@@ -67,8 +67,8 @@ class FormatDecl(_Section):
 
     ``json``: schemaless JSON objects. ``avro``, ``protobuf``, ``json_schema``: the Confluent wire
     format (magic byte 0, 4-byte schema id, payload) with the schemas in a Schema Registry.
-    Registry credentials come from the environment (``LAKE_SCHEMA_REGISTRY_BASIC_AUTH`` or
-    ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN``), never from this file.
+    Registry credentials come from the environment (``LAKE_SCHEMA_REGISTRY_CONFIG``, a JSON object of
+    client properties), never from this file.
     """
 
     type: Literal["json", "avro", "protobuf", "json_schema"] = Field(
@@ -237,6 +237,11 @@ class TableDecl(_Common):
         description="mode upsert: debezium change events, or none "
         "(plain upserts keyed by the Kafka key; a tombstone deletes).",
     )
+    consistency_group: str | None = Field(
+        None,
+        pattern=IDENTIFIER_PATTERN,
+        description="cdc debezium: tables of one source committed together (docs/cdc.md).",
+    )
 
 
 class TablePatternDecl(_Common):
@@ -260,6 +265,7 @@ class TablePatternDecl(_Common):
     mode: Literal["append", "upsert"] = "append"
     key: list[str] | None = Field(None, description="mode upsert: the key columns of every matching table.")
     cdc: Literal["debezium", "none"] | None = None
+    consistency_group: str | None = Field(None, pattern=IDENTIFIER_PATTERN)
 
 
 class TableEntry(TableDecl):

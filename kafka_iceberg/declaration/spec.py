@@ -39,6 +39,7 @@ from kafka_iceberg.declaration.format_spec import (  # noqa: F401 (re-exported)
     parse_format,
     parse_key_format,
 )
+from kafka_iceberg.declaration.groups import check_groups
 from kafka_iceberg.declaration.models import (
     IDENTIFIER,
     BadRecordsDecl,
@@ -175,7 +176,7 @@ def _parse_table(raw: Any, defaults: dict[str, Any]) -> TableSpec:
     bound = _or_default(decl, "max_records_per_partition")
     if bound <= 0:
         raise ConfigError(f"{where}: max_records_per_partition must be positive")
-    upsert = upsert_spec(where, decl.mode, decl.key, decl.cdc, columns)
+    upsert = upsert_spec(where, decl.mode, decl.key, decl.cdc, columns, decl.consistency_group)
     if upsert is not None and decl.unknown_fields == "evolve":
         raise ConfigError(f"{where}: unknown_fields: evolve is not supported with mode: upsert")
     return TableSpec(
@@ -245,6 +246,7 @@ def parse_declarations(
         ) from None
     specs = [_parse_table(t, base) for t, base in expand_entries(top.tables, top.defaults or {}, list_topics)]
     check_unique(specs, where)
+    check_groups(specs, where)
     return specs
 
 

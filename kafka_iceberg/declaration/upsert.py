@@ -17,9 +17,10 @@ class UpsertSpec:
 
     key: tuple[str, ...]
     cdc: str
+    consistency_group: str | None = None  # the group committed together (docs/cdc.md#consistency-groups)
 
 
-def upsert_spec(where: str, mode: str, key, cdc: str | None, columns) -> UpsertSpec | None:
+def upsert_spec(where: str, mode: str, key, cdc: str | None, columns, group: str | None = None) -> UpsertSpec | None:
     """Validate the ``mode``/``key``/``cdc`` fields of a declaration against its ``columns``
     (``where`` names the declaration in errors, e.g. ``table planes``).
 
@@ -27,8 +28,11 @@ def upsert_spec(where: str, mode: str, key, cdc: str | None, columns) -> UpsertS
 
     Raises:
         ConfigError: unknown mode or cdc; ``key``/``cdc`` on an append table; an upsert table
-            without a key, or a key column that is not a required (NOT NULL) column.
+            without a key, or a key column that is not a required (NOT NULL) column; a
+            ``consistency_group`` (``group``) on a table without ``cdc: debezium``.
     """
+    if group and (mode, cdc) != ("upsert", "debezium"):
+        raise ConfigError(f"{where}: consistency_group needs mode: upsert and cdc: debezium")
     if mode not in ("append", "upsert"):
         raise ConfigError(f"{where}: mode {mode!r} is not append or upsert")
     if mode == "append":
@@ -44,4 +48,4 @@ def upsert_spec(where: str, mode: str, key, cdc: str | None, columns) -> UpsertS
             f"{where}: mode upsert needs 'key': distinct columns that are declared required: true "
             f"(not: {wrong or list(key or ())})"
         )
-    return UpsertSpec(tuple(key), cdc)
+    return UpsertSpec(tuple(key), cdc, group)

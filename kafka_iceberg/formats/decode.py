@@ -10,6 +10,7 @@ only to isolate bad records.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from cachetools import LRUCache
 
 from kafka_iceberg.formats.avro import AvroDecoder
 from kafka_iceberg.formats.protobuf import ProtobufDecoder
@@ -32,7 +34,14 @@ from kafka_iceberg.formats.wire import (
     schema_id_of,
 )
 
-_DECODERS: dict = {}  # (schema id, schema text, indexes) -> decoder; schema ids are immutable
+DECODER_CACHE_SIZE = 1024
+"""Decoders a process keeps (least recently used dropped first): one per writer schema (and Protobuf
+message) it decoded, over every table it serves; a dropped one is parsed again when next needed."""
+
+_DECODERS: LRUCache = LRUCache(maxsize=DECODER_CACHE_SIZE)  # (format, schema id, schema text, indexes) -> decoder
+_DECODERS_LOCK = threading.Lock()
+"""Guards :data:`_DECODERS`: the micro-batches of a worker's threads decode in one process. A decoder is
+immutable once built, so threads share it."""
 
 
 @dataclass
@@ -52,15 +61,22 @@ class Decoded:
 
 
 def _decoder(fmt: str, writer: WriterSchema, indexes: tuple[int, ...]):
-    key = (writer.schema_id, writer.schema_str, indexes)
-    if key not in _DECODERS:
+    """The decoder of ``fmt`` values written with ``writer`` (Protobuf: the message at ``indexes``), built
+    once per process and kept in :data:`_DECODERS` (schema ids are immutable). Raises what parsing the
+    schema raises."""
+    key = (fmt, writer.schema_id, writer.schema_str, indexes)
+    with _DECODERS_LOCK:
+        decoder = _DECODERS.get(key)
+    if decoder is None:  # parsed outside the lock: two threads may both parse it, one is kept
         if fmt == "avro":
-            _DECODERS[key] = AvroDecoder(writer.schema_str)
+            decoder = AvroDecoder(writer.schema_str)
         elif fmt == "protobuf":
-            _DECODERS[key] = ProtobufDecoder(writer.schema_str, indexes)
+            decoder = ProtobufDecoder(writer.schema_str, indexes)
         else:
-            _DECODERS[key] = _JsonDecoder()
-    return _DECODERS[key]
+            decoder = _JsonDecoder()
+        with _DECODERS_LOCK:
+            decoder = _DECODERS.setdefault(key, decoder)
+    return decoder
 
 
 class _JsonDecoder:

@@ -4,14 +4,12 @@ The driver collects the schema ids a micro-batch needs, fetches each one once (s
 immutable, so a process-wide cache keeps them for good) and ships the resulting
 :class:`WriterSchema` objects (small, picklable) to the Spark tasks, which never call the registry.
 
-Authentication comes from the environment (read by :func:`kafka_iceberg.config.settings.registry_settings`
-into :class:`~kafka_iceberg.config.models.RegistrySettings`), never from the table declarations:
-
-- ``LAKE_SCHEMA_REGISTRY_BASIC_AUTH``: ``user:password`` (basic auth), or
-- ``LAKE_SCHEMA_REGISTRY_BEARER_TOKEN`` (a static bearer token) with
-  ``LAKE_SCHEMA_REGISTRY_LOGICAL_CLUSTER`` and optionally ``LAKE_SCHEMA_REGISTRY_IDENTITY_POOL``
-  (Confluent Cloud's bearer headers; empty when unset).
-- ``LAKE_SCHEMA_REGISTRY_CA``: a CA bundle for TLS (optional).
+Authentication and TLS come from the environment, never from the table declarations:
+``LAKE_SCHEMA_REGISTRY_CONFIG`` (read by :func:`kafka_iceberg.config.settings.registry_settings` into
+:class:`~kafka_iceberg.config.models.RegistrySettings`) is a JSON object of ``SchemaRegistryClient``
+properties, e.g. ``{"basic.auth.user.info": "user:password"}``, or Confluent Cloud's
+``bearer.auth.token`` with ``bearer.auth.logical.cluster`` and ``bearer.auth.identity.pool.id``, and
+``ssl.ca.location``.
 """
 
 from __future__ import annotations
@@ -67,16 +65,10 @@ def client_config(
         "retries.max.wait.ms": max(retry_wait_ms, 2000),
         "timeout": timeout_s,
     }
-    if registry.basic_auth:
-        conf["basic.auth.user.info"] = registry.basic_auth.get_secret_value()
-    if registry.bearer_token:
+    props = registry.properties()
+    if "bearer.auth.token" in props:
         conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
-        conf["bearer.auth.token"] = registry.bearer_token.get_secret_value()
-        conf["bearer.auth.logical.cluster"] = registry.logical_cluster
-        if registry.identity_pool:
-            conf["bearer.auth.identity.pool.id"] = registry.identity_pool
-    if registry.ca_location:
-        conf["ssl.ca.location"] = registry.ca_location
+    conf.update(props)
     return conf
 
 

@@ -41,8 +41,8 @@ from kafka_iceberg.config.settings import slack_settings
 
 log = logging.getLogger(__name__)
 
-Severity = Literal["OK", "WARN", "ERROR"]
-_ICON = {"OK": ":white_check_mark:", "WARN": ":warning:", "ERROR": ":rotating_light:"}
+Severity = Literal["OK", "INFO", "WARN", "ERROR"]
+_ICON = {"OK": ":white_check_mark:", "INFO": ":information_source:", "WARN": ":warning:", "ERROR": ":rotating_light:"}
 
 
 def asset_url(ui_url: str, key_path: Sequence[str]) -> str:
@@ -89,7 +89,8 @@ class Alert:
             ``snapshot_age_s``, ``run_status``.
         value: its value as display text, with units where it has them, e.g. ``3``,
             ``4210.0 s (threshold 3600 s)``, ``FAILURE``.
-        severity: ``"WARN"`` or ``"ERROR"``; ``"OK"`` for a recovery (a status back to normal).
+        severity: ``"WARN"`` or ``"ERROR"``; ``"OK"`` for a recovery (a status back to normal); ``"INFO"``
+            for routine work worth a log line (callers log it rather than post it).
         summary: one or two lines of human explanation (shown as is, escaped for Slack).
         source: what raised it, e.g. ``check duplicate_free``, ``run failure``,
             ``sensor lag_sensor``; optional.
@@ -109,7 +110,7 @@ class Alert:
 
     def __post_init__(self) -> None:
         if self.severity not in _ICON:
-            raise ValueError(f"Alert severity must be 'OK', 'WARN' or 'ERROR', not {self.severity!r}")
+            raise ValueError(f"Alert severity must be 'OK', 'INFO', 'WARN' or 'ERROR', not {self.severity!r}")
 
 
 @dataclass

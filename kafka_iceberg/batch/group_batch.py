@@ -1,0 +1,189 @@
+"""One micro-batch of a consistency group: every member planned, cut at one source transaction
+boundary, written to its own attempt branch, and published together in one catalog transaction.
+
+recover and plan each member (as :func:`kafka_iceberg.batch.pipeline.run_micro_batch` does) -> read
+the planned ranges' transaction ids and the transaction topic's END events after the group's position
+(driver-side) -> :func:`kafka_iceberg.cdc.transactions.plan_group_cut` -> each member's plan ends at
+the cut and carries the ``kafka.group`` entry -> branch, read, write per member -> one
+:func:`kafka_iceberg.batch.group_commit.commit_group` (each member's ``main`` fast-forwarded to its
+attempt snapshot and its branch dropped; members without records are guards) -> dead-letter
+publishes and consumer-group mirrors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+
+from kafka_iceberg.batch.commit import _move_ref
+from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.group_commit import GroupMember, commit_group
+from kafka_iceberg.batch.pipeline import prepare
+from kafka_iceberg.batch.plan import plan_ingest
+from kafka_iceberg.batch.publish import drop_branch, mirror_group, publish_dead_letter
+from kafka_iceberg.batch.read import read_batch
+from kafka_iceberg.batch.recovery import Attempt, attempt_branch
+from kafka_iceberg.batch.types import WritePlan
+from kafka_iceberg.batch.write import create_branch, write_attempt
+from kafka_iceberg.catalog.tables import metadata_view
+from kafka_iceberg.cdc.transactions import GroupCut, change_transaction, parse_end, plan_group_cut
+from kafka_iceberg.declaration.groups import group_of, source_prefix, transaction_topic
+from kafka_iceberg.errors import ConfigError
+from kafka_iceberg.kafka.admin import KafkaConfig
+from kafka_iceberg.state import group_state, group_summary
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupBatchResult:
+    """What one group micro-batch committed: the group commit number ``seq`` (None: nothing to commit),
+    ``snapshots``: identifier -> snapshot id committed (members with records), ``cut``: where it ended."""
+
+    seq: int | None
+    snapshots: dict
+    cut: GroupCut | None
+
+
+def run_group_batch(
+    lake: Lake, specs: Sequence, commit_id: str, is_alive: Callable[[Attempt], bool] | None = None
+) -> GroupBatchResult:
+    """Run one micro-batch of the consistency group ``specs`` (one group, one Debezium source).
+
+    Raises:
+        ConfigError: ``specs`` are not the members of one consistency group.
+        StaleBaseError: a member moved since the plan (nothing of the group published; rerun).
+        What :func:`kafka_iceberg.batch.pipeline.run_batch` raises for one table's phases.
+    """
+    names = {group_of(s) for s in specs}
+    if len(names) != 1 or None in names:
+        raise ConfigError(
+            f"a group micro-batch needs the tables of one consistency group, got {sorted(map(str, names))}"
+        )
+    name, prefix = names.pop(), source_prefix(specs[0].topic)
+    plans = {s.identifier: plan_ingest(lake, s, prepare(lake, s, is_alive)[1]) for s in specs}
+    records = [_group_record(p) for p in plans.values()]
+    last = max((r for r in records if r), key=lambda r: r["seq"], default=None)
+    tx_topic = transaction_topic(prefix)
+    start = {int(p): int(o) for p, o in ((last or {}).get("position", {}).get("offsets") or {}).items()}
+    cut = _cut(lake, prefix, tx_topic, plans, start)
+    plans = {i: _shrunk(p, cut) for i, p in plans.items()}
+    if not any(p.offsets.needs_commit for p in plans.values()) and cut.position == start:
+        return GroupBatchResult(None, {}, cut)
+    seq = (last["seq"] if last else 0) + 1
+    position = {"topic": tx_topic, "offsets": {str(p): o for p, o in sorted(cut.position.items())}}
+    if cut.transactions:
+        position["last_transaction"] = cut.transactions[-1]
+    tables = {i: (p.offsets.topic, p.offsets.end_offsets) for i, p in plans.items()}
+    extra = group_summary(name, seq, position, tables)
+    plans = {i: dataclasses.replace(p, extra_summary={**p.extra_summary, **extra}) for i, p in plans.items()}
+    return GroupBatchResult(seq, _write_and_commit(lake, specs, plans, commit_id), cut)
+
+
+def _group_record(plan: WritePlan) -> dict | None:
+    """The ``kafka.group`` record at the planned base (None: none, or an empty table)."""
+    if plan.table is None or plan.base_snapshot_id is None:
+        return None
+    return group_state(metadata_view(plan.table).snapshots, plan.base_snapshot_id)
+
+
+def _write_and_commit(lake: Lake, specs: Sequence, plans: dict[str, WritePlan], commit_id: str) -> dict:
+    """Branch, read and write every member that has something to commit, then commit the group (the
+    others guard it); then publish dead letters and mirror the offsets. Returns identifier -> snapshot."""
+    import time
+
+    branch = attempt_branch(commit_id, int(time.time() * 1000))
+    members, written = [], {}
+    for spec in specs:
+        plan = plans[spec.identifier]
+        if not plan.offsets.needs_commit:
+            members.append(GroupMember(lake.load(spec.identifier)))
+            continue
+        created = create_branch(lake, spec.identifier, branch, plan.base_snapshot_id, plan.table)
+        batch = read_batch(lake, spec, plan, commit_id, created.table)
+        try:
+            attempt = write_attempt(lake, spec, plan, batch, created, commit_id)
+        finally:
+            batch.classified.unpersist()
+        written[spec.identifier] = attempt
+        members.append(_fast_forward(lake.load(spec.identifier), plan, branch, attempt.snapshot_id))
+    lake.crash_hook("after_write")
+    commit_group(members, lake.crash_hook)
+    lake.crash_hook("after_publish")
+    for spec in specs:
+        attempt, plan = written.get(spec.identifier), plans[spec.identifier]
+        if attempt is not None and attempt.dead_letter_snapshot_id is not None:
+            publish_dead_letter(lake, plan.target.dead_letter_table, branch, attempt.dead_letter_snapshot_id)
+            drop_branch(lake, plan.target.dead_letter_table, branch)
+        if attempt is not None:
+            mirror_group(lake, plan, plan.offsets.end_offsets)
+    return {i: a.snapshot_id for i, a in written.items()}
+
+
+def _fast_forward(table, plan: WritePlan, branch: str, snapshot_id: int) -> GroupMember:
+    """The member that moves ``main`` to the attempt snapshot and drops the branch, requiring ``main`` at
+    the planned base and the branch at that snapshot."""
+    from pyiceberg.table.update import AssertRefSnapshotId
+
+    requirements = (
+        AssertRefSnapshotId(ref=plan.target.ref, snapshot_id=plan.base_snapshot_id),
+        AssertRefSnapshotId(ref=branch, snapshot_id=snapshot_id),
+    )
+    return GroupMember(table, requirements, _move_ref(table.metadata, plan.target.ref, snapshot_id, drop=branch))
+
+
+def _shrunk(plan: WritePlan, cut: GroupCut) -> WritePlan:
+    """``plan`` with every partition's end offset at the cut."""
+    topic = plan.offsets.topic
+    ends = {p: min(e, cut.ends.get((topic, p), e)) for p, e in plan.offsets.end_offsets.items()}
+    return dataclasses.replace(plan, offsets=dataclasses.replace(plan.offsets, end_offsets=ends))
+
+
+def _cut(lake: Lake, prefix: str, tx_topic: str, plans: dict[str, WritePlan], start: dict[int, int]) -> GroupCut:
+    """Read the planned ranges' transaction ids and the transaction topic's END events from ``start``
+    (its low watermark where none) to its high watermark, and cut there (:func:`plan_group_cut`)."""
+    conf = KafkaConfig.from_settings(lake.settings)
+    marks = lake.kafka.watermarks(tx_topic)
+    tx_ranges = {p: (start.get(p, w.low), w.high) for p, w in marks.items()}
+    ends = [e for p, o, v in _read(conf, tx_topic, tx_ranges) if (e := parse_end(v, p, o)) is not None]
+    changes, scanned = {}, {}
+    for plan in plans.values():
+        topic = plan.offsets.topic
+        ranges = {r.partition: (r.start, r.end) for r in plan.ranges}
+        for p, s in plan.offsets.start_offsets.items():
+            scanned[(topic, p)] = ranges.get(p, (s, s))
+            changes[(topic, p)] = []
+        for p, o, v in _read(conf, topic, ranges):
+            changes[(topic, p)].append((o, change_transaction(v)))
+    full = {p: tx_ranges[p][0] for p in tx_ranges}
+    return plan_group_cut(prefix, ends, changes, scanned, full)
+
+
+def _read(conf: KafkaConfig, topic: str, ranges: dict[int, tuple[int, int]]) -> list[tuple[int, int, object]]:
+    """(partition, offset, JSON value or None) of the records of ``ranges`` (partition -> [start, end))."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    wanted = {p: r for p, r in ranges.items() if r[1] > r[0]}
+    if not wanted:
+        return []
+    consumer = Consumer(conf.client_conf(**{"group.id": "lake-group-cut", "enable.auto.commit": False}))
+    out, left = [], dict(wanted)
+    try:
+        consumer.assign([TopicPartition(topic, p, s) for p, (s, _e) in wanted.items()])
+        while left:
+            msg = consumer.poll(conf.timeout_s)
+            if msg is None:
+                raise ConfigError(f"topic {topic}: no record within {conf.timeout_s} s while reading {left}")
+            if msg.error() is not None or msg.partition() not in left:
+                continue
+            p, o = msg.partition(), msg.offset()
+            if o < left[p][1]:
+                out.append((p, o, json.loads(msg.value()) if msg.value() else None))
+            if o + 1 >= left[p][1]:
+                left.pop(p)
+                consumer.pause([TopicPartition(topic, p)])
+    finally:
+        consumer.close()
+    return out
+
+
+__all__ = ["GroupBatchResult", "run_group_batch"]

@@ -1,0 +1,122 @@
+"""A bounded event log: a worker run reports a table's commits as at most one ``AssetMaterialization``
+per interval (kafka_iceberg/batch/coalesce.py), and the ``lake_workers`` sensor observes a table only
+when its state changes or as a heartbeat. Unit tests with a fake clock, and one worker run committing
+many micro-batches on a real Dagster instance, real Spark, the real catalog and broker."""
+
+from __future__ import annotations
+
+import time
+
+from dagster import DagsterEventType, DagsterInstance, build_sensor_context
+
+from devtools.demo.data import produce
+from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalescer, merge
+from kafka_iceberg.batch.types import BatchResult
+from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.lake_assets.vocabulary import BUDGET_TAG, table_key
+from kafka_iceberg.lake_assets.worker import report_every_s, worker_job
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.sensors.retention import all_tables_retention_sensor
+from kafka_iceberg.sensors.workers import OBSERVE_EVERY_S, should_observe
+from tests.helpers import event_records, make_spec
+
+
+def _commit(snapshot: int, start: int, end: int, records: int) -> BatchResult:
+    """A committed micro-batch of partition 0, offsets [start, end)."""
+    return BatchResult(
+        table="t",
+        commit_id="run",
+        committed=True,
+        records=records,
+        records_read=records,
+        ranges={0: (start, end)},
+        offsets={0: end},
+        snapshot_id=snapshot,
+        data_files_added=1,
+    )
+
+
+def test_a_table_committing_every_second_is_reported_once_a_minute_with_all_its_commits():
+    now = [0.0]
+    coalescer = Coalescer(clock=lambda: now[0])
+    reports = []
+    for i in range(600):  # ten minutes, a commit a second
+        now[0] = float(i)
+        done = coalescer.add("t", _commit(100 + i, 10 * i, 10 * i + 10, 10))
+        reports += [done] if done else []
+        reports += coalescer.due().values()
+    reports += coalescer.drain().values()
+    assert 10 <= len(reports) <= 11, "the first commit at once, then one a minute, and the rest at the end"
+    assert sum(r.commits for r in reports) == 600 and sum(r.result.records for r in reports) == 6000
+    assert reports[0].commits == 1 and reports[1].first_snapshot_id == 101
+    assert [r.result.ranges[0] for r in reports[1:3]] == [(10, 610), (610, 1210)], "contiguous offset ranges"
+    assert reports[-1].result.snapshot_id == 699 and reports[-1].result.offsets == {0: 6000}
+    assert coalescer.drain() == {} and coalescer.due() == {}
+
+
+def test_merge_sums_counts_joins_ranges_and_keeps_the_last_state():
+    merged = merge([_commit(1, 0, 5, 5), _commit(2, 5, 9, 4)])
+    assert (merged.commits, merged.first_snapshot_id) == (2, 1)
+    assert merged.result.ranges == {0: (0, 9)} and merged.result.records == 9 and merged.result.snapshot_id == 2
+    assert merged.result.data_files_added == 2 and merged.result.offsets == {0: 9}
+
+
+def test_a_fresh_table_is_reported_within_half_its_freshness_age():
+    assert report_every_s(make_spec("a", "a", freshness={"max_snapshot_age": "1d"})) == MATERIALIZE_EVERY_S
+    assert report_every_s(make_spec("b", "b", freshness={"max_snapshot_age": "60s"})) == 30.0
+
+
+def test_the_sensor_observes_a_table_on_a_change_of_state_or_a_heartbeat():
+    assert should_observe(None, True, False, 0), "never observed"
+    seen = [0, True, False]
+    assert not should_observe(seen, True, False, 30_000)
+    assert should_observe(seen, True, True, 30_000), "it became due"
+    assert should_observe(seen, False, False, 30_000), "its topic vanished"
+    assert should_observe(seen, True, False, OBSERVE_EVERY_S * 1000), "the heartbeat"
+    assert should_observe([0, True], True, False, 1), "a cursor of an older sensor"
+    per_hour = 3600 // OBSERVE_EVERY_S
+    assert per_hour <= 6, "a healthy table: at most 6 observations an hour"
+
+
+def test_a_worker_run_committing_many_micro_batches_writes_a_bounded_number_of_events(
+    settings, kafka_config, unique, topic_factory
+):
+    topic = topic_factory(unique, partitions=1)
+    produce(kafka_config, topic, event_records(range(600)))
+    spec = make_spec(unique, topic, max_records_per_partition=20)  # 30 micro-batches
+    instance = DagsterInstance.ephemeral()
+    job = worker_job(0, [spec], sqlite_catalog=True)
+    t0 = time.monotonic()
+    tags = {"dagster/sensor_name": "lake_workers", BUDGET_TAG: "1800"}  # serves until nothing waits
+    resources = default_resources(settings)
+    run = job.execute_in_process(instance=instance, resources=resources, tags=tags)
+    elapsed = time.monotonic() - t0
+    assert run.success
+    table = load_catalog(settings.catalog).load_table(spec.identifier)
+    mats = [
+        e.dagster_event.event_specific_data.materialization
+        for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+    ]
+    assert all(m.asset_key == table_key(spec) for m in mats)
+    # the first commit at once, then at most one a minute, and the rest when the run stops serving
+    assert 1 <= len(mats) <= 2 + elapsed // MATERIALIZE_EVERY_S, (len(mats), elapsed)
+    assert len(mats) < 30 and sum(m.metadata["micro_batches"].value for m in mats) == 30, "600 records, 20 a batch"
+    assert sum(m.metadata["records"].value for m in mats) == 600
+    assert mats[-1].metadata["snapshot_id"].value == str(table.metadata.current_snapshot_id)
+    assert mats[-1].metadata["committed_offsets"].value == {"0": 600}
+    assert mats[-1].metadata["lag_after_commit"].value == 0
+    others = {
+        t: len(instance.all_logs(run.run_id, of_type=t))
+        for t in (DagsterEventType.ASSET_OBSERVATION, DagsterEventType.ASSET_CHECK_EVALUATION)
+    }
+    print(f"\nworker run: 30 commits in {elapsed:.0f} s, {len(mats)} materializations, {others}, ", end="")
+    print(f"{len(instance.all_logs(run.run_id))} events in all")
+    assert others[DagsterEventType.ASSET_CHECK_EVALUATION] <= 2 and others[DagsterEventType.ASSET_OBSERVATION] <= 2
+
+    # the retention sensor observes the table and its topic once, then on a change of status or a heartbeat
+    sensor = all_tables_retention_sensor([spec])
+    with build_sensor_context(instance=instance, resources=resources) as context:
+        first = sensor(context)
+    with build_sensor_context(instance=instance, resources=resources, cursor=first.cursor) as context:
+        again = sensor(context)
+    assert len(first.asset_events) == 2 and again.asset_events == [], again.asset_events
