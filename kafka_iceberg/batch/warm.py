@@ -1,6 +1,6 @@
 """Warming the read phase's Spark job before a worker's first large micro-batch.
 
-A micro-batch of more than ``LAKE_DRIVER_READ_MAX_RECORDS`` offsets is read by a Spark job
+A micro-batch of more than :data:`~kafka_iceberg.batch.read.DRIVER_READ_MAX_RECORDS` offsets is read by a Spark job
 (:func:`kafka_iceberg.batch.read.read_batch`). The first such job of a process pays, on the driver,
 for what the JVM has not done yet: loading the classes of ``mapInArrow``, the cache and the ``noop``
 write, parsing the schemas, and compiling the hot paths. On a 2-core machine that JVM work competes
@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 def warm_for_backlog(lake: Lake, specs: list[TableSpec], views: dict) -> str | None:
     """:func:`warm_read_job` for the first of ``specs`` (existing tables; ``views``: identifier -> the
     ``TableMetadataView`` of the loaded table) whose offset lag (one batched watermark call) is above
-    ``LAKE_DRIVER_READ_MAX_RECORDS`` (above 0 under ``LAKE_WRITER=spark``, where every micro-batch starts
-    the job), so its next micro-batch starts the job, and that the job reads.
+    :data:`~kafka_iceberg.batch.read.DRIVER_READ_MAX_RECORDS`, so its next micro-batch starts the job,
+    and that the job reads.
     Returns that table's identifier, or None when no job ran. Nothing is raised: a failure is logged
     (a warm-up; the micro-batches report their own errors)."""
     try:
@@ -44,7 +44,7 @@ def warm_for_backlog(lake: Lake, specs: list[TableSpec], views: dict) -> str | N
         )
         for spec in specs:
             lag = lags[spec.identifier]
-            if lag > 0 and not read_by_driver(lake.settings, lag):
+            if lag > 0 and not read_by_driver(lag):
                 if warm_read_job(lake, spec, views[spec.identifier].table) is not None:
                     return spec.identifier
     except Exception as exc:  # noqa: BLE001 - see the docstring
@@ -59,13 +59,13 @@ def warm_read_job(lake: Lake, spec: TableSpec, table=None) -> float | None:
 
     Returns the job's seconds, or None when the table's micro-batches never start this job (a
     table not parsed by pyarrow in the read task: registry formats, upserts, ``unknown_fields:
-    evolve``, a ``key_format``, ``LAKE_JSON_PARSER=spark``).
+    evolve``, a ``key_format``).
 
     Raises:
         CatalogUnavailableError: the catalog did not answer within ``LAKE_CATALOG_RETRY_S``.
         Py4JJavaError (Spark's own): the job failed; the caller decides whether that matters.
     """
-    if not arrow_parsed(lake, spec):
+    if not arrow_parsed(spec):
         return None
     table = table if table is not None else lake.load(spec.identifier)
     columns = tuple(arrow_columns(lake, spec.identifier, table))
