@@ -108,7 +108,10 @@ def test_every_variable_is_a_model_field_documented_in_configuration_md():
 
 def test_malformed_values_name_their_variable():
     for env, message in [
-        ({"LAKE_JSON_PARSER": "fast"}, "LAKE_JSON_PARSER must be one of 'arrow' or 'spark', got 'fast'"),
+        (
+            {"LAKE_DAGSTER_EXECUTOR": "fast"},
+            "LAKE_DAGSTER_EXECUTOR must be one of 'in_process', 'multiprocess' or 'k8s', got 'fast'",
+        ),
         ({"LAKE_MAX_RECORDS_PER_TASK": "many"}, "LAKE_MAX_RECORDS_PER_TASK must be a whole number, got 'many'"),
         ({"LAKE_CATALOG_RETRY_S": "-1"}, "LAKE_CATALOG_RETRY_S must not be negative, got '-1'"),
         ({"LAKE_SPARK_CONF": "{oops"}, "LAKE_SPARK_CONF must be a JSON object: "),

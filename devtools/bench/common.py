@@ -110,8 +110,7 @@ def print_machine(settings: Settings | None) -> None:
     if settings is not None:
         say(
             f"Spark master          {settings.spark_master}   (driver memory {settings.spark_driver_memory}, "
-            f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task}, LAKE_JSON_PARSER={settings.json_parser}, "
-            f"LAKE_WRITER={settings.writer})"
+            f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task})"
         )
 
 
