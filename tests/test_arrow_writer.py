@@ -6,6 +6,7 @@ which serves the tables pyarrow cannot parse) makes of the same topic."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 
@@ -258,12 +259,18 @@ def _spark_jobs(spark, settings, spec, kafka, catalog, group: str):
     return result, spark.sparkContext.statusTracker().getJobIdsForGroup(group)
 
 
+def _cluster(settings):
+    """``settings`` as on a cluster master, where the driver reads only small micro-batches (the session
+    stays the tests' local one)."""
+    return dataclasses.replace(settings, spark_master="spark://cluster:7077")
+
+
 def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
 ):
-    """``read.DRIVER_READ_MAX_RECORDS``: a micro-batch of good records runs no Spark job and makes the
-    table the Spark job makes (the threshold set to 0 for that table); one with a bad record is read
-    again by Spark (the driver's files deleted), quarantines it, and keeps every good record once."""
+    """``read.read_by_driver``: a micro-batch of good records runs no Spark job and makes the table the
+    Spark job makes (that of a cluster master with ``DRIVER_READ_MAX_RECORDS`` at 0); one with a bad record
+    is read again by Spark (the driver's files deleted), quarantines it, and keeps every good record once."""
     topic = topic_factory(unique, partitions=2)
     _send(kafka_config, topic, GOOD[:20])
     driver, by_spark = make_spec(f"{unique}_driver", topic), make_spec(f"{unique}_spark", topic)
@@ -271,7 +278,7 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
     def by_job(spec, group: str):
         with monkeypatch.context() as patched:
             patched.setattr(read_module, "DRIVER_READ_MAX_RECORDS", 0)
-            return _spark_jobs(spark, settings, spec, kafka, catalog, group)
+            return _spark_jobs(spark, _cluster(settings), spec, kafka, catalog, group)
 
     _spark_jobs(spark, settings, driver, kafka, catalog, f"{unique}-create")  # the first batch creates the tables
     by_job(by_spark, f"{unique}-create-spark")
@@ -298,10 +305,11 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
 def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothing(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
 ):
-    """A worker's warm-up runs the read phase's Spark job when a table's offset lag is above
-    ``read.DRIVER_READ_MAX_RECORDS`` (its next micro-batch starts that job), over an empty range: no
-    record read, no file written, no snapshot. No job runs without such a lag, or for a table parsed by
-    Spark (``unknown_fields: evolve``), whose micro-batches never start that job."""
+    """A worker's warm-up runs the read phase's Spark job when a table's next micro-batch starts it (on a
+    cluster master, an offset lag above ``read.DRIVER_READ_MAX_RECORDS``), over an empty range: no
+    record read, no file written, no snapshot. No job runs without such a lag, on a local master (the
+    driver reads every micro-batch), or for a table parsed by Spark (``unknown_fields: evolve``), whose
+    micro-batches never start that job."""
     topic = topic_factory(unique, partitions=2)
     _send(kafka_config, topic, GOOD[:20])
     spec = make_spec(f"{unique}_warm", topic)
@@ -309,18 +317,20 @@ def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothi
     _send(kafka_config, topic, GOOD[20:30])  # an offset lag of 10
     head, files = current_view(catalog, spec).main, data_files_on_disk(settings, spec)
 
-    def jobs(group: str, threshold: int, table=spec) -> list:
+    def jobs(group: str, threshold: int, table=spec, conf=_cluster(settings)) -> list:
         spark.sparkContext.setJobGroup(group, group)
         try:
             with monkeypatch.context() as patched:
                 patched.setattr(read_module, "DRIVER_READ_MAX_RECORDS", threshold)
-                assert warm_up(connect(spark, settings, kafka, catalog), [table]) == {table.identifier: "warm"}
+                assert warm_up(connect(spark, conf, kafka, catalog), [table]) == {table.identifier: "warm"}
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return spark.sparkContext.statusTracker().getJobIdsForGroup(group)
 
     assert jobs(f"{unique}-backlog", 9), "a lag of 10 above 9: the read job ran"
     assert jobs(f"{unique}-small", 10) == []
+    assert jobs(f"{unique}-local", 0, conf=settings) == [], "a local master: the driver reads any batch"
+    assert read_module.read_by_driver(settings, 10**7) and not read_module.read_by_driver(_cluster(settings), 10**7)
     by_spark = make_spec(f"{unique}_evolve", topic, unknown_fields="evolve")
     run_micro_batch(spark, settings, by_spark, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
     _send(kafka_config, topic, GOOD[30:40])  # a lag of 10 for it, 20 for spec

@@ -20,6 +20,7 @@ from kafka_iceberg.batch.keys import parse_keys, with_key_problem
 from kafka_iceberg.batch.planning import BatchPlan, split_ranges
 from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
 from kafka_iceberg.cdc.changes import parse_changes
+from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.errors import LakeError, MalformedRecordError
 from kafka_iceberg.formats import arrow_json
@@ -38,10 +39,11 @@ RANGE_DDL = "topic STRING, partition INT, start BIGINT, end BIGINT"
 """The read task's input: one row per range piece (:data:`RANGE_SCHEMA` in the driver, this in Spark)."""
 
 DRIVER_READ_MAX_RECORDS = 20_000
-"""Micro-batches of pyarrow-parsed tables of at most this many offsets are read by the driver, without a
-Spark job: 20 records in 0.15 s instead of 0.95 s (3447000), and 60 tables of 10,000 records in 6.9 s
-instead of 29.2 s (280d083; docs/architecture.md#the-read-and-write-paths). Above it, the read tasks'
-parallelism and the executors' memory win; 20,000 offsets is also the largest batch one task reads."""
+"""On a cluster master, micro-batches of pyarrow-parsed tables of at most this many offsets are read by
+the driver, without a Spark job: 20 records in 0.15 s instead of 0.95 s (3447000), and 60 tables of
+10,000 records in 6.9 s instead of 29.2 s (280d083; docs/architecture.md#the-read-and-write-paths).
+Above it the executors' cores and memory win. On a local master the driver reads every such
+micro-batch (:func:`read_by_driver`)."""
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +99,10 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
     the read tasks report per-piece statistics through an accumulator. Only when some record was
     not parsed good by pyarrow does a second job over the cache count the bad ones per partition.
     The tasks write the records pyarrow claimed as data files (:mod:`kafka_iceberg.batch.files`) and
-    only the others are cached. A batch of at most :data:`DRIVER_READ_MAX_RECORDS` offsets is read by
-    the driver (:func:`_read_in_driver`) unless a record is left unclaimed."""
+    only the others are cached. The driver reads the batch instead (:func:`read_by_driver`,
+    :func:`_read_in_driver`) unless a record is left unclaimed."""
     parser = arrow_parser(spec, columns)
-    if read_by_driver(plan.offsets.offsets_planned):
+    if read_by_driver(lake.settings, plan.offsets.offsets_planned):
         in_driver = _read_in_driver(lake, spec, plan, columns, parser, file_writer(table, spec, columns))
         if in_driver is not None:
             return in_driver
@@ -131,8 +133,8 @@ class _Collected(dict):
 
 
 def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, parser, writer) -> ReadBatch | None:
-    """A small micro-batch (:data:`DRIVER_READ_MAX_RECORDS`) read by the driver: the read task's own
-    function (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s on a warm session).
+    """A micro-batch read by the driver (:func:`read_by_driver`): the read task's own function
+    (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s less on a warm session).
     When pyarrow claims every record as good, returns the batch with its data files and an empty
     ``classified`` frame; otherwise deletes the files it wrote and returns None, and the Spark job
     reads the batch again and classifies the rest.
@@ -242,10 +244,14 @@ def _task_input(lake: Lake, offsets: BatchPlan) -> tuple[list, bool]:
     return _range_pieces(lake, offsets), offsets.one_read_task(lake.settings.max_records_per_task)
 
 
-def read_by_driver(offsets: int) -> bool:
+def read_by_driver(settings: Settings, offsets: int) -> bool:
     """Whether a micro-batch of a pyarrow-parsed table with ``offsets`` planned offsets is read by the driver
-    rather than by a Spark job: at most :data:`DRIVER_READ_MAX_RECORDS` offsets."""
-    return offsets <= DRIVER_READ_MAX_RECORDS
+    rather than by a Spark job: on a local master (``SPARK_MASTER`` ``local``, ``local[N]``), always, since
+    the read tasks would share the driver's cores and the job only adds its own cost (200,000 records in
+    one thread of the driver: 33,000-39,000 records/s against 11,000-13,000 with the job's 4 tasks on 2
+    cores, measured under load; docs/architecture.md#the-read-and-write-paths); elsewhere, at most
+    :data:`DRIVER_READ_MAX_RECORDS` offsets."""
+    return offsets <= DRIVER_READ_MAX_RECORDS or settings.spark_master.split("[")[0] == "local"
 
 
 def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:
