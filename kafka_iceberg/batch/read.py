@@ -247,9 +247,9 @@ def _task_input(lake: Lake, offsets: BatchPlan) -> tuple[list, bool]:
 def read_by_driver(settings: Settings, offsets: int) -> bool:
     """Whether a micro-batch of a pyarrow-parsed table with ``offsets`` planned offsets is read by the driver
     rather than by a Spark job: on a local master (``SPARK_MASTER`` ``local``, ``local[N]``), always, since
-    the read tasks would share the driver's cores and the job only adds its own cost (200,000 records in
-    one thread of the driver: 33,000-39,000 records/s against 11,000-13,000 with the job's 4 tasks on 2
-    cores, measured under load; docs/architecture.md#the-read-and-write-paths); elsewhere, at most
+    the read tasks would share the driver's cores and the job only adds its own cost (one thread of the
+    driver against the job's 4 tasks on 2 cores, under load: 1.7-3.4x the records/s for 200,000 records,
+    1.13x for 1,000,000; docs/architecture.md#the-read-and-write-paths); elsewhere, at most
     :data:`DRIVER_READ_MAX_RECORDS` offsets."""
     return offsets <= DRIVER_READ_MAX_RECORDS or settings.spark_master.split("[")[0] == "local"
 
