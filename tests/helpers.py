@@ -72,7 +72,7 @@ def data_files_on_disk(settings, spec: TableSpec) -> set[str]:
 def referenced_data_files(spark, settings, spec: TableSpec) -> set[str]:
     """Data files referenced by any snapshot of the table (the all_data_files metadata table)."""
     rows = spark.sql(f"SELECT file_path FROM {settings.catalog.name}.{spec.identifier}.all_data_files").collect()
-    # Spark's writer records file:/path, pyiceberg's (LAKE_WRITER=arrow) file:///path
+    # Spark's writer records file:/path, pyiceberg's (tables parsed by pyarrow) file:///path
     return {"/" + r["file_path"].removeprefix("file:").lstrip("/") for r in rows}
 
 
