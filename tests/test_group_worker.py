@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from devtools import duck
 from devtools.demo.data import create_topic, produce, produce_topics
 from kafka_iceberg.batch.group_batch import run_group_micro_batch
@@ -16,6 +18,7 @@ from kafka_iceberg.batch.units import next_units, units_of
 from kafka_iceberg.batch.worker import TableState, Worker, WorkerPorts
 from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.declaration.spec import parse_declarations
+from kafka_iceberg.ops import metrics
 from kafka_iceberg.state import group_record, group_state
 from tests.helpers import event_records, make_spec
 
@@ -84,6 +87,30 @@ def test_the_worker_runs_one_micro_batch_per_group_and_reports_each_member():
     served = Worker([orders, alone, lines], ports, budget_s=0).run()
     assert sorted(failures) == sorted([orders.identifier, lines.identifier])  # the group is set aside whole
     assert served[alone.identifier].error is None and len(served[alone.identifier].results) == 1
+
+
+def _counted(counter, table: str) -> float:
+    return sum(
+        s.value
+        for m in counter.collect()
+        for s in m.samples
+        if s.labels["table"] == table and s.name.endswith("_total")
+    )
+
+
+def test_a_group_micro_batch_is_metered_per_member():
+    orders, lines = _group_specs("metered", "shop")
+    committed = {orders.identifier: SimpleNamespace(snapshot_id=1, records=3, data_bytes_added=100)}
+    committed[lines.identifier] = SimpleNamespace(snapshot_id=None, records=0, data_bytes_added=0)
+    assert metrics.metered_group(lambda specs: committed)([orders, lines]) == committed
+    assert _counted(metrics.RECORDS, orders.identifier) == 3 and _counted(metrics.RECORDS, lines.identifier) == 0
+
+    def refused(specs):
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        metrics.metered_group(refused)([orders, lines])
+    assert [_counted(metrics.FAILURES, s.identifier) for s in (orders, lines)] == [1, 1]
 
 
 def _change(row: dict, txid: str) -> tuple[bytes, bytes, int]:
