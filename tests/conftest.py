@@ -57,6 +57,8 @@ SLOW_MODULES = (
     "test_dagster_postgres.py",
     "test_spark_cluster.py",
     "test_s3_warehouse.py",
+    "test_formats_keys.py",
+    "test_snapshot_ceiling.py",
 )
 
 
