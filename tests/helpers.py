@@ -87,6 +87,28 @@ def delete_records(kafka_config, topic: str, partition: int, before_offset: int)
         fut.result(timeout=30)
 
 
+def new_database(server, prefix: str = "db") -> str:
+    """Create a new database (a unique name starting with ``prefix``) owned by ``lake`` on the
+    :mod:`devtools.services.devpostgres` ``server``; returns its ``postgresql://`` URI.
+
+    Raises:
+        subprocess.CalledProcessError: ``createdb`` failed.
+    """
+    import os
+    import subprocess
+    import uuid
+
+    from devtools.services import devpostgres
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
+        check=True,
+        env={**os.environ, "PGPASSWORD": "lakepw"},
+    )
+    return f"postgresql://lake:lakepw@127.0.0.1:{server.port}/{name}"
+
+
 def rehearsal_on_own_broker(prefix: str, seed: int):
     """A ``devtools.rehearsal.run.Rehearsal`` on a dev broker of its own under a new temporary home
     (a generator for module-scoped fixtures: yields it, then stops the broker and removes the home)."""
