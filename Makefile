@@ -62,8 +62,13 @@ dagster-home:
 demo: install dagster-home
 	$(PY) scripts/demo.py
 
+# TEST_WORKERS: pytest-xdist worker processes (0: all tests in this process). --dist loadfile keeps each
+# module's tests, and so its module-scoped fixtures, on one worker; session fixtures (broker, Spark,
+# PostgreSQL) are per worker. Modules are handed out in the order tests/conftest.py gives them (the
+# slowest first), not by test count. --durations=20 prints the 20 slowest tests at the end.
+TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # ruff: lint and format check (configured in pyproject.toml); make format rewrites
 lint: install

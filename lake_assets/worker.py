@@ -45,6 +45,7 @@ from dagster import (
 )
 
 from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalesced, Coalescer
+from kafka_iceberg.batch.group_batch import run_group_micro_batch
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.recovery import commit_token
@@ -209,24 +210,20 @@ def runs_in_progress(context: OpExecutionContext) -> RunsInProgress:
     return RunsInProgress(frozenset(commit_token(r.run_id) for r in runs), int(time.time() * 1000))
 
 
-def _batch_runner(run_id: str, env: ChoreEnv, metadata, alive: Latest, mirror: GroupMirror) -> Callable:
-    """``run_batch`` of a worker run ``run_id``: one micro-batch of a table through the whole write path
-    (:func:`run_micro_batch`, its ``BatchResult``), called in pool threads: it reads ``alive`` (the runs in
-    progress the main thread listed) and never the Dagster instance."""
+def _batch_runner(run_id: str, env: ChoreEnv, metadata, alive: Latest, mirror: GroupMirror) -> tuple:
+    """(``run_batch``, ``run_group``) of a worker run ``run_id``: one micro-batch of a table through the whole
+    write path (:func:`run_micro_batch`, its ``BatchResult``), or of a consistency group's tables
+    (:func:`run_group_micro_batch`, one ``BatchResult`` per member), called in pool threads: they read ``alive``
+    (the runs in progress the main thread listed) and never the Dagster instance."""
+    clients = {"commit_id": run_id, "kafka": metadata, "catalog": env.catalog}
 
     def run_batch(spec: TableSpec):
-        return run_micro_batch(
-            env.spark,
-            env.settings,
-            spec,
-            commit_id=run_id,
-            kafka=metadata,
-            catalog=env.catalog,
-            is_alive=alive.get().is_alive,
-            mirror=mirror,
-        )
+        return run_micro_batch(env.spark, env.settings, spec, **clients, is_alive=alive.get().is_alive, mirror=mirror)
 
-    return run_batch
+    def run_group(specs: list[TableSpec]) -> dict:
+        return run_group_micro_batch(env.spark, env.settings, specs, **clients, is_alive=alive.get().is_alive)
+
+    return run_batch, run_group
 
 
 def _worker_for(
@@ -261,8 +258,10 @@ def _worker_for(
         # no Slack post here: the run fails naming the table, and run_failure_alert_sensor posts once per episode
         context.log.error(f"{spec.identifier}: micro-batch failed, set aside for this run: {error}")
 
-    ports = WorkerPorts(  # run_batch runs in pool threads and does not touch the Dagster instance
-        run_batch=metrics.metered_batch(_batch_runner(context.run_id, env, metadata, alive, mirror)),
+    run_batch, run_group = _batch_runner(context.run_id, env, metadata, alive, mirror)
+    ports = WorkerPorts(  # run_batch and run_group run in pool threads and do not touch the Dagster instance
+        run_batch=metrics.metered_batch(run_batch),
+        run_group=metrics.metered_group(run_group),
         watermarks=metrics.metered_watermarks(metadata.watermarks_many, specs, committed, states),
         on_commit=on_commit,
         on_failure=on_failure,

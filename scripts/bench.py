@@ -66,6 +66,7 @@ from devtools.demo import data as demo_data  # noqa: E402
 from devtools.services import devbroker, devpostgres  # noqa: E402
 from kafka_iceberg.batch.pipeline import TableWriter  # noqa: E402
 from kafka_iceberg.batch.planning import split_ranges  # noqa: E402
+from kafka_iceberg.batch.read import read_by_driver  # noqa: E402
 from kafka_iceberg.catalog.spark import get_spark
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import Settings  # noqa: E402
@@ -147,9 +148,10 @@ def part_b(
     planned = sum(r.size for r in plan.ranges)
     rps, mbps = rate(result.records, total), rate(result.kafka_bytes, total) / 1e6
     tasks = len(split_ranges(plan.ranges, settings.max_records_per_task))
+    where = "the driver" if read_by_driver(settings, planned) else "Spark"
     say(
-        f"planned {planned:,} offsets in {len(plan.ranges)} ranges = {tasks} Spark read tasks of <= "
-        f"{settings.max_records_per_task:,} offsets (LAKE_MAX_RECORDS_PER_TASK)"
+        f"planned {planned:,} offsets in {len(plan.ranges)} ranges = {tasks} read tasks of <= "
+        f"{settings.max_records_per_task:,} offsets (LAKE_MAX_RECORDS_PER_TASK), run by {where}"
     )
     say(
         f"committed={result.committed}  snapshot {result.snapshot_id}  records {result.records:,}  "

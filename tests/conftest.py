@@ -20,13 +20,14 @@ from urllib.parse import parse_qs
 import pytest
 
 from devtools.demo.data import create_topic
-from devtools.services import devbroker
+from devtools.services import devbroker, devpostgres
 from devtools.services import registry as dev_registry
 from kafka_iceberg.batch.pipeline import TableWriter
 from kafka_iceberg.catalog.spark import get_spark
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
 _names = itertools.count()
@@ -37,6 +38,44 @@ os.environ.setdefault("LAKE_CHECK_NICENESS", "0")
 # the development defaults (the dev broker, the SQLite catalog under LAKE_HOME, the demo's tables), also
 # in the subprocesses the tests start (an installed package outside LAKE_DEV refuses to load without them)
 os.environ.setdefault("LAKE_DEV", "1")
+
+
+# Modules that take minutes each (Dagster daemons, Spark runs in subprocesses, Debezium, rehearsal scenarios),
+# longest first: under pytest-xdist (make test: -n 2 --dist loadfile --no-loadscope-reorder) they are handed
+# out first, so no worker starts one of them while the other has run out of work. Update from --durations.
+SLOW_MODULES = (
+    "test_pools_postgres.py",
+    "test_rehearsal.py",
+    "test_rehearsal_storage.py",
+    "test_rehearsal_acl.py",
+    "test_ui_browser.py",
+    "test_cdc.py",
+    "test_cli.py",
+    "test_leaks.py",
+    "test_component.py",
+    "test_compaction_concurrency.py",
+    "test_rehearsal_workers.py",
+    "test_rehearsal_cdc.py",
+    "test_rehearsal_dagster.py",
+    "test_liveness.py",
+    "test_write_path.py",
+    "test_backfill.py",
+    "test_worker.py",
+    "test_dagster_postgres.py",
+    "test_spark_cluster.py",
+    "test_s3_warehouse.py",
+    "test_formats_keys.py",
+    "test_snapshot_ceiling.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker, put the tests of :data:`SLOW_MODULES` first, in that order (a stable sort:
+    every worker computes the same order, as xdist requires); a run in one process keeps the file order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +98,19 @@ def registry(tmp_path_factory):
     url = dev_registry.start(data_dir, devbroker.free_port())
     yield url
     dev_registry.stop(data_dir)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One private PostgreSQL server (:mod:`devtools.services.devpostgres`, initdb + start: seconds) for the
+    whole session (one per xdist worker); each module or test takes a database of its own on it
+    (:func:`tests.helpers.new_database`), so they share the server without seeing each other's data."""
+    try:
+        server = devpostgres.create()
+    except CatalogUnavailableError as exc:
+        pytest.fail(str(exc))
+    yield server
+    server.destroy()
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,7 @@ def data_files_on_disk(settings, spec: TableSpec) -> set[str]:
 def referenced_data_files(spark, settings, spec: TableSpec) -> set[str]:
     """Data files referenced by any snapshot of the table (the all_data_files metadata table)."""
     rows = spark.sql(f"SELECT file_path FROM {settings.catalog.name}.{spec.identifier}.all_data_files").collect()
-    # Spark's writer records file:/path, pyiceberg's (LAKE_WRITER=arrow) file:///path
+    # Spark's writer records file:/path, pyiceberg's (tables parsed by pyarrow) file:///path
     return {"/" + r["file_path"].removeprefix("file:").lstrip("/") for r in rows}
 
 
@@ -85,6 +85,28 @@ def delete_records(kafka_config, topic: str, partition: int, before_offset: int)
     admin = AdminClient(kafka_config.client_conf())
     for fut in admin.delete_records([TopicPartition(topic, partition, before_offset)]).values():
         fut.result(timeout=30)
+
+
+def new_database(server, prefix: str = "db") -> str:
+    """Create a new database (a unique name starting with ``prefix``) owned by ``lake`` on the
+    :mod:`devtools.services.devpostgres` ``server``; returns its ``postgresql://`` URI.
+
+    Raises:
+        subprocess.CalledProcessError: ``createdb`` failed.
+    """
+    import os
+    import subprocess
+    import uuid
+
+    from devtools.services import devpostgres
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
+        check=True,
+        env={**os.environ, "PGPASSWORD": "lakepw"},
+    )
+    return f"postgresql://lake:lakepw@127.0.0.1:{server.port}/{name}"
 
 
 def rehearsal_on_own_broker(prefix: str, seed: int):

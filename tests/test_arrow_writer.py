@@ -1,7 +1,8 @@
-"""``LAKE_WRITER=arrow`` (kafka_iceberg/batch/files.py): the read tasks write the records pyarrow
+"""Tables parsed by pyarrow (kafka_iceberg/batch/files.py): the read tasks write the records pyarrow
 claimed as data files with pyiceberg's writer, a second job writes the good records only Spark
 could classify, and one catalog commit puts them all in one snapshot on ``main``. Real Spark, broker,
-catalog and DuckDB: the table must hold exactly what Spark's own writer makes of the same topic."""
+catalog and DuckDB: the table must hold exactly what the Spark path (``from_json`` and Spark's writer,
+which serves the tables pyarrow cannot parse) makes of the same topic."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from confluent_kafka import Producer
 
 from kafka_iceberg.batch import commit as commit_module
 from kafka_iceberg.batch import files as files_module
+from kafka_iceberg.batch import read as read_module
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.warm import warm_read_job
 from kafka_iceberg.catalog.tables import load_table
@@ -52,25 +54,24 @@ def _rows(spark, settings, identifier: str) -> list:
 
 
 def test_arrow_writer_makes_the_table_spark_writer_makes(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
 ):
+    """The same declaration through both paths: the Spark path is forced by making the table's
+    declaration count as one pyarrow cannot parse (as a ``DECIMAL`` column or ``key_format`` would)."""
     topic = topic_factory(unique, partitions=2)
     produced = _produce(kafka_config, topic)
-    results = {}
-    for writer in ("arrow", "spark"):
-        spec = make_spec(f"{unique}_{writer}", topic)
-        results[writer] = (
+    results, routed = {}, []
+    for path in ("arrow", "spark"):
+        spec = make_spec(f"{unique}_{path}", topic)
+        if path == "spark":
+            monkeypatch.setattr(read_module, "arrow_parsed", lambda spec: routed.append(spec) or False)
+        results[path] = (
             spec,
-            run_micro_batch(
-                spark,
-                dataclasses.replace(settings, writer=writer),
-                spec,
-                commit_id=str(uuid.uuid4()),
-                kafka=kafka,
-                catalog=catalog,
-            ),
+            run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog),
         )
+    monkeypatch.undo()
     (arrow_spec, arrow), (spark_spec, by_spark) = results["arrow"], results["spark"]
+    assert routed, "the second table went through the Spark path (the check can fail)"
     assert arrow.records_read == produced and arrow.quarantined == len(BAD)
     assert arrow.records == len(GOOD) + len(ONLY_SPARK) == by_spark.records
     assert (
@@ -258,22 +259,33 @@ def _spark_jobs(spark, settings, spec, kafka, catalog, group: str):
     return result, spark.sparkContext.statusTracker().getJobIdsForGroup(group)
 
 
+def _cluster(settings):
+    """``settings`` as on a cluster master, where the driver reads only small micro-batches (the session
+    stays the tests' local one)."""
+    return dataclasses.replace(settings, spark_master="spark://cluster:7077")
+
+
 def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
 ):
-    """``LAKE_DRIVER_READ_MAX_RECORDS``: a micro-batch of good records runs no Spark job and makes the
-    table the Spark job makes; one with a bad record is read again by Spark (the driver's files
-    deleted), quarantines it, and keeps every good record once."""
+    """``read.read_by_driver``: a micro-batch of good records runs no Spark job and makes the table the
+    Spark job makes (that of a cluster master with ``DRIVER_READ_MAX_RECORDS`` at 0); one with a bad record
+    is read again by Spark (the driver's files deleted), quarantines it, and keeps every good record once."""
     topic = topic_factory(unique, partitions=2)
     _send(kafka_config, topic, GOOD[:20])
     driver, by_spark = make_spec(f"{unique}_driver", topic), make_spec(f"{unique}_spark", topic)
-    no_driver = dataclasses.replace(settings, driver_read_max_records=0)
-    for spec, conf in ((driver, settings), (by_spark, no_driver)):  # the first batch creates the tables
-        run_micro_batch(spark, conf, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+
+    def by_job(spec, group: str):
+        with monkeypatch.context() as patched:
+            patched.setattr(read_module, "DRIVER_READ_MAX_RECORDS", 0)
+            return _spark_jobs(spark, _cluster(settings), spec, kafka, catalog, group)
+
+    _spark_jobs(spark, settings, driver, kafka, catalog, f"{unique}-create")  # the first batch creates the tables
+    by_job(by_spark, f"{unique}-create-spark")
     _send(kafka_config, topic, GOOD[20:])
     result, jobs = _spark_jobs(spark, settings, driver, kafka, catalog, f"{unique}-driver")
     assert result.records == 20 and jobs == [], jobs
-    result, jobs = _spark_jobs(spark, no_driver, by_spark, kafka, catalog, f"{unique}-spark")
+    result, jobs = by_job(by_spark, f"{unique}-spark")
     assert result.records == 20 and jobs, "the same batch through Spark runs jobs (the check can fail)"
     assert _rows(spark, settings, driver.identifier) == _rows(spark, settings, by_spark.identifier)
 
@@ -291,12 +303,13 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
 
 
 def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothing(
-    spark, settings, kafka, kafka_config, catalog, unique, topic_factory
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
 ):
-    """``LAKE_WARM_READ_JOB``: a worker's warm-up runs the read phase's Spark job when a table's offset lag
-    is above ``LAKE_DRIVER_READ_MAX_RECORDS`` (its next micro-batch starts that job; any lag under
-    ``LAKE_WRITER=spark``), over an empty range: no record read, no file written, no snapshot. No job runs
-    without such a lag, when off, or for a table parsed by Spark (``LAKE_JSON_PARSER=spark``)."""
+    """A worker's warm-up runs the read phase's Spark job when a table's next micro-batch starts it (on a
+    cluster master, an offset lag above ``read.DRIVER_READ_MAX_RECORDS``), over an empty range: no
+    record read, no file written, no snapshot. No job runs without such a lag, on a local master (the
+    driver reads every micro-batch), or for a table parsed by Spark (``unknown_fields: evolve``), whose
+    micro-batches never start that job."""
     topic = topic_factory(unique, partitions=2)
     _send(kafka_config, topic, GOOD[:20])
     spec = make_spec(f"{unique}_warm", topic)
@@ -304,23 +317,25 @@ def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothi
     _send(kafka_config, topic, GOOD[20:30])  # an offset lag of 10
     head, files = current_view(catalog, spec).main, data_files_on_disk(settings, spec)
 
-    def jobs(group: str, **changes) -> list:
+    def jobs(group: str, threshold: int, table=spec, conf=_cluster(settings)) -> list:
         spark.sparkContext.setJobGroup(group, group)
         try:
-            lake = connect(spark, dataclasses.replace(settings, **changes), kafka, catalog)
-            assert warm_up(lake, [spec]) == {spec.identifier: "warm"}
+            with monkeypatch.context() as patched:
+                patched.setattr(read_module, "DRIVER_READ_MAX_RECORDS", threshold)
+                assert warm_up(connect(spark, conf, kafka, catalog), [table]) == {table.identifier: "warm"}
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         return spark.sparkContext.statusTracker().getJobIdsForGroup(group)
 
-    assert jobs(f"{unique}-backlog", driver_read_max_records=9), "a lag of 10 above 9: the read job ran"
-    assert jobs(f"{unique}-small", driver_read_max_records=10) == []
-    assert jobs(f"{unique}-spark-writer", driver_read_max_records=10, writer="spark"), "every batch starts the job"
-    assert jobs(f"{unique}-off", driver_read_max_records=9, warm_read_job=False) == []
-    assert jobs(f"{unique}-spark", driver_read_max_records=9, json_parser="spark") == []
-    assert (
-        warm_read_job(connect(spark, dataclasses.replace(settings, json_parser="spark"), kafka, catalog), spec) is None
-    )
+    assert jobs(f"{unique}-backlog", 9), "a lag of 10 above 9: the read job ran"
+    assert jobs(f"{unique}-small", 10) == []
+    assert jobs(f"{unique}-local", 0, conf=settings) == [], "a local master: the driver reads any batch"
+    assert read_module.read_by_driver(settings, 10**7) and not read_module.read_by_driver(_cluster(settings), 10**7)
+    by_spark = make_spec(f"{unique}_evolve", topic, unknown_fields="evolve")
+    run_micro_batch(spark, settings, by_spark, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    _send(kafka_config, topic, GOOD[30:40])  # a lag of 10 for it, 20 for spec
+    assert jobs(f"{unique}-spark", 0, by_spark) == []
+    assert warm_read_job(connect(spark, settings, kafka, catalog), by_spark) is None
     assert current_view(catalog, spec).main == head and data_files_on_disk(settings, spec) == files
     assert len(_rows(spark, settings, spec.identifier)) == 20
 

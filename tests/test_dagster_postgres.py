@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -31,37 +29,27 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 
 from kafka_iceberg.batch.planning import offset_lag
 from kafka_iceberg.catalog.tables import read_state
-from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.lake_assets.tables import table_key, table_pool
-from tests.helpers import event_records, make_spec, spec_dict
-from tests.spark_cluster import devpostgres, produce
+from tests.helpers import event_records, make_spec, new_database, spec_dict
+from tests.spark_cluster import produce
 
 LOCATION = Path(__file__).with_name("backfill_location.py")
 
 
 @pytest.fixture(scope="module")
-def dagster_pg_db():
-    """The instance's ``storage.postgres.postgres_db`` config for a database ``dagster`` on a private
-    PostgreSQL 15 server, spelled as the Helm chart renders it from ``postgresql.*`` values."""
-    try:
-        server = devpostgres.create()
-    except CatalogUnavailableError as exc:
-        pytest.fail(str(exc))
-    subprocess.run(
-        [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", "dagster"],
-        check=True,
-        env={**os.environ, "PGPASSWORD": "lakepw"},
-    )
+def dagster_pg_db(postgres_server):
+    """The instance's ``storage.postgres.postgres_db`` config for a database of this module's own on the
+    session's private PostgreSQL server, spelled as the Helm chart renders it from ``postgresql.*`` values."""
+    db_name = new_database(postgres_server, "dagster").rsplit("/", 1)[1]
     # SQLAlchemy 2.1 maps postgresql:// to psycopg 3; dagster-postgres installs psycopg2 (postgresqlScheme)
-    yield {
+    return {
         "username": "lake",
         "password": "lakepw",
         "hostname": "127.0.0.1",
-        "port": server.port,
-        "db_name": "dagster",
+        "port": postgres_server.port,
+        "db_name": db_name,
         "scheme": "postgresql+psycopg2",
     }
-    server.destroy()
 
 
 def test_sensor_backfill_and_pools_on_postgres_storage(

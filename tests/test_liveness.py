@@ -24,7 +24,6 @@ from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, Run
 
 from devtools.demo.data import produce
 from devtools.rehearsal.run import kill_group
-from devtools.services import devpostgres
 from kafka_iceberg.config.settings import CHECKOUT
 from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.lake_assets.liveness import (
@@ -36,7 +35,7 @@ from kafka_iceberg.lake_assets.liveness import (
     worker_tags,
 )
 from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES, TABLE_TAG, table_pool
-from tests.helpers import event_records, spec_dict
+from tests.helpers import event_records, new_database, spec_dict
 
 LOCATION = Path(__file__).with_name("backfill_location.py")
 
@@ -84,11 +83,9 @@ def _instance(tmp_path: Path) -> tuple[Path, DagsterInstance]:
 
 
 @pytest.fixture(scope="module")
-def postgres_uri():
-    """A private PostgreSQL 15 server (:mod:`devtools.services.devpostgres`) for the catalog; yields its URI."""
-    server = devpostgres.create()
-    yield server.uri
-    server.destroy()
+def postgres_uri(postgres_server):
+    """A database of this module's own on the session's PostgreSQL server, for the catalog; its URI."""
+    return new_database(postgres_server, "liveness")
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite", "postgresql"])

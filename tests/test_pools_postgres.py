@@ -27,12 +27,10 @@ import pytest
 import yaml
 from dagster import DagsterInstance, RunsFilter
 
-from devtools.services import devpostgres
 from kafka_iceberg.catalog.tables import load_catalog, read_state
 from kafka_iceberg.config.settings import CHECKOUT, load_settings
-from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, TABLE_TAG, table_key, table_pool
-from tests.helpers import event_records, make_spec, spec_dict
+from tests.helpers import event_records, make_spec, new_database, spec_dict
 from tests.spark_cluster import produce
 
 RECORDS = 40
@@ -42,27 +40,8 @@ BOUND = 15
 LAG = {"max_offset_lag": 1, "max_interval": "1h", "interval": "5s"}
 
 
-@pytest.fixture()
-def pg_server():
-    """A private PostgreSQL 15 server (:mod:`devtools.services.devpostgres`); destroyed after the test."""
-    try:
-        server = devpostgres.create()
-    except CatalogUnavailableError as exc:
-        pytest.fail(str(exc))
-    yield server
-    server.destroy()
-
-
-def _createdb(server, name: str) -> None:
-    subprocess.run(
-        [str(devpostgres.PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "lake", name],
-        check=True,
-        env={**os.environ, "PGPASSWORD": "lakepw"},
-    )
-
-
-def _dagster_home(home: Path, server) -> Path:
-    """The shipped dagster.yaml plus PostgreSQL storage (database ``dagster``) and at most 4 runs at once."""
+def _dagster_home(home: Path, server, db_name: str) -> Path:
+    """The shipped dagster.yaml plus PostgreSQL storage (database ``db_name``) and at most 4 runs at once."""
     config = yaml.safe_load((CHECKOUT / "dagster.yaml").read_text())
     config["storage"] = {
         "postgres": {
@@ -71,7 +50,7 @@ def _dagster_home(home: Path, server) -> Path:
                 "password": "lakepw",
                 "hostname": "127.0.0.1",
                 "port": server.port,
-                "db_name": "dagster",
+                "db_name": db_name,
                 "scheme": "postgresql+psycopg2",
             }
         }
@@ -130,9 +109,10 @@ def _wait_until_ingested(instance, catalog, kafka, specs, timeout_s: float = 240
 
 @pytest.mark.timeout(3000)  # 4 to 6 runs, each a Python process and a JVM: about 15 min at load average 30
 def test_tables_ingest_in_parallel_within_their_pools(
-    tmp_path, pg_server, broker, kafka, kafka_config, unique, topic_factory
+    tmp_path, postgres_server, broker, kafka, kafka_config, unique, topic_factory
 ):
-    _createdb(pg_server, "dagster")
+    catalog_uri = new_database(postgres_server, "iceberg")
+    dagster_db = new_database(postgres_server, "dagster").rsplit("/", 1)[1]
     raw = [
         spec_dict(f"{unique}{s}", topic_factory(f"{unique}{s}", partitions=2), max_records_per_partition=BOUND, lag=LAG)
         for s in ("a", "b")
@@ -142,7 +122,7 @@ def test_tables_ingest_in_parallel_within_their_pools(
         produce(kafka_config, spec.topic, event_records(range(RECORDS)))
     tables_file = tmp_path / "tables.yaml"
     tables_file.write_text(yaml.safe_dump({"tables": raw}))
-    home = _dagster_home(tmp_path / "dagster", pg_server)
+    home = _dagster_home(tmp_path / "dagster", postgres_server, dagster_db)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "LAKE_", "DAGSTER_", "PYICEBERG_"))}
     env.update(
         {
@@ -151,7 +131,7 @@ def test_tables_ingest_in_parallel_within_their_pools(
             "LAKE_HOME": str(tmp_path / "lake"),
             "LAKE_TABLES_FILE": str(tables_file),
             "KAFKA_BOOTSTRAP_SERVERS": broker,
-            "LAKE_CATALOG_URI": pg_server.uri,
+            "LAKE_CATALOG_URI": catalog_uri,
             "SPARK_MASTER": "local[1]",
             "LAKE_SPARK_DRIVER_MEMORY": "512m",
             "LAKE_READ_TIMEOUT_S": "60",

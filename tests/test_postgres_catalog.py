@@ -14,24 +14,18 @@ import pytest
 
 from devtools import duck
 from devtools.demo.data import produce
-from devtools.services import devpostgres
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.spark import catalog_conf
 from kafka_iceberg.catalog.tables import load_catalog, load_table
 from kafka_iceberg.config.settings import load_settings
-from kafka_iceberg.errors import CatalogUnavailableError
-from tests.helpers import event_records, make_spec, spec_dict
+from tests.helpers import event_records, make_spec, new_database, spec_dict
 
 
 @pytest.fixture(scope="module")
-def postgres_uri():
-    """A private PostgreSQL 15 server on a free loopback port (:mod:`devtools.services.devpostgres`); yields its URI."""
-    try:
-        server = devpostgres.create()
-    except CatalogUnavailableError as exc:
-        pytest.fail(str(exc))
-    yield server.uri
-    server.destroy()
+def postgres_uri(postgres_server):
+    """A database of this module's own on the session's PostgreSQL server (a private PostgreSQL on a free
+    loopback port, :mod:`devtools.services.devpostgres`); its URI."""
+    return new_database(postgres_server, "catalog")
 
 
 @pytest.fixture(scope="module")

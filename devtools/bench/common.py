@@ -110,8 +110,7 @@ def print_machine(settings: Settings | None) -> None:
     if settings is not None:
         say(
             f"Spark master          {settings.spark_master}   (driver memory {settings.spark_driver_memory}, "
-            f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task}, LAKE_JSON_PARSER={settings.json_parser}, "
-            f"LAKE_WRITER={settings.writer})"
+            f"LAKE_MAX_RECORDS_PER_TASK={settings.max_records_per_task})"
         )
 
 
@@ -316,7 +315,7 @@ def warm_up(spark, settings: Settings, config: KafkaConfig, kafka, catalog, df) 
     writer.ensure_table()
     writer.recover()
     result = writer.execute(writer.plan(), str(uuid.uuid4()))
-    warm_read_job(writer.lake, spec)  # as a worker's warm op on a backlog (kafka_iceberg.batch.warm)
+    warm_read_job(writer.lake, spec)  # as a worker's warm op on a backlog, cluster master (batch/warm.py)
     seconds = time.perf_counter() - t0
     say(
         f"warm-up: table bench.warmup ({WARMUP_RECORDS:,} records, its own topic) run end to end "

@@ -306,7 +306,8 @@ def _rss_and_comm(pid: int) -> tuple[int, str]:
 class RssSampler:
     """Samples every 0.1 s the RSS (bytes) of this process's descendants: ``java`` (the Spark
     driver JVM, which in local mode also runs the executor) and ``python*`` (the PySpark worker
-    daemon and its forked workers, summed). Keeps the peaks."""
+    daemon and its forked workers), summed with this process's own (the driver reads micro-batches on
+    a local master). Keeps the peaks."""
 
     def __init__(self, interval_s: float = 0.1):
         self.interval_s, self.jvm_peak, self.workers_peak, self.workers_max_count = interval_s, 0, 0, 0
@@ -314,7 +315,8 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        tree, todo, jvm, workers, count = _children(), [os.getpid()], 0, 0, 0
+        tree, todo, jvm, count = _children(), [os.getpid()], 0, 1
+        workers = _rss_and_comm(os.getpid())[0]
         while todo:
             for child in tree.get(todo.pop(), []):
                 todo.append(child)
@@ -342,7 +344,7 @@ class RssSampler:
 
     def line(self) -> str:
         return (
-            f"driver JVM peak RSS {self.jvm_peak / 2**20:,.0f} MiB; Python workers peak RSS "
+            f"driver JVM peak RSS {self.jvm_peak / 2**20:,.0f} MiB; Python driver and workers peak RSS "
             f"{self.workers_peak / 2**20:,.0f} MiB (sum over up to {self.workers_max_count} processes)"
         )
 

@@ -13,7 +13,6 @@ so a change in the machine's load moves both. Prints figures; asserts nothing. D
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shutil
 import statistics
@@ -42,14 +41,12 @@ from devtools.demo import data as demo_data
 from devtools.services import devbroker
 
 
-def _round(spark, settings, config, kafka, catalog, n: int, i: int, parser: str | None = None) -> dict:
+def _round(spark, settings, config, kafka, catalog, n: int, i: int) -> dict:
     from kafka_iceberg.batch.pipeline import TableWriter
 
     load = _load()
     a = raw_consume(config, TOPIC, list(range(PARTITIONS)))
     spec = flights_spec(f"bench_phases_{i}", f"bench.phases_{i}", TOPIC, n)
-    if parser is not None:  # LAKE_JSON_PARSER for this round only
-        settings = dataclasses.replace(settings, json_parser=parser)
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     writer.ensure_table()
     writer.recover()
@@ -61,11 +58,10 @@ def _round(spark, settings, config, kafka, catalog, n: int, i: int, parser: str 
         "phases": dict(result.phase_seconds, plan=round(plan_s, 3)),
         "load": load,
         "records": result.records,
-        "parser": parser or getattr(settings, "json_parser", "spark"),
     }
     out["ratio"] = rate(out["b_rps"], out["a_rps"])
     say(
-        f"round {i} ({out['parser']} parser): load {load}; (a) {out['a_rps']:,.0f} records/s; (b) {result.records:,} records in "
+        f"round {i}: load {load}; (a) {out['a_rps']:,.0f} records/s; (b) {result.records:,} records in "
         f"{out['b_s']:.2f} s = {out['b_rps']:,.0f} records/s; (b)/(a) {out['ratio']:.3f}  [{fmt_phases(out['phases'])}]"
     )
     return out
@@ -105,26 +101,17 @@ def _print_jobs(spark, last: list) -> None:
         say("    Spark jobs: " + "; ".join(f"{name} {sec:.2f} s" for _, name, sec in jobs))
 
 
-def _small(spark, settings, config, kafka, catalog, df, count: int, parsers: list) -> list[dict]:
+def _small(spark, settings, config, kafka, catalog, df, count: int) -> list[dict]:
     from devtools.bench.goals import _timed_run
 
     spec = flights_spec("bench_warmup", "bench.warmup", WARMUP_TOPIC, WARMUP_RECORDS)
     out, last = [], [max([j for j, _, _ in spark_jobs_since(spark, -1)], default=-1)]
-    for i in range(count * len(parsers)):
-        parser = parsers[i % len(parsers)]
-        mine = settings if parser is None else dataclasses.replace(settings, json_parser=parser)
+    for i in range(count):
         demo_data.produce(config, spec.topic, flights_records(df, WARMUP_RECORDS + i * 1000, 1000))
-        wall, jobs, result = _timed_run(spark, mine, spec, kafka, catalog, "small")
-        out.append(
-            {
-                "wall": wall,
-                "jobs": jobs,
-                "phases": dict(result.phase_seconds),
-                "parser": parser or getattr(settings, "json_parser", "spark"),
-            }
-        )
+        wall, jobs, result = _timed_run(spark, settings, spec, kafka, catalog, "small")
+        out.append({"wall": wall, "jobs": jobs, "phases": dict(result.phase_seconds)})
         say(
-            f"1,000 records #{i + 1} ({out[-1]['parser']} parser): {wall:.2f} s wall, {jobs} Spark jobs, "
+            f"1,000 records #{i + 1}: {wall:.2f} s wall, {jobs} Spark jobs, "
             f"records {result.records}  [{fmt_phases(result.phase_seconds)}]"
         )
         _print_jobs(spark, last)
@@ -149,31 +136,21 @@ def run(args, tmp: Path) -> None:
         catalog = load_catalog(settings.catalog)
         warm_up(spark, settings, config, kafka, catalog, df)
         section(f"{args.repeats} rounds of (a) raw consume and (b) one micro-batch of {args.records:,} records")
-        parsers = [p for p in args.parsers.split(",") if p] or [None]
-        rounds = [
-            _round(spark, settings, config, kafka, catalog, args.records, i * len(parsers) + k, p)
-            for i in range(args.repeats)
-            for k, p in enumerate(parsers)
-        ]
+        rounds = [_round(spark, settings, config, kafka, catalog, args.records, i) for i in range(args.repeats)]
         section(f"{args.small} micro-batches of 1,000 records on the warm session")
-        small = _small(spark, settings, config, kafka, catalog, df, args.small, parsers)
+        small = _small(spark, settings, config, kafka, catalog, df, args.small)
         section("summary (medians)")
-        for parser in sorted({r["parser"] for r in rounds}):
-            mine = [r for r in rounds if r["parser"] == parser]
-            ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
+        ratios = ", ".join(f"{r['ratio']:.3f}" for r in rounds)
+        say(f"(b)/(a) per round: {ratios}; median {statistics.median(r['ratio'] for r in rounds):.3f}")
+        for key in sorted({k for r in rounds for k in r["phases"]}):
+            say(f"  N-record {key:<16} {statistics.median(r['phases'].get(key, 0.0) for r in rounds):7.2f} s")
+        if small:
             say(
-                f"{parser} parser: (b)/(a) per round: {ratios}; median {statistics.median(r['ratio'] for r in mine):.3f}"
+                f"1,000-record micro-batch: median {statistics.median(s['wall'] for s in small):.2f} s, "
+                f"{statistics.median(s['jobs'] for s in small):.0f} Spark jobs (goal <= 1.5 s)"
             )
-            for key in sorted({k for r in mine for k in r["phases"]}):
-                say(f"  N-record {key:<16} {statistics.median(r['phases'].get(key, 0.0) for r in mine):7.2f} s")
-        for parser in sorted({s["parser"] for s in small}):
-            mine = [s for s in small if s["parser"] == parser]
-            say(
-                f"{parser} parser: 1,000-record micro-batch: median {statistics.median(s['wall'] for s in mine):.2f} s, "
-                f"{statistics.median(s['jobs'] for s in mine):.0f} Spark jobs (goal <= 1.5 s)"
-            )
-            for key in sorted({k for s in mine for k in s["phases"]}):
-                say(f"  small {key:<16} {statistics.median(s['phases'].get(key, 0.0) for s in mine):7.2f} s")
+            for key in sorted({k for s in small for k in s["phases"]}):
+                say(f"  small {key:<16} {statistics.median(s['phases'].get(key, 0.0) for s in small):7.2f} s")
         say(f"load average at the end: {_load()}")
     finally:
         if spark is not None:
@@ -186,11 +163,6 @@ def main(argv=None) -> int:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--small", type=int, default=5)
-    ap.add_argument(
-        "--parsers",
-        default="",
-        help="comma-separated LAKE_JSON_PARSER values to alternate in each round (e.g. spark,arrow)",
-    )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-phases-", dir="/tmp"))
     os.environ["SPARK_LOCAL_DIRS"] = str(tmp / "spark-local")

@@ -1,5 +1,5 @@
-"""Data files written by Spark tasks with pyiceberg's Parquet writer (``LAKE_WRITER=arrow``), and
-their publish as one snapshot.
+"""Data files written by Spark tasks with pyiceberg's Parquet writer (the tables parsed by pyarrow,
+:func:`kafka_iceberg.batch.read.arrow_parsed`), and their publish as one snapshot.
 
 Records pyarrow claimed in the read task (:mod:`kafka_iceberg.formats.arrow_json`) never become Spark
 rows: the read task turns them into table rows (Arrow) and writes them as Parquet data files with
@@ -9,8 +9,8 @@ through an accumulator. The records Spark classified as good (the few pyarrow di
 written the same way by a second Spark job (:func:`write_rows`). The publish phase then commits
 every file of the batch in one catalog commit (:func:`kafka_iceberg.batch.commit.stage_publish`): one snapshot carrying the
 batch's snapshot summary, on top of the attempt branch's head, with the target ref moved to it and
-the attempt branch removed. Spark's writer needs three commits for the same (append to the branch,
-fast-forward, drop); the state contract is the same.
+the attempt branch removed. Spark's writer, which serves the other tables, needs three commits for
+the same (append to the branch, fast-forward, drop); the state contract is the same.
 
 An attempt whose commit fails deletes the files it wrote (:func:`discard`); the files of an
 attempt killed before its commit are orphans under the table location, and recovery deletes them

@@ -17,31 +17,34 @@ import json
 from collections.abc import Callable, Sequence
 
 from kafka_iceberg.batch.commit import _move_ref
-from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.context import CrashHook, Lake, no_crash
 from kafka_iceberg.batch.group_commit import GroupMember, commit_group
-from kafka_iceberg.batch.pipeline import prepare
+from kafka_iceberg.batch.pipeline import connect, prepare
 from kafka_iceberg.batch.plan import plan_ingest
 from kafka_iceberg.batch.publish import drop_branch, mirror_group, publish_dead_letter
 from kafka_iceberg.batch.read import read_batch
 from kafka_iceberg.batch.recovery import Attempt, attempt_branch
-from kafka_iceberg.batch.types import WritePlan
-from kafka_iceberg.batch.write import create_branch, write_attempt
+from kafka_iceberg.batch.types import BatchResult, WritePlan
+from kafka_iceberg.batch.write import create_branch, max_timestamps, write_attempt
 from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.cdc.transactions import GroupCut, change_transaction, parse_end, plan_group_cut
 from kafka_iceberg.declaration.groups import group_of, source_prefix, transaction_topic
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.kafka.admin import KafkaConfig
-from kafka_iceberg.state import group_state, group_summary
+from kafka_iceberg.state import group_state, group_summary, valid_through
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupBatchResult:
     """What one group micro-batch committed: the group commit number ``seq`` (None: nothing to commit),
-    ``snapshots``: identifier -> snapshot id committed (members with records), ``cut``: where it ended."""
+    ``snapshots``: identifier -> snapshot id committed (members with records), ``cut``: where it ended,
+    ``results``: identifier -> every member's :class:`BatchResult` (``committed`` False and ``offsets``
+    its committed offsets for a member that got no snapshot)."""
 
     seq: int | None
     snapshots: dict
     cut: GroupCut | None
+    results: dict = dataclasses.field(default_factory=dict)
 
 
 def run_group_batch(
@@ -60,7 +63,8 @@ def run_group_batch(
             f"a group micro-batch needs the tables of one consistency group, got {sorted(map(str, names))}"
         )
     name, prefix = names.pop(), source_prefix(specs[0].topic)
-    plans = {s.identifier: plan_ingest(lake, s, prepare(lake, s, is_alive)[1]) for s in specs}
+    prepared = {s.identifier: prepare(lake, s, is_alive) for s in specs}
+    plans = {s.identifier: plan_ingest(lake, s, prepared[s.identifier][1]) for s in specs}
     records = [_group_record(p) for p in plans.values()]
     last = max((r for r in records if r), key=lambda r: r["seq"], default=None)
     tx_topic = transaction_topic(prefix)
@@ -68,7 +72,7 @@ def run_group_batch(
     cut = _cut(lake, prefix, tx_topic, plans, start)
     plans = {i: _shrunk(p, cut) for i, p in plans.items()}
     if not any(p.offsets.needs_commit for p in plans.values()) and cut.position == start:
-        return GroupBatchResult(None, {}, cut)
+        return GroupBatchResult(None, {}, cut, _results(prepared, plans, commit_id, {}))
     seq = (last["seq"] if last else 0) + 1
     position = {"topic": tx_topic, "offsets": {str(p): o for p, o in sorted(cut.position.items())}}
     if cut.transactions:
@@ -76,7 +80,41 @@ def run_group_batch(
     tables = {i: (p.offsets.topic, p.offsets.end_offsets) for i, p in plans.items()}
     extra = group_summary(name, seq, position, tables)
     plans = {i: dataclasses.replace(p, extra_summary={**p.extra_summary, **extra}) for i, p in plans.items()}
-    return GroupBatchResult(seq, _write_and_commit(lake, specs, plans, commit_id), cut)
+    written = _write_and_commit(lake, specs, plans, commit_id)
+    snapshots = {i: r.snapshot_id for i, r in written.items()}
+    return GroupBatchResult(seq, snapshots, cut, _results(prepared, plans, commit_id, written))
+
+
+def _results(prepared: dict, plans: dict[str, WritePlan], commit_id: str, written: dict) -> dict:
+    """identifier -> each member's :class:`BatchResult`: ``written``'s (its commit), else one without a
+    snapshot at its committed offsets; with the recovery report and snapshot count of its planning."""
+    out = {}
+    for identifier, (recovery, history) in prepared.items():
+        plan = plans[identifier]
+        result = written.get(identifier) or BatchResult(
+            identifier, commit_id, False, offsets=dict(plan.offsets.start_offsets), lag_after=plan.offsets.lag_after
+        )
+        out[identifier] = dataclasses.replace(result, recovery=recovery, snapshots=len(history.snapshots))
+    return out
+
+
+def run_group_micro_batch(
+    spark,
+    settings,
+    specs: Sequence,
+    *,
+    commit_id: str,
+    kafka=None,
+    catalog=None,
+    is_alive: Callable[[Attempt], bool] | None = None,
+    crash_hook: CrashHook = no_crash,
+) -> dict:
+    """:func:`run_group_batch` on a :class:`Lake` made from ``settings`` where the clients are not given
+    (:func:`kafka_iceberg.batch.pipeline.connect`), as :func:`kafka_iceberg.batch.pipeline.run_micro_batch`
+    does for one table: a worker's ``run_group`` port. Returns identifier -> each member's ``BatchResult``.
+    Raises what :func:`run_group_batch` raises."""
+    lake = connect(spark, settings, kafka, catalog, crash_hook)
+    return run_group_batch(lake, specs, commit_id, is_alive).results
 
 
 def _group_record(plan: WritePlan) -> dict | None:
@@ -88,7 +126,8 @@ def _group_record(plan: WritePlan) -> dict | None:
 
 def _write_and_commit(lake: Lake, specs: Sequence, plans: dict[str, WritePlan], commit_id: str) -> dict:
     """Branch, read and write every member that has something to commit, then commit the group (the
-    others guard it); then publish dead letters and mirror the offsets. Returns identifier -> snapshot."""
+    others guard it); then publish dead letters and mirror the offsets. Returns identifier -> the
+    :class:`BatchResult` of each member written."""
     import time
 
     branch = attempt_branch(commit_id, int(time.time() * 1000))
@@ -104,19 +143,49 @@ def _write_and_commit(lake: Lake, specs: Sequence, plans: dict[str, WritePlan], 
             attempt = write_attempt(lake, spec, plan, batch, created, commit_id)
         finally:
             batch.classified.unpersist()
-        written[spec.identifier] = attempt
+        written[spec.identifier] = (attempt, batch)
         members.append(_fast_forward(lake.load(spec.identifier), plan, branch, attempt.snapshot_id))
     lake.crash_hook("after_write")
     commit_group(members, lake.crash_hook)
     lake.crash_hook("after_publish")
+    results = {}
     for spec in specs:
-        attempt, plan = written.get(spec.identifier), plans[spec.identifier]
-        if attempt is not None and attempt.dead_letter_snapshot_id is not None:
+        if spec.identifier not in written:
+            continue
+        (attempt, batch), plan = written[spec.identifier], plans[spec.identifier]
+        if attempt.dead_letter_snapshot_id is not None:
             publish_dead_letter(lake, plan.target.dead_letter_table, branch, attempt.dead_letter_snapshot_id)
             drop_branch(lake, plan.target.dead_letter_table, branch)
-        if attempt is not None:
-            mirror_group(lake, plan, plan.offsets.end_offsets)
-    return {i: a.snapshot_id for i, a in written.items()}
+        error = mirror_group(lake, plan, plan.offsets.end_offsets)
+        results[spec.identifier] = _member_result(spec, plan, commit_id, batch, attempt, error)
+    return results
+
+
+def _member_result(spec, plan: WritePlan, commit_id: str, batch, attempt, mirror_error: str | None) -> BatchResult:
+    """The :class:`BatchResult` of one member published by the group commit (its attempt snapshot)."""
+    summary = attempt.history.snapshots[attempt.snapshot_id].summary
+    return BatchResult(
+        table=spec.identifier,
+        commit_id=commit_id,
+        committed=True,
+        records=batch.records,
+        kafka_bytes=batch.kafka_bytes,
+        ranges={r.partition: (r.start, r.end) for r in plan.offsets.ranges},
+        offsets=dict(plan.offsets.end_offsets),
+        lag_after=plan.offsets.lag_after,
+        snapshot_id=attempt.snapshot_id,
+        data_files_added=int(summary.get("added-data-files", 0)),
+        data_bytes_added=int(summary.get("added-files-size", 0)),
+        valid_through_ms=valid_through(max_timestamps(plan.base.max_timestamps, batch.stats)),
+        group_commit_error=mirror_error,
+        records_read=batch.records_read,
+        quarantined=batch.quarantined,
+        quarantined_by_partition={s.partition: s.quarantined for s in batch.stats if s.quarantined},
+        quarantine_kinds=dict(batch.quarantine_kinds),
+        schema_changes=list(batch.schema_changes),
+        dead_letter_snapshot_id=attempt.dead_letter_snapshot_id,
+        total_records=int(summary["total-records"]) if "total-records" in summary else None,
+    )
 
 
 def _fast_forward(table, plan: WritePlan, branch: str, snapshot_id: int) -> GroupMember:
@@ -186,4 +255,4 @@ def _read(conf: KafkaConfig, topic: str, ranges: dict[int, tuple[int, int]]) -> 
     return out
 
 
-__all__ = ["GroupBatchResult", "run_group_batch"]
+__all__ = ["GroupBatchResult", "run_group_batch", "run_group_micro_batch"]

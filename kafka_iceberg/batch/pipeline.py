@@ -258,8 +258,8 @@ def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
     without Spark's catalog, where the column types allow), so that a worker taking over does not pay for
     them in its first micro-batch.
 
-    With ``LAKE_WARM_READ_JOB`` it then warms the read phase's Spark job if a table's next micro-batch
-    will start it (:func:`kafka_iceberg.batch.warm.warm_for_backlog`).
+    It then warms the read phase's Spark job if a table's next micro-batch will start it
+    (:func:`kafka_iceberg.batch.warm.warm_for_backlog`).
 
     Returns identifier -> ``warm``, ``missing`` (left to its first micro-batch, which creates it under the
     commit pool) or the error (the table's micro-batch reports it; nothing is raised)."""
@@ -276,7 +276,7 @@ def warm_up(lake: Lake, specs: list[TableSpec]) -> dict[str, str]:
             done[spec.identifier], views[spec.identifier] = "warm", view
         except Exception as exc:  # noqa: BLE001 - the table's own micro-batch fails and reports it
             done[spec.identifier] = f"{type(exc).__name__}: {exc}"
-    if lake.settings.warm_read_job and views:
+    if views:
         warm_for_backlog(lake, [spec for spec in specs if spec.identifier in views], views)
     return done
 

@@ -38,6 +38,13 @@ RANGE_SCHEMA = pa.schema(
 RANGE_DDL = "topic STRING, partition INT, start BIGINT, end BIGINT"
 """The read task's input: one row per range piece (:data:`RANGE_SCHEMA` in the driver, this in Spark)."""
 
+DRIVER_READ_MAX_RECORDS = 20_000
+"""On a cluster master, micro-batches of pyarrow-parsed tables of at most this many offsets are read by
+the driver, without a Spark job: 20 records in 0.15 s instead of 0.95 s (3447000), and 60 tables of
+10,000 records in 6.9 s instead of 29.2 s (280d083; docs/architecture.md#the-read-and-write-paths).
+Above it the executors' cores and memory win. On a local master the driver reads every such
+micro-batch (:func:`read_by_driver`)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -46,8 +53,9 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str, tab
     pyiceberg ``Table`` the attempt's branch commit returned (its columns; the arrow writer's files).
 
     JSON tables whose columns pyarrow can parse (:func:`kafka_iceberg.formats.arrow_json.supported`),
-    without schema evolution, upserts or a ``key_format``, are parsed in the read task (``LAKE_JSON_PARSER=arrow``,
-    the default); the others with Spark's ``from_json``. The classification is the same.
+    without schema evolution, upserts or a ``key_format``, are parsed and written in the read task
+    (:func:`_read_parsed`); the others with Spark's ``from_json`` or the registry decoders. The
+    classification is the same.
     The returned ``classified`` frame is persisted; the caller unpersists it.
 
     Raises:
@@ -55,7 +63,7 @@ def read_batch(lake: Lake, spec: TableSpec, plan: WritePlan, commit_id: str, tab
         LakeError: a record outside its planned range (a reader bug).
         DataLossError, ReadTimeoutError (wrapped in a Spark error; see ``errors.from_task_exception``).
     """
-    if arrow_parsed(lake, spec):
+    if arrow_parsed(spec):
         columns = tuple(arrow_columns(lake, plan.target.identifier, table))
         if arrow_json.supported(columns):
             return _read_parsed(lake, spec, plan, columns, table)
@@ -90,8 +98,9 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
     """The pyarrow path: one Spark job (a ``noop`` write) reads, parses and caches the records;
     the read tasks report per-piece statistics through an accumulator. Only when some record was
     not parsed good by pyarrow does a second job over the cache count the bad ones per partition.
-    With ``LAKE_WRITER=arrow`` the tasks write the records pyarrow claimed as data files
-    (:mod:`kafka_iceberg.batch.files`) and only the others are cached."""
+    The tasks write the records pyarrow claimed as data files (:mod:`kafka_iceberg.batch.files`) and
+    only the others are cached. The driver reads the batch instead (:func:`read_by_driver`,
+    :func:`_read_in_driver`) unless a record is left unclaimed."""
     parser = arrow_parser(spec, columns)
     if read_by_driver(lake.settings, plan.offsets.offsets_planned):
         in_driver = _read_in_driver(lake, spec, plan, columns, parser, file_writer(table, spec, columns))
@@ -99,31 +108,16 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
             return in_driver
     rows, one_task = _task_input(lake, plan.offsets)
     classified, stats, writer, written = parsed_records(lake, spec, columns, table, parser, rows, one_task)
-    if writer is None:
-        # only a dead-letter row needs the raw value, and pyarrow never claims a bad record: the cache
-        # keeps the value of the other records only (about 300 of a flights record's cached bytes)
-        classified = classified.withColumn("value", F.when(~F.col(arrow_json.ARROW_FLAG), F.col("value")))
     classified = classified.persist()
     try:
         classified.write.format("noop").mode("overwrite").save()
         pieces = list(stats.value.values())
-        totals = piece_totals(pieces)
-        if writer is not None:
-            files = tuple(f for task_files in written.value.values() for f in task_files)
-            left = sum(p.records - p.arrow_good for p in pieces)
-            return _with_leftovers(spec, plan, classified, columns, totals, files, left)
-        if sum(p.arrow_good for p in pieces) < sum(p.records for p in pieces):
-            counted = _counted(spec, plan, classified, columns, (), {})
-            read_bytes = {t.partition: t.bytes for t in totals}  # the cache no longer has every value
-            return dataclasses.replace(
-                counted,
-                stats=tuple(dataclasses.replace(s, bytes=read_bytes.get(s.partition, 0)) for s in counted.stats),
-            )
-        check_read(plan.offsets, totals)
-        return ReadBatch(classified, columns, totals, {}, (), {})
+        files = tuple(f for task_files in written.value.values() for f in task_files)
+        left = sum(p.records - p.arrow_good for p in pieces)
+        return _with_leftovers(spec, plan, classified, columns, piece_totals(pieces), files, left)
     except BaseException as exc:
         classified.unpersist()
-        if writer is not None and isinstance(exc, Exception):  # a crash leaves them to recovery
+        if isinstance(exc, Exception):  # a crash leaves them to recovery
             discard(writer.io(), [f for task_files in written.value.values() for f in task_files])
         raise
 
@@ -139,8 +133,8 @@ class _Collected(dict):
 
 
 def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, parser, writer) -> ReadBatch | None:
-    """A small micro-batch (``LAKE_DRIVER_READ_MAX_RECORDS``) read by the driver: the read task's own
-    function (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s on a warm session).
+    """A micro-batch read by the driver (:func:`read_by_driver`): the read task's own function
+    (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s less on a warm session).
     When pyarrow claims every record as good, returns the batch with its data files and an empty
     ``classified`` frame; otherwise deletes the files it wrote and returns None, and the Spark job
     reads the batch again and classifies the rest.
@@ -251,9 +245,13 @@ def _task_input(lake: Lake, offsets: BatchPlan) -> tuple[list, bool]:
 
 
 def read_by_driver(settings: Settings, offsets: int) -> bool:
-    """Whether a micro-batch of ``offsets`` planned offsets is read by the driver rather than by a Spark job:
-    with ``LAKE_WRITER=arrow`` and at most ``LAKE_DRIVER_READ_MAX_RECORDS`` offsets."""
-    return settings.writer == "arrow" and offsets <= settings.driver_read_max_records
+    """Whether a micro-batch of a pyarrow-parsed table with ``offsets`` planned offsets is read by the driver
+    rather than by a Spark job: on a local master (``SPARK_MASTER`` ``local``, ``local[N]``), always, since
+    the read tasks would share the driver's cores and the job only adds its own cost (one thread of the
+    driver against the job's 4 tasks on 2 cores, under load: 1.7-3.4x the records/s for 200,000 records,
+    1.13x for 1,000,000; docs/architecture.md#the-read-and-write-paths); elsewhere, at most
+    :data:`DRIVER_READ_MAX_RECORDS` offsets."""
+    return offsets <= DRIVER_READ_MAX_RECORDS or settings.spark_master.split("[")[0] == "local"
 
 
 def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:
@@ -264,12 +262,10 @@ def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:
 def parsed_records(lake: Lake, spec: TableSpec, columns: tuple, table, parser, rows: list, one_task: bool) -> tuple:
     """The pyarrow path's read job over ``rows`` (topic, partition, start, end; see :func:`raw_records`),
     classified (:func:`~kafka_iceberg.formats.transform.classify_parsed`), neither persisted nor run.
-    Returns (frame, the ``stats`` accumulator, the ``FileWriter`` or None, the ``written`` accumulator or
-    None); with ``LAKE_WRITER=arrow`` the tasks write what pyarrow claimed through ``table``'s writer."""
-    stats = stats_accumulator(lake.spark)
-    writer = written = None
-    if lake.settings.writer == "arrow":
-        writer, written = file_writer(table, spec, columns), stats_accumulator(lake.spark)
+    Returns (frame, the ``stats`` accumulator, the ``FileWriter``, the ``written`` accumulator): the tasks
+    write what pyarrow claimed through ``table``'s writer."""
+    stats, written = stats_accumulator(lake.spark), stats_accumulator(lake.spark)
+    writer = file_writer(table, spec, columns)
     read = _records_frame(lake, spec.identifier, rows, one_task, parser, stats, writer, written)
     return classify_parsed(read, spec, list(columns)), stats, writer, written
 
@@ -375,13 +371,12 @@ def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
     )
 
 
-def arrow_parsed(lake: Lake, spec: TableSpec) -> bool:
+def arrow_parsed(spec: TableSpec) -> bool:
     """Whether ``spec``'s records may be parsed by pyarrow in the read task (if its columns allow,
     :func:`kafka_iceberg.formats.arrow_json.supported`): JSON without schema evolution, upserts or a
-    ``key_format``, under ``LAKE_JSON_PARSER=arrow``."""
+    ``key_format``."""
     return (
-        lake.settings.json_parser == "arrow"
-        and spec.upsert is None
+        spec.upsert is None
         and spec.unknown_fields != "evolve"
         and not spec.format.uses_registry
         and spec.key_format is None

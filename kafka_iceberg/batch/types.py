@@ -91,7 +91,7 @@ class ReadBatch:
     """The records of one batch, classified (a persisted Spark DataFrame: raw columns, ``j`` and
     ``_problem``, see :func:`kafka_iceberg.formats.transform.classify`) against the table's value
     ``columns``, with per-partition ``stats``, bad records per kind and the columns schema
-    evolution added before the read. With ``data_files`` (``LAKE_WRITER=arrow``) the read tasks
+    evolution added before the read. With ``data_files`` (tables parsed by pyarrow) the read tasks
     already wrote the records pyarrow claimed as those data files, and ``classified`` holds only
     the other records; ``stats`` count all of them."""
 
@@ -101,7 +101,7 @@ class ReadBatch:
     quarantine_kinds: Mapping[str, int] = field(default_factory=dict)
     schema_changes: tuple = ()
     schema_ids: Mapping[int, int] = field(default_factory=dict)  # records per registry schema id
-    data_files: tuple | None = None  # LAKE_WRITER=arrow: DataFiles the read tasks wrote (batch/files.py)
+    data_files: tuple | None = None  # tables parsed by pyarrow: DataFiles the read tasks wrote (batch/files.py)
 
     @property
     def records_read(self) -> int:
@@ -129,9 +129,9 @@ class WrittenAttempt:
     """A batch written and not published, in one of two shapes:
 
     - committed to its attempt ``branch`` as the table's new snapshot ``snapshot_id``, with the
-      ``history`` of the table as loaded right after (Spark's writer, upserts; the publish phase
+      ``history`` of the table as loaded right after (Spark's writer: tables parsed by Spark, upserts; the publish phase
       fast-forwards the target ref to it);
-    - or as data ``files`` no snapshot references yet (pyiceberg ``DataFile`` s, ``LAKE_WRITER=arrow``),
+    - or as data ``files`` no snapshot references yet (pyiceberg ``DataFile`` s, tables parsed by pyarrow),
       with the snapshot ``summary`` to commit them under; ``snapshot_id`` and ``history`` are None,
       and the publish phase commits them on top of ``branch_base`` in one commit.
 

@@ -1,7 +1,8 @@
 """Warming the read phase's Spark job before a worker's first large micro-batch.
 
-A micro-batch of more than ``LAKE_DRIVER_READ_MAX_RECORDS`` offsets is read by a Spark job
-(:func:`kafka_iceberg.batch.read.read_batch`). The first such job of a process pays, on the driver,
+On a cluster master, a micro-batch of more than :data:`~kafka_iceberg.batch.read.DRIVER_READ_MAX_RECORDS`
+offsets is read by a Spark job (:func:`kafka_iceberg.batch.read.read_batch`), as is one whose records
+pyarrow leaves unclaimed. The first such job of a process pays, on the driver,
 for what the JVM has not done yet: loading the classes of ``mapInArrow``, the cache and the ``noop``
 write, parsing the schemas, and compiling the hot paths. On a 2-core machine that JVM work competes
 with the read tasks: a fresh process read its first 1,000,000-record micro-batch in 9.4-10.4 s and the
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 
 def warm_for_backlog(lake: Lake, specs: list[TableSpec], views: dict) -> str | None:
     """:func:`warm_read_job` for the first of ``specs`` (existing tables; ``views``: identifier -> the
-    ``TableMetadataView`` of the loaded table) whose offset lag (one batched watermark call) is above
-    ``LAKE_DRIVER_READ_MAX_RECORDS`` (above 0 under ``LAKE_WRITER=spark``, where every micro-batch starts
-    the job), so its next micro-batch starts the job, and that the job reads.
+    ``TableMetadataView`` of the loaded table) whose next micro-batch starts the job (its offset lag, one
+    batched watermark call, is above :data:`~kafka_iceberg.batch.read.DRIVER_READ_MAX_RECORDS` on a
+    cluster master; :func:`~kafka_iceberg.batch.read.read_by_driver`), and that the job reads.
     Returns that table's identifier, or None when no job ran. Nothing is raised: a failure is logged
     (a warm-up; the micro-batches report their own errors)."""
     try:
@@ -59,13 +60,13 @@ def warm_read_job(lake: Lake, spec: TableSpec, table=None) -> float | None:
 
     Returns the job's seconds, or None when the table's micro-batches never start this job (a
     table not parsed by pyarrow in the read task: registry formats, upserts, ``unknown_fields:
-    evolve``, a ``key_format``, ``LAKE_JSON_PARSER=spark``).
+    evolve``, a ``key_format``).
 
     Raises:
         CatalogUnavailableError: the catalog did not answer within ``LAKE_CATALOG_RETRY_S``.
         Py4JJavaError (Spark's own): the job failed; the caller decides whether that matters.
     """
-    if not arrow_parsed(lake, spec):
+    if not arrow_parsed(spec):
         return None
     table = table if table is not None else lake.load(spec.identifier)
     columns = tuple(arrow_columns(lake, spec.identifier, table))

@@ -1,8 +1,10 @@
 """One worker, many tables: a loop that serves several tables from one process and one Spark session.
 
-Each turn runs one whole micro-batch of one table (:func:`kafka_iceberg.batch.pipeline.run_micro_batch`:
-recover, plan, conditional commit, the offsets in the snapshot), so every table keeps its own
-exactly-once commits. Tables are served by need and fairly: the table that has waited longest with
+Each turn runs one whole micro-batch of one unit (:mod:`kafka_iceberg.batch.units`): a table alone
+(:func:`kafka_iceberg.batch.pipeline.run_micro_batch`: recover, plan, conditional commit, the offsets in
+the snapshot), or a consistency group's tables together
+(:func:`kafka_iceberg.batch.group_batch.run_group_batch`: one catalog transaction for all of them), so
+every table keeps its exactly-once commits. Tables are served by need and fairly: the table that has waited longest with
 records unread goes next, and after its (bounded) micro-batch it goes to the back of the line, so a
 busy table never holds the others up. Up to ``threads`` tables' micro-batches run at once (threads of
 one process on one Spark session: one table's read, mostly in librdkafka, pyarrow and the JVM, overlaps
@@ -13,8 +15,8 @@ the run and reported; the others keep committing. Plain Python: the Dagster laye
 
 Thread contract: a run's state (:class:`RunState`, one :class:`TableState` per table) is read and
 replaced only by the thread that called :meth:`Worker.run`, its main thread. A pool thread runs
-``run_batch(spec)`` and nothing else: it gets a table's declaration and returns that micro-batch's
-outcome through its future, which the main thread reports. Every other port is called from the main
+``run_batch(spec)`` or ``run_group(specs)`` and nothing else: it gets the declarations and returns that
+micro-batch's outcome through its future, which the main thread reports. Every other port is called from the main
 thread. What a pool thread must read of the main thread's world it reads from a :class:`Latest` (under
 its lock), holding an immutable value such as :class:`RunsInProgress`. The pool is shut down when the
 run ends, however it ends.
@@ -22,28 +24,22 @@ run ends, however it ends.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from kafka_iceberg.batch.assign import MAX_DEFAULT_WORKERS, assign_workers, worker_count
 from kafka_iceberg.batch.planning import Watermarks, offset_lag
-from kafka_iceberg.batch.recovery import Attempt
+from kafka_iceberg.batch.shared import LIVENESS_MARGIN_MS, Latest, RunsInProgress
+from kafka_iceberg.batch.units import Unit, identifiers, is_group, next_units, units_of
 from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.errors import ConfigError
 
 POLL_S = 0.25
 """Seconds between watermark polls while no table has records waiting."""
-
-LIVENESS_MARGIN_MS = 30_000
-"""An attempt that started at most this many ms before a :class:`RunsInProgress` was taken counts as
-alive whatever its run: its run may have started after the runs were listed, or its host's clock may be
-behind (ms since epoch on both sides). Larger only delays the clean-up of a dead attempt to a later micro-batch."""
-
-T = TypeVar("T")
 
 
 def table_lag(marks: Mapping[int, Watermarks] | None, offsets: Mapping[int, int]) -> int:
@@ -147,11 +143,16 @@ class Clock:
     epoch_ms: Callable[[], int] = lambda: int(time.time() * 1000)
 
 
+def _no_group_runner(specs: Sequence[TableSpec]) -> Mapping[str, Any]:
+    raise ConfigError(f"no group micro-batch runner for {[s.identifier for s in specs]}")
+
+
 @dataclass(frozen=True)
 class WorkerPorts:
     """What a :class:`Worker` calls. ``run_batch(spec)`` runs one micro-batch and returns its
     ``BatchResult`` (``offsets``: the committed offsets after it); with ``threads`` > 1 it runs in pool
-    threads, several at once, and must touch no state of the run. Every other port is called from the
+    threads, several at once, and must touch no state of the run; so does ``run_group(specs)``, one
+    micro-batch of a consistency group's members (identifier -> each one's ``BatchResult``). Every other port is called from the
     run's main thread only, and must not raise: ``watermarks(topics)`` returns the watermarks of every
     partition of the topics (one batched call; ``None`` for a missing topic); ``on_commit(spec, result)``
     and ``on_failure(spec, error)`` report each micro-batch; ``should_stop()``: stop starting
@@ -170,51 +171,21 @@ class WorkerPorts:
     chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
     paused: Callable[[], frozenset] = frozenset
     flush: Callable[[bool], None] = lambda final: None
+    run_group: Callable[[Sequence[TableSpec]], Mapping[str, Any]] = _no_group_runner
 
 
 @dataclass
 class RunState:
     """What one run of a :class:`Worker` keeps; read and changed only by the run's main thread. ``tables``:
     identifier -> :class:`TableState` (replaced whole); ``chore_s``: seconds its chores took;
-    ``idle_until``: clock seconds at which the run ends idle (None while records wait)."""
+    ``idle_until``: clock seconds at which the run ends idle (None while records wait); ``units``: what
+    is served as one (:func:`~kafka_iceberg.batch.units.units_of`)."""
 
     tables: dict[str, TableState]
     budget: Budget
+    units: tuple = ()
     chore_s: float = 0.0
     idle_until: float | None = None
-
-
-class Latest(Generic[T]):
-    """One value the run's main thread replaces and pool threads read, under a lock. The value itself
-    must be immutable (a frozen dataclass, a frozenset): a reader keeps the one it got."""
-
-    def __init__(self, value: T):
-        self._value, self._lock = value, threading.Lock()
-
-    def get(self) -> T:
-        """The value set last."""
-        with self._lock:
-            return self._value
-
-    def set(self, value: T) -> None:
-        """Replace the value."""
-        with self._lock:
-            self._value = value
-
-
-@dataclass(frozen=True)
-class RunsInProgress:
-    """The commit tokens (:func:`~kafka_iceberg.batch.recovery.commit_token`) of the runs in progress when
-    they were listed at ``taken_ms`` (ms since epoch), on a run's main thread: what a micro-batch in a pool
-    thread decides an attempt's liveness by, without asking the orchestrator itself."""
-
-    tokens: frozenset[str]
-    taken_ms: int
-
-    def is_alive(self, attempt: Attempt) -> bool:
-        """Whether ``attempt``'s run may still be writing: it was in progress at ``taken_ms``, or the attempt
-        started within :data:`LIVENESS_MARGIN_MS` before (or after) it."""
-        return attempt.token in self.tokens or attempt.started_ms >= self.taken_ms - LIVENESS_MARGIN_MS
 
 
 @dataclass
@@ -246,7 +217,8 @@ class Worker:
         """Serve the tables (see the class docstring). Returns each table's state at the end, per table
         identifier. Raises what a micro-batch raised that is not an ``Exception`` (a crash hook's exit)."""
         tables = {s.identifier: TableState(s, dict(self.committed.get(s.identifier, {}))) for s in self.specs}
-        run = self.last_run = RunState(tables, Budget(self.clock.now(), self.budget_s, self.grace_s))
+        budget = Budget(self.clock.now(), self.budget_s, self.grace_s)
+        run = self.last_run = RunState(tables, budget, units=tuple(units_of(self.specs)))
         many = self.threads > 1
         with ThreadPoolExecutor(self.threads, thread_name_prefix="lake-worker") if many else nullcontext() as pool:
             self._loop(run, pool)
@@ -262,8 +234,8 @@ class Worker:
             now = self.clock.now()
             for t in live:
                 run.tables[t.spec.identifier] = polled(t, marks.get(t.spec.topic), now)
-            waiting = next_tables(run.tables.values())
-            due = next_tables(run.tables.values(), self.ports.paused()) if waiting else []
+            waiting = next_units(run.tables, run.units)
+            due = next_units(run.tables, run.units, self.ports.paused()) if waiting else []
             if not due:
                 if self._ending(run):
                     return
@@ -279,9 +251,9 @@ class Worker:
             if self._ending(run):
                 return
 
-    def _serve_round(self, run: RunState, pool: ThreadPoolExecutor | None, due: list[TableSpec]) -> None:
-        """One micro-batch of each due table, longest waiting first and up to :attr:`threads` at once;
-        each table goes to the back after its own. With several threads, the next tables' micro-batches
+    def _serve_round(self, run: RunState, pool: ThreadPoolExecutor | None, due: list[Unit]) -> None:
+        """One micro-batch of each due unit, longest waiting first and up to :attr:`threads` at once;
+        each unit goes to the back after its own. With several threads, the next units' micro-batches
         start before the finished ones are reported (``on_commit``: a write to the Dagster instance),
         unless one crashed. No micro-batch starts past the budget; those running are awaited."""
         queue, running = list(due), {}
@@ -292,46 +264,57 @@ class Worker:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             finished = [(running.pop(future), future) for future in done]
             if self.threads > 1 and not any(_crashed(f) for _, f in finished):
-                self._fill(run, pool, queue, running)  # the next tables read while these are reported
-            for spec, future in finished:
-                self._finish(run, spec, future)
-                self._chore(run, idle=False, busy=frozenset(s.identifier for s in running.values()))
+                self._fill(run, pool, queue, running)  # the next units read while these are reported
+            for unit, future in finished:
+                self._finish(run, unit, future)
+                self._chore(run, idle=False, busy=identifiers(running.values()))
             self.ports.flush(False)
 
-    def _fill(self, run: RunState, pool, queue: list[TableSpec], running: dict[Future, TableSpec]) -> None:
-        """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping. A table
-        that a chore paused since the round began is left for a later round (it keeps its place)."""
+    def _fill(self, run: RunState, pool, queue: list[Unit], running: dict[Future, Unit]) -> None:
+        """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping. A unit
+        with a table that a chore paused since the round began is left for a later round (it keeps its place)."""
         while queue and len(running) < max(1, self.threads) and not self._stopping(run):
-            spec = queue.pop(0)
-            if spec.identifier in self.ports.paused():
+            unit = queue.pop(0)
+            if identifiers([unit]) & self.ports.paused():
                 continue
-            run.tables[spec.identifier] = replace(run.tables[spec.identifier], tried=True)
-            running[self._start(pool, spec)] = spec
+            for spec in unit:
+                run.tables[spec.identifier] = replace(run.tables[spec.identifier], tried=True)
+            running[self._start(pool, unit)] = unit
 
-    def _start(self, pool: ThreadPoolExecutor | None, spec: TableSpec) -> Future:
-        """``spec``'s micro-batch: in a thread of the pool, or (one thread) run here, its future already done."""
+    def _run_unit(self, unit: Unit) -> Mapping[str, Any]:
+        """One micro-batch of ``unit`` (in a pool thread: no state of the run): identifier -> its result."""
+        if is_group(unit):
+            return dict(self.ports.run_group(unit))
+        return {unit[0].identifier: self.ports.run_batch(unit[0])}
+
+    def _start(self, pool: ThreadPoolExecutor | None, unit: Unit) -> Future:
+        """``unit``'s micro-batch: in a thread of the pool, or (one thread) run here, its future already done."""
         if pool is not None:
-            return pool.submit(self.ports.run_batch, spec)
+            return pool.submit(self._run_unit, unit)
         future: Future = Future()
         try:
-            future.set_result(self.ports.run_batch(spec))
+            future.set_result(self._run_unit(unit))
         except Exception as exc:  # noqa: BLE001 - reported by _finish; a BaseException (a crash) propagates
             future.set_exception(exc)
         return future
 
-    def _finish(self, run: RunState, spec: TableSpec, future: Future) -> None:
-        """Report one finished micro-batch: its commit, or its failure (the table is set aside)."""
+    def _finish(self, run: RunState, unit: Unit, future: Future) -> None:
+        """Report one finished micro-batch, per table of the unit: its commit, or its failure (every table
+        of the unit is set aside)."""
         error = future.exception()
         if _crashed(future):
             raise error  # a crash (SystemExit from a crash hook, a KeyboardInterrupt) ends the run
-        state, now = run.tables[spec.identifier], self.clock.now()
-        if error is not None:
-            run.tables[spec.identifier] = ended(state, now, error=error)
-            self.ports.on_failure(spec, error)
-            return
-        result = future.result()
-        run.tables[spec.identifier] = ended(state, now, result=result)
-        self.ports.on_commit(spec, result)
+        now = self.clock.now()
+        results = future.result() if error is None else {}
+        for spec in unit:
+            state = run.tables[spec.identifier]
+            if error is not None:
+                run.tables[spec.identifier] = ended(state, now, error=error)
+                self.ports.on_failure(spec, error)
+                continue
+            result = results[spec.identifier]
+            run.tables[spec.identifier] = ended(state, now, result=result)
+            self.ports.on_commit(spec, result)
 
     def _ending(self, run: RunState) -> bool:
         """Whether the run ends instead of waiting: one micro-batch per table (``budget_s`` 0), the budget

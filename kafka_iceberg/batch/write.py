@@ -1,7 +1,7 @@
 """The write phase: the attempt branch, the snapshot summary, and a batch's rows written,
 unpublished: bad ones appended to the dead-letter table's attempt branch; good ones appended to
 the table's attempt branch (Spark's writer, upserts) or held as data files for the publish
-phase's one commit (``LAKE_WRITER=arrow``).
+phase's one commit (tables parsed by pyarrow, :func:`kafka_iceberg.batch.read.arrow_parsed`).
 
 Every write reconciles: the new snapshot's ``added-records`` (or the data files' record counts)
 must equal the records the read phase counted for it, or nothing is published.
@@ -185,7 +185,7 @@ def _committed(
 
 
 def write_files(lake: Lake, spec: TableSpec, batch: ReadBatch, table) -> tuple:
-    """``LAKE_WRITER=arrow``: the data files the read tasks wrote, plus files for the good records
+    """Tables parsed by pyarrow: the data files the read tasks wrote, plus files for the good records
     Spark classified (:func:`~kafka_iceberg.batch.files.write_rows`); nothing is committed (the
     publish phase commits them). ``table``: the pyiceberg ``Table`` the attempt's branch commit returned.
     Returns the pyiceberg ``DataFile`` s.

@@ -146,28 +146,6 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_MAX_RECORDS_PER_TASK",
         description="LAKE_MAX_RECORDS_PER_TASK: offsets per read task.",
     )
-    json_parser: Literal["arrow", "spark"] = Field(
-        "arrow",
-        validation_alias="LAKE_JSON_PARSER",
-        description="LAKE_JSON_PARSER: arrow (pyarrow in the read task) or spark (from_json).",
-    )
-    writer: Literal["arrow", "spark"] = Field(
-        "arrow",
-        validation_alias="LAKE_WRITER",
-        description="LAKE_WRITER: arrow (the read task writes what pyarrow parsed) or spark.",
-    )
-    driver_read_max_records: int = Field(
-        20_000,
-        ge=0,
-        validation_alias="LAKE_DRIVER_READ_MAX_RECORDS",
-        description="LAKE_DRIVER_READ_MAX_RECORDS: offsets up to which the driver reads a micro-batch (0: always Spark).",
-    )
-    warm_read_job: bool = Field(
-        True,
-        validation_alias="LAKE_WARM_READ_JOB",
-        description="LAKE_WARM_READ_JOB: a worker's warm op runs the read phase's Spark job once, on no records, "
-        "when a table's lag is above LAKE_DRIVER_READ_MAX_RECORDS.",
-    )
     dagster_executor: Literal["in_process", "multiprocess", "k8s"] = Field(
         "in_process",
         validation_alias="LAKE_DAGSTER_EXECUTOR",

@@ -192,10 +192,6 @@ class Settings:
     kafka_timeout_s: float
     read_timeout_s: float
     max_records_per_task: int
-    json_parser: str  # LAKE_JSON_PARSER: "arrow" (pyarrow in the read task) or "spark" (from_json)
-    writer: str  # LAKE_WRITER: "arrow" (the read task writes what pyarrow parsed) or "spark"
-    driver_read_max_records: int  # LAKE_DRIVER_READ_MAX_RECORDS: smaller arrow-writer batches skip the Spark job
-    warm_read_job: bool  # LAKE_WARM_READ_JOB: warm_up runs the read phase's Spark job once (kafka_iceberg.batch.warm)
     attempt_timeout_s: float
     orphan_clock_skew_s: float
     catalog_retry_s: float
@@ -290,10 +286,6 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         kafka_timeout_s=run.kafka_timeout_s,
         read_timeout_s=hooks.read_timeout_s,
         max_records_per_task=run.max_records_per_task,
-        json_parser=run.json_parser,
-        writer=run.writer,
-        driver_read_max_records=run.driver_read_max_records,
-        warm_read_job=run.warm_read_job,
         attempt_timeout_s=hooks.attempt_timeout_s,
         orphan_clock_skew_s=ORPHAN_CLOCK_SKEW_S,
         catalog_retry_s=hooks.catalog_retry_s,

@@ -139,6 +139,26 @@ def metered_batch(run_batch: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return run
 
 
+def metered_group(run_group: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap a worker's ``run_group(specs)`` (a consistency group's micro-batch; returns identifier -> each
+    member's ``BatchResult``) so each member is recorded as :func:`metered_batch` records a table: the
+    group's duration and the member's commit, or a failure of every member (the exception propagates)."""
+
+    def run(specs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            results = run_group(specs)
+        except Exception:
+            for spec in specs:
+                record_failure(spec.identifier)
+            raise
+        for identifier, result in results.items():
+            record_micro_batch(identifier, result, time.monotonic() - started)
+        return results
+
+    return run
+
+
 def record_failure(table: str) -> None:
     """Count one micro-batch of ``table`` that raised."""
     FAILURES.labels(table).inc()
@@ -215,6 +235,7 @@ __all__ = [
     "DURATION_BUCKETS",
     "PORTS_TRIED",
     "metered_batch",
+    "metered_group",
     "metered_watermarks",
     "observe_lag",
     "observe_last_commit",
