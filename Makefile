@@ -39,7 +39,7 @@ install: system-deps $(VENV)/.installed
 
 # Refresh the lock after editing pyproject.toml's dependencies: uv resolves the whole tree (all
 # platforms, Python 3.11 and 3.12) into uv.lock, then exports requirements.lock (every extra: what
-# make install installs) and requirements-runtime.lock (the k8s extra: what deploy/Dockerfile installs).
+# make install installs) and requirements-runtime.lock (no extras: what deploy/Dockerfile installs).
 # Versions already locked stay unless pyproject.toml excludes them; to move them, e.g.
 #   make lock LOCK_ARGS=--upgrade                     (everything)
 #   make lock LOCK_ARGS="--upgrade-package dagster"   (one distribution)
@@ -53,7 +53,7 @@ $(UV):
 lock: $(UV)
 	$(UV) lock $(LOCK_ARGS)
 	$(UV) export --frozen --format requirements-txt --all-extras --no-emit-project --quiet -o requirements.lock
-	$(UV) export --frozen --format requirements-txt --extra k8s --no-emit-project --quiet -o requirements-runtime.lock
+	$(UV) export --frozen --format requirements-txt --no-emit-project --quiet -o requirements-runtime.lock
 
 dagster-home:
 	@mkdir -p $(DAGSTER_HOME)

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
-from pydantic import PrivateAttr
+from dagster_pyspark import PySparkResource
 
 from kafka_iceberg.catalog.config import SECRET_KEYS
 from kafka_iceberg.catalog.spark import catalog_conf, spark_conf
@@ -118,31 +118,21 @@ def settings_for(kafka: KafkaResource, catalog: IcebergCatalogResource) -> Setti
     )
 
 
-class LakeSparkResource(ConfigurableResource):
-    """The Spark session of a run, as dagster-pyspark's ``PySparkResource`` gives it (``spark_config``,
-    ``spark_session``) without depending on dagster-pyspark, whose releases pin one Dagster patch
-    release. The session it starts when a run begins also gets the JDBC catalog's credentials from
-    ``catalog`` (resolved at run time, so never in the visible ``spark_config``), and the catalog is
-    opened first (``open_retry_s`` seconds of retries while it is locked or unreachable; it creates
-    the JDBC catalog tables if missing).
+class LakeSparkResource(PySparkResource):
+    """dagster-pyspark's ``PySparkResource`` for the lake: the session it starts when a run begins
+    also gets the JDBC catalog's credentials from ``catalog`` (resolved at run time, so never in
+    the visible ``spark_config``), and the catalog is opened first (``open_retry_s`` seconds of
+    retries while it is locked or unreachable; it creates the JDBC catalog tables if missing).
 
     Raises (at run start): ``CatalogUnavailableError`` when the catalog stays unreachable.
     """
 
-    spark_config: dict[str, Any]
     catalog: IcebergCatalogResource
     open_retry_s: float = DevHooks.model_fields["catalog_retry_s"].default
-    _spark_session: Any = PrivateAttr(default=None)
 
-    @property
-    def spark_session(self) -> Any:
-        """The run's ``pyspark.sql.SparkSession`` (started by :meth:`setup_for_execution`)."""
-        return self._spark_session
-
-    @property
-    def spark_context(self) -> Any:
-        """The session's ``SparkContext``."""
-        return self.spark_session.sparkContext
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         from pyspark.sql import SparkSession

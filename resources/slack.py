@@ -1,16 +1,17 @@
-"""Slack as a Dagster resource, through slack_sdk.
+"""Slack as a Dagster resource, through dagster-slack.
 
-:class:`LakeSlackResource` is dagster-slack's ``SlackResource`` (the token, a ``get_client``) with
-the Web API base URL, a timeout, the channel and the Dagster UI base for links, so the recording
-HTTP server of the tests (and a proxy, in production) can stand in for Slack. It does not depend on
-dagster-slack, whose releases pin one Dagster patch release. The token is an ``EnvVar``:
+:class:`LakeSlackResource` subclasses ``dagster_slack.SlackResource`` (whose only field is the
+token, and whose client always talks to ``https://slack.com/api/``) with the Web API base
+URL, a timeout, the channel and the Dagster UI base for links, so the recording HTTP server
+of the tests (and a proxy, in production) can stand in for Slack. The token is an ``EnvVar``:
 the Resources page of the UI shows the variable's name, never its value.
 
-The sensors and asset checks take it as the ``slack`` resource and post through
+The sensors and asset checks take it as the ``lake_slack`` resource (ResourceKeys) and post through
 :meth:`LakeSlackResource.sink` (a :class:`kafka_iceberg.ops.alerts.AlertSink`, which never raises).
 """
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import EnvVar
+from dagster_slack import SlackResource
 from pydantic import Field
 from slack_sdk import WebClient
 
@@ -19,8 +20,8 @@ from kafka_iceberg.config.settings import slack_settings
 from kafka_iceberg.ops.alerts import DEFAULT_API_BASE_URL, DEFAULT_CHANNEL, DEFAULT_TIMEOUT_S, DEFAULT_UI_URL, AlertSink
 
 
-class LakeSlackResource(ConfigurableResource):
-    """Slack: ``token``, ``base_url`` (Slack Web API base), ``timeout_s``
+class LakeSlackResource(SlackResource):
+    """dagster-slack's ``SlackResource`` plus ``base_url`` (Slack Web API base), ``timeout_s``
     (seconds per HTTP request), ``channel`` and ``ui_url`` (base of asset and run links).
 
     ``token`` may be empty: alerts are then only logged (WARNING), as without ``SLACK_BOT_TOKEN``.
@@ -33,6 +34,10 @@ class LakeSlackResource(ConfigurableResource):
     )
     channel: str = Field(DEFAULT_CHANNEL, description="Channel name or id alerts go to (SLACK_CHANNEL).")
     ui_url: str = Field(DEFAULT_UI_URL, description="Base URL of the Dagster UI for links (DAGSTER_UI_URL).")
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
 
     def get_client(self) -> WebClient:
         """A ``slack_sdk.WebClient`` with this resource's token, base URL and timeout.
