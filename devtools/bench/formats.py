@@ -149,10 +149,12 @@ def _polars(shape: str, dec: AvroDecoder, bodies: list[bytes]) -> list[dict]:
         import polars
     except ImportError:
         return []
-    from kafka_iceberg.formats.avro import _SENTINEL, _long
+    from kafka_iceberg.formats.avro import _SENTINEL
+    from kafka_iceberg.formats.wire import zigzag_varint
 
+    _, header, sync = dec._modes[False]
     data = _SENTINEL.join(bodies) + _SENTINEL
-    block = dec._header + _long(len(bodies)) + _long(len(data)) + data + dec._sync
+    block = header + zigzag_varint(len(bodies)) + zigzag_varint(len(data)) + data + sync
     try:
         return [
             _row(

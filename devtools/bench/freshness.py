@@ -87,13 +87,15 @@ class SteadyProducer(threading.Thread):
 
 def daemon_env(settings: Settings, home: Path, tables: Path, tmp: Path, **extra: str) -> dict[str, str]:
     """The environment of a benchmark's ``dagster-daemon``: this process's minus every ``LAKE_`` and
-    ``DAGSTER_`` variable, then the benchmark's own lake, tables file, broker and Spark scratch, and ``extra``."""
+    ``DAGSTER_`` variable (``LAKE_DEV`` too: it runs as a deployment), then the benchmark's own lake,
+    catalog and warehouse, tables file, broker and Spark scratch, and ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKE_", "DAGSTER_"))}
     env.update(
         DAGSTER_HOME=str(home),
         LAKE_HOME=str(settings.lake_home),
         LAKE_TABLES_FILE=str(tables),
         LAKE_CATALOG_URI=settings.catalog.sqlalchemy_uri,
+        LAKE_WAREHOUSE=settings.catalog.warehouse,
         KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
         PYTHONPATH=str(CHECKOUT),
         SPARK_LOCAL_IP="127.0.0.1",
