@@ -32,9 +32,6 @@ from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
 _names = itertools.count()
 
-# a run executed in process with sensor tags would lower the test process's own CPU priority for its last
-# checks, for the rest of the session (tests/test_worker.py covers lower_cpu_priority in a process of its own)
-os.environ.setdefault("LAKE_CHECK_NICENESS", "0")
 # the development defaults (the dev broker, the SQLite catalog under LAKE_HOME, the demo's tables), also
 # in the subprocesses the tests start (an installed package outside LAKE_DEV refuses to load without them)
 os.environ.setdefault("LAKE_DEV", "1")

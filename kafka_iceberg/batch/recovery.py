@@ -18,7 +18,7 @@ its last step (a crash during recovery is recovered by the next recovery):
 3. Delete orphan files: files under the table location that no snapshot references and that
    are older than the cut-off: the earlier of the instant taken *before* the refs are read
    again after the drop and the start of every attempt those refs show (minus
-   ``LAKE_ORPHAN_CLOCK_SKEW_S``). These are files a dead attempt wrote before its branch
+   ``ORPHAN_CLOCK_SKEW_S``, 1 s). These are files a dead attempt wrote before its branch
    commit. An attempt registers its branch before writing, so one the refs do not show
    started after the cut-off instant, and its files are newer than the cut-off. Uses Iceberg's
    ``DeleteOrphanFiles`` Spark action (the ``remove_orphan_files`` procedure refuses windows
