@@ -17,8 +17,8 @@ then
 * marks failed every run of this code location (tagged ``lake/table`` or selecting a ``lake/...``
   asset) that has stayed NOT_STARTED or STARTED for :data:`UNTAGGED_GRACE_S` seconds without
   liveness tags: its worker died between creating or starting the run and reaching the executor
-  (a CLI process killed in its first second). Such a run holds no slot, but the lag sensor would
-  take its table for busy for ever. STARTING runs are left to run monitoring's start timeout.
+  (a CLI process killed in its first second). Such a run holds no slot, but the sensors would
+  take its table (or worker) for busy for ever. STARTING runs are left to run monitoring's start timeout.
 
 It runs at the start of every run and every :data:`CHECK_INTERVAL_S` seconds while a run
 executes (so a run blocked on the pool proceeds once the holder is found dead), and on every tick

@@ -62,8 +62,8 @@ SNAPSHOT_ID_METADATA = "snapshot_id"
 
 MICRO_BATCHES = DynamicPartitionsDefinition(name="micro_batches")
 """The partitions of every table asset: micro-batch slots (keys from
-:func:`kafka_iceberg.lake_assets.backfill.new_slot_keys`, added by the lag sensor, the backfill command, the
-demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
+:func:`kafka_iceberg.lake_assets.backfill.new_slot_keys`, added by the backfill command, a location's lag sensor
+(``sensors/lag.py``, not in the default location), the demo, or by hand in the UI). Shared by all tables so that one partitioned job (``ingest_all``)
 can hold every table plus the unpartitioned downstream asset."""
 
 SQLITE_POOL = "lake/sqlite_catalog"

@@ -1,7 +1,7 @@
-"""Maintenance schedules: compaction, snapshot expiry and orphan-file removal per table.
-
-Each table gets three jobs, ``compact_<name>``, ``expire_snapshots_<name>`` and
-``remove_orphan_files_<name>``, each with its own schedule (cron in the table's
+"""Maintenance schedules per table. The location has only the full-scan ``duplicate_free`` schedule of each
+table: the worker runs do compaction, snapshot expiry and orphan-file removal themselves
+(:mod:`kafka_iceberg.ops.rota`). A location without worker runs (``workers=0``) gets, per table, three
+jobs, ``compact_<name>``, ``expire_snapshots_<name>`` and ``remove_orphan_files_<name>``, each with its own schedule (cron in the table's
 ``maintenance:`` declaration, UTC). They run Iceberg's Spark procedures
 (:mod:`kafka_iceberg.ops.maintenance`) in the table's concurrency pool, so they never commit
 at the same time as the table's micro-batch (or, on SQLite, as any other commit), and record
@@ -10,8 +10,6 @@ an ``AssetObservation`` on the table with live data files and bytes before and a
 A fourth schedule per table runs the full-scan ``duplicate_free`` check (:mod:`kafka_iceberg.schedules.checks`).
 The crons are spread over time across all the tables (:mod:`kafka_iceberg.ops.spread`), and a run-queue
 limit on the ``lake/maintenance`` run tag (dagster.yaml) bounds how many of these runs run at once.
-With ``LAKE_WORKERS`` >= 1 the worker runs do the maintenance themselves (:mod:`kafka_iceberg.ops.rota`),
-and only the full-scan schedules remain.
 """
 
 from __future__ import annotations
