@@ -12,6 +12,8 @@ from dagster import (
     AssetSelection,
     AutomationCondition,
     AutomationConditionSensorDefinition,
+    AutomationContext,
+    AutomationResult,
     DefaultSensorStatus,
     MaterializeResult,
     MetadataValue,
@@ -29,25 +31,52 @@ SOURCE_TABLES = frozenset({"nyc.flights", "nyc.weather"})
 """Identifiers of the declared tables this asset reads; without both, the code location omits it."""
 
 
+class TablesCommitted(AutomationCondition):
+    """True on the evaluation after a dependency got a materialization, once every dependency has one: of
+    any micro-batch slot, or none (a worker run's commits are logged without a slot, and Dagster's own
+    ``any_deps_updated`` and ``missing`` see only a partitioned asset's slots). Its cursor: the newest
+    materialization's storage id among the dependencies when last evaluated."""
+
+    @property
+    def name(self) -> str:
+        return "tables_committed"
+
+    def evaluate(self, context: AutomationContext) -> AutomationResult:
+        """The downstream asset's candidates when a dependency's newest materialization is newer than the cursor."""
+        instance = context.asset_graph_view.instance
+        deps = sorted(context.asset_graph.get(context.key).parent_keys)
+        records = instance.get_asset_records(deps)
+        ids = [r.asset_entry.last_materialization_record for r in records]
+        if len(records) < len(deps) or any(i is None for i in ids):
+            return AutomationResult(context, context.get_empty_subset(), cursor=context.cursor)
+        newest = max(i.storage_id for i in ids)
+        fresh = context.cursor is None or newest > int(context.cursor)
+        return AutomationResult(
+            context, context.candidate_subset if fresh else context.get_empty_subset(), cursor=str(newest)
+        )
+
+
 REFRESH = (
-    (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()).since_last_handled()
-    & AutomationCondition.all_deps_match(~AutomationCondition.missing())
+    TablesCommitted().since_last_handled()
     & ~AutomationCondition.any_deps_in_progress()
     & ~AutomationCondition.in_progress()
-).with_label("eager over micro-batch slots")
-"""When the asset refreshes: once any table commits a micro-batch (any slot), when no table run is
-in progress. ``AutomationCondition.eager()`` would wait forever: it holds back while *any*
-partition of a dependency is missing, and a table's micro-batch slots are never all materialized."""
+).with_label("eager over the tables' commits")
+"""When the asset refreshes: once every table committed and any commits again (a worker run's commit, a
+micro-batch slot's), when no table run is in progress. ``AutomationCondition.eager()`` would wait forever:
+it holds back while *any* partition of a dependency is missing, and a table's micro-batch slots are never all
+materialized; it and ``any_deps_updated`` do not see the worker runs' commits, logged without a slot."""
 
 
 def refresh_sensor(keys: list[AssetKey]) -> AutomationConditionSensorDefinition:
     """The sensor that evaluates :data:`REFRESH` of ``keys``, RUNNING by default (Dagster's own
-    default automation sensor starts stopped); ``dagster dev``'s daemon evaluates it every 30 s."""
+    default automation sensor starts stopped), every 30 s in the code location's server (the sensor daemon
+    asks it: :class:`TablesCommitted` is a custom condition)."""
     return AutomationConditionSensorDefinition(
         "lake_downstream_automation",
         target=AssetSelection.assets(*keys),
         default_status=DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=30,
+        use_user_code_server=True,  # TablesCommitted is a condition of this code location
         description="Refreshes the downstream assets when their tables commit (their AutomationCondition).",
     )
 

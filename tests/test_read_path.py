@@ -9,6 +9,7 @@ import pytest
 from dagster import (
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     DagsterInstance,
     DefaultSensorStatus,
     Definitions,
@@ -145,6 +146,32 @@ def test_the_downstream_asset_refreshes_when_a_table_commits(settings, kafka_con
     )
     keys, cursor = requested(cursor)
     assert keys == {downstream.key}
+
+
+def test_the_downstream_asset_refreshes_after_worker_commits_without_a_slot():
+    """Worker runs log a table's commits as materializations without a micro-batch slot: :data:`REFRESH`
+    requests the downstream asset once every table has one (a slot's or not), and again after each commit."""
+    tables = [AssetKey(["lake", "ui", name]) for name in ("a", "b")]
+    upstream = [asset(key=key, partitions_def=MICRO_BATCHES)(lambda: None) for key in tables]
+    down = asset(key=["lake", "ui", "down"], deps=tables, automation_condition=REFRESH)(lambda: None)
+    defs = Definitions(assets=[*upstream, down])
+    instance = DagsterInstance.ephemeral()
+    cursor = None
+
+    def commit(key: AssetKey | None, partition: str | None = None) -> bool:
+        nonlocal cursor
+        if key is not None:
+            instance.report_runless_asset_event(AssetMaterialization(asset_key=key, partition=partition))
+        result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        cursor = result.cursor
+        return result.get_num_requested(down.key) == 1
+
+    assert not commit(tables[0]), "one table has no commit yet"
+    assert commit(tables[1]), "both tables committed (worker runs: no slot)"
+    assert not commit(None), "nothing new"
+    assert commit(tables[0]), "a worker run's commit"
+    assert not commit(None)
+    assert commit(tables[1], _slot(instance, "s1")), "a micro-batch slot's commit"
 
 
 def test_the_code_location_refreshes_the_demo_downstream_asset_by_a_running_sensor(tmp_path):
