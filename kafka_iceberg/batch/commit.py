@@ -78,6 +78,7 @@ def commit(table, requirements: tuple = (), updates: tuple = ()):
         :func:`kafka_iceberg.catalog.tables.is_transient_catalog_error`), as pyiceberg's commit raises it.
     """
     from pyiceberg.table import Table
+    from sqlalchemy.orm import Session
 
     catalog = table.catalog
     if not _swappable(catalog):
@@ -91,7 +92,9 @@ def commit(table, requirements: tuple = (), updates: tuple = ()):
         return table
     location, io = _write(catalog, metadata, table.metadata_location)
     try:
-        _swap(catalog, table.name(), table.metadata_location, location)
+        with Session(catalog.engine) as session:
+            swap_row(session, catalog, table.name(), table.metadata_location, location)
+            session.commit()
     except StaleBaseError:
         _delete_quietly(io, location)
         raise
@@ -170,33 +173,35 @@ def _write(catalog, metadata, base_location: str):
     return location, io
 
 
-def _swap(catalog, identifier, base_location: str, location: str) -> None:
-    """Point the table's catalog row at ``location`` if it still points at ``base_location``.
+def swap_row(session, catalog, identifier, base_location: str, location: str | None, why: str = "") -> None:
+    """In the database transaction ``session`` (a SQLAlchemy ``Session`` on ``catalog.engine``), point the
+    table's catalog row at ``location`` if it still points at ``base_location``; ``location`` None only
+    requires that it does (a guard: the row is rewritten unchanged). The caller commits.
 
     Raises:
-        StaleBaseError: it points elsewhere (or the table is gone).
+        StaleBaseError: it points elsewhere (or the table is gone); ``why`` ends its message.
     """
     from pyiceberg.catalog import Catalog
     from pyiceberg.catalog.sql import IcebergTables
     from sqlalchemy import update
-    from sqlalchemy.orm import Session
 
     namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
     name = Catalog.table_name_from(identifier)
-    with Session(catalog.engine) as session:
-        result = session.execute(
-            update(IcebergTables)
-            .where(
-                IcebergTables.catalog_name == catalog.name,
-                IcebergTables.table_namespace == namespace,
-                IcebergTables.table_name == name,
-                IcebergTables.metadata_location == base_location,
-            )
-            .values(metadata_location=location, previous_metadata_location=base_location)
+    values = {"metadata_location": base_location}
+    if location is not None:
+        values = {"metadata_location": location, "previous_metadata_location": base_location}
+    result = session.execute(
+        update(IcebergTables)
+        .where(
+            IcebergTables.catalog_name == catalog.name,
+            IcebergTables.table_namespace == namespace,
+            IcebergTables.table_name == name,
+            IcebergTables.metadata_location == base_location,
         )
-        if result.rowcount < 1:
-            raise StaleBaseError(f"table {namespace}.{name} moved since its metadata {base_location} was loaded")
-        session.commit()
+        .values(**values)
+    )
+    if result.rowcount < 1:
+        raise StaleBaseError(f"table {namespace}.{name} moved since its metadata {base_location} was loaded{why}")
 
 
 def _delete_quietly(io, location: str) -> bool:
@@ -390,4 +395,5 @@ __all__ = [
     "delete_removed_metadata",
     "stage_publish",
     "staged_updates",
+    "swap_row",
 ]

@@ -31,6 +31,7 @@ from kafka_iceberg.batch.commit import (
     _write,
     apply_updates,
     delete_removed_metadata,
+    swap_row,
 )
 from kafka_iceberg.errors import LakeError
 
@@ -147,35 +148,13 @@ def _swap_all(catalog, prepared: list[_Prepared], crash_hook: Callable[[str], No
     Raises:
         StaleBaseError: a row no longer names its base (the transaction is rolled back).
     """
-    from pyiceberg.catalog import Catalog
-    from pyiceberg.catalog.sql import IcebergTables
-    from sqlalchemy import update
     from sqlalchemy.orm import Session
 
-    with Session(catalog.engine) as session:
+    with Session(catalog.engine) as session:  # closing it without a commit rolls the transaction back
         for n, p in enumerate(sorted(prepared, key=lambda p: p.member.identifier)):
-            identifier, base_location = p.member.table.name(), p.member.table.metadata_location
-            namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
-            name = Catalog.table_name_from(identifier)
-            values = {"metadata_location": base_location}
-            if p.location is not None:
-                values = {"metadata_location": p.location, "previous_metadata_location": base_location}
-            result = session.execute(
-                update(IcebergTables)
-                .where(
-                    IcebergTables.catalog_name == catalog.name,
-                    IcebergTables.table_namespace == namespace,
-                    IcebergTables.table_name == name,
-                    IcebergTables.metadata_location == base_location,
-                )
-                .values(**values)
-            )
-            if result.rowcount < 1:
-                session.rollback()
-                raise StaleBaseError(
-                    f"table {namespace}.{name} moved since its metadata {base_location} was loaded; "
-                    "no table of the group was committed"
-                )
+            table = p.member.table
+            why = "; no table of the group was committed"
+            swap_row(session, catalog, table.name(), table.metadata_location, p.location, why)
             if n == 0:
                 crash_hook("group_in_transaction")
         session.commit()
