@@ -412,9 +412,10 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--backlog", type=int, default=10_000, help="--many: backlog records per table (default 10,000)")
     ap.add_argument(
         "--catalog",
-        choices=("sqlite", "postgres"),
-        default="sqlite",
-        help="--many: the JDBC catalog's database (postgres: a private dev PostgreSQL server)",
+        choices=("sqlite", "postgres", "both"),
+        default=None,
+        help="the JDBC catalog's database (postgres: a private dev PostgreSQL server); both: --many runs on "
+        "SQLite, then on PostgreSQL (the default with --many; else sqlite)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the /tmp/bench-* directory (broker data, lake)")
     args = ap.parse_args(argv)
@@ -426,6 +427,19 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.catalog is None:
+        args.catalog = "both" if args.many else "sqlite"
+    if args.catalog == "both" and not args.many:
+        raise SystemExit("--catalog both applies to --many only")
+    catalogs = ("sqlite", "postgres") if args.catalog == "both" else (args.catalog,)
+    failed = 0
+    for catalog in catalogs:
+        failed |= run_on(args, catalog)
+    return failed
+
+
+def run_on(args, catalog: str) -> int:
+    """One benchmark run with its own broker, lake and (``catalog`` postgres) PostgreSQL; 1 on an error."""
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
     broker_dir = tmp / "kafka"
@@ -435,23 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {}
     try:
         bootstrap = devbroker.start(broker_dir, devbroker.free_port())
-        if args.catalog == "postgres":
+        if catalog == "postgres":
             pg = summary["postgres"] = devpostgres.create()
             say(f"catalog: PostgreSQL {pg.uri.rsplit('@', 1)[-1]} (devtools/services/devpostgres.py)")
         uri = summary["postgres"].uri if "postgres" in summary else None
         summary["settings"] = bench_settings(tmp / "lake", bootstrap, uri)
-        if args.freshness:
-            from devtools.bench.freshness import run_freshness
-
-            summary["freshness"] = run_freshness(args, tmp, summary["settings"])
-        elif args.many:
-            from devtools.bench.many import run_many
-
-            summary["many"] = run_many(args, tmp, summary["settings"])
-        elif args.scale:
-            run_scale_section(tmp, summary)
-        else:
-            run(args, tmp, summary)
+        _run_goals(args, tmp, summary)
     except Exception as exc:
         import traceback
 
@@ -460,23 +463,42 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         summary["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        spark = summary.pop("spark", None)
-        if spark is not None:
-            try:
-                spark.stop()
-            except Exception:  # noqa: BLE001 - best effort at exit
-                pass
-        gc.collect()  # drop Kafka clients before their broker goes away
-        devbroker.stop(broker_dir)
-        if "postgres" in summary:
-            summary.pop("postgres").destroy()
-        if args.keep:
-            say(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _tear_down(args, summary, broker_dir, tmp)
     if not args.freshness:
         print_summary(args, summary, started)
     return 1 if "error" in summary else 0
+
+
+def _run_goals(args, tmp: Path, summary: dict) -> None:
+    if args.freshness:
+        from devtools.bench.freshness import run_freshness
+
+        summary["freshness"] = run_freshness(args, tmp, summary["settings"])
+    elif args.many:
+        from devtools.bench.many import run_many
+
+        summary["many"] = run_many(args, tmp, summary["settings"])
+    elif args.scale:
+        run_scale_section(tmp, summary)
+    else:
+        run(args, tmp, summary)
+
+
+def _tear_down(args, summary: dict, broker_dir: Path, tmp: Path) -> None:
+    spark = summary.pop("spark", None)
+    if spark is not None:
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    gc.collect()  # drop Kafka clients before their broker goes away
+    devbroker.stop(broker_dir)
+    if "postgres" in summary:
+        summary.pop("postgres").destroy()
+    if args.keep:
+        say(f"kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
