@@ -22,7 +22,7 @@ Exit codes, the same for every subcommand:
 130   interrupted (Ctrl-C)
 ====  ==========================================================================
 
-Errors print one line on stderr, no traceback (``LAKE_DEBUG=1`` shows it); with ``--json``
+Errors print one line on stderr, no traceback (``--debug`` shows it); with ``--json``
 stdout also gets ``{"error": ..., "message": ..., "exit_code": ...}``. See
 docs/operations.md#the-lake-command.
 """
@@ -69,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="version", version=f"lake (kafka-iceberg-lake) {version()}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output: JSON lines on stdout")
+    common.add_argument("--debug", action="store_true", help="print tracebacks and librdkafka's connection log")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(
         "status",
@@ -117,23 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see the module docstring)."""
     args = parser().parse_args(argv)
     log_warnings_as_lines()
-    as_json = getattr(args, "json", False)
+    as_json, debug = getattr(args, "json", False), getattr(args, "debug", False)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
-        return fail(KeyboardInterrupt("interrupted (Ctrl-C)"), INTERRUPTED, as_json)
-    except Exception as exc:  # noqa: BLE001 - one line, not a traceback (LAKE_DEBUG=1 or the error log has it)
-        return fail(exc, exit_code_for(exc), as_json)
+        return fail(KeyboardInterrupt("interrupted (Ctrl-C)"), INTERRUPTED, as_json, debug)
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback (--debug or the error log has it)
+        return fail(exc, exit_code_for(exc), as_json, debug)
 
 
-def quiet_kafka(settings):
+def quiet_kafka(settings, debug: bool = False):
     """A :class:`~kafka_iceberg.kafka.admin.KafkaMetadata` whose librdkafka log lines (one per
-    failed connection attempt) go to the ``lake.librdkafka`` logger, silent unless ``LAKE_DEBUG``."""
+    failed connection attempt) go to the ``lake.librdkafka`` logger, silent unless ``debug`` (``--debug``)."""
     import dataclasses
     import logging
 
     log = logging.getLogger("lake.librdkafka")
-    log.propagate, log.disabled = settings.debug, not settings.debug
+    log.propagate, log.disabled = debug, not debug
     config = KafkaConfig.from_settings(settings)
     return KafkaMetadata(dataclasses.replace(config, client_config={**config.client_config, "logger": log}))
 
@@ -195,7 +196,7 @@ def _status(args) -> int:
     from kafka_iceberg.catalog.tables import load_catalog, read_state
 
     settings, specs = _settings_and_specs()
-    kafka = quiet_kafka(settings)
+    kafka = quiet_kafka(settings, args.debug)
     catalog = load_catalog(settings.catalog, settings.catalog_retry_s)
     code, now_ms = OK, int(time.time() * 1000)
     for spec in specs:
@@ -240,7 +241,9 @@ def _confirm_gap(args, settings, spec) -> bool:
     # imported here: it imports pyspark, which `lake tables` and `lake validate` do not need
     from kafka_iceberg.catalog.tables import load_catalog, read_state
 
-    marks = quiet_kafka(settings).watermarks(spec.topic)  # fails fast (exit 3) before Spark when the broker is down
+    marks = quiet_kafka(settings, args.debug).watermarks(
+        spec.topic
+    )  # fails fast (exit 3) before Spark when the broker is down
     lost = lost_ranges(
         marks, read_state(load_catalog(settings.catalog, settings.catalog_retry_s), spec.identifier).offsets
     )
@@ -288,7 +291,7 @@ def _backfill(args) -> int:
         batches=args.batches,
         force=args.force,
         wait_s=args.wait,
-        kafka=quiet_kafka(settings),
+        kafka=quiet_kafka(settings, args.debug),
         url=args.url,
         as_json=args.json,
     )
@@ -329,7 +332,9 @@ def _replay(args) -> int:
     from kafka_iceberg.replay import ReplayError, ReplayRequest, run_replay
 
     settings, specs, spec = _find(args)
-    quiet_kafka(settings).watermarks(spec.topic)  # fail fast (exit 3) before starting Spark when the broker is down
+    quiet_kafka(settings, args.debug).watermarks(
+        spec.topic
+    )  # fail fast (exit 3) before starting Spark when the broker is down
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
     catalog = load_catalog(settings.catalog, settings.catalog_retry_s)
     try:

@@ -13,7 +13,7 @@ import traceback
 from importlib import metadata
 from pathlib import Path
 
-from kafka_iceberg.config.settings import debug_enabled, load_settings
+from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.errors import (
     BrokerUnavailableError,
     CatalogUnavailableError,
@@ -83,14 +83,14 @@ def write_error_log(exc: BaseException) -> Path | None:
     return None
 
 
-def fail(exc: BaseException, code: int, as_json: bool = False) -> int:
+def fail(exc: BaseException, code: int, as_json: bool = False, debug: bool = False) -> int:
     """Print ``exc`` as one line on stderr (``lake: <kind>: <message>``) and return ``code``.
 
     An unexpected error (code 1) also writes its traceback to a log file named on the line;
-    ``LAKE_DEBUG=1`` prints every traceback. With ``as_json``, stdout gets
+    ``debug`` (``lake --debug``) prints every traceback. With ``as_json``, stdout gets
     ``{"error": <kind>, "message": ..., "exit_code": code[, "log": path]}`` too.
     """
-    if debug_enabled():
+    if debug:
         traceback.print_exception(exc)
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     kind = {UNREACHABLE: "unreachable", BAD_INPUT: "bad input", INTERRUPTED: "interrupted"}.get(code, "error")

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 # import this checkout's packages even when the virtualenv's editable install points at another
@@ -118,10 +119,9 @@ def main() -> int:
             return 2
         return run(settings)
     except (LakeError, RuntimeError, subprocess.CalledProcessError, OSError) as exc:  # services that did not start
-        if os.environ.get("LAKE_DEBUG"):
-            raise
+        traceback.print_exc(file=sys.stderr)  # a dev tool: the cause in full, then the one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"demo: {type(exc).__name__}: {first} (LAKE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"demo: {type(exc).__name__}: {first}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,7 @@
 """Spark on a warehouse in S3, in its own process (one SparkContext per process).
 
 Usage: ``python -m tests.spark_s3_batch`` with the catalog in ``LAKE_CATALOG_PROPERTIES`` and
-``PYICEBERG_CATALOG__LAKE__*`` and the jars in ``LAKE_SPARK_JARS``. Creates ``lake.db.events``, appends
+``PYICEBERG_CATALOG__LAKE__*`` and the jars in ``spark.jars`` of ``LAKE_SPARK_CONF``. Creates ``lake.db.events``, appends
 1,000 rows with a snapshot property, uploads ``ORPHAN_KEY`` (written by no snapshot) with boto3, then runs
 Iceberg's orphan-file action as recovery runs it (:func:`kafka_iceberg.batch.recovery.delete_orphan_files`, which
 lists an object-storage table by prefix). Prints one JSON line: ``{"spark_count", "metadata_location",

@@ -28,7 +28,6 @@ SUBCOMMANDS = ("status", "backfill", "replay", "accept-gap", "validate", "tables
 def lake(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``lake ARGS`` as a process (the entry point is ``kafka_iceberg.lake_assets.cli:main``)."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    full.pop("LAKE_DEBUG", None)
     return subprocess.run(
         [sys.executable, "-m", "kafka_iceberg.lake_assets.cli", *args],
         env=full,
@@ -255,7 +254,6 @@ def test_every_subcommand_takes_json(offline_env, tmp_path):
 def test_unexpected_error_exits_1_with_one_line_and_a_log(offline_env, monkeypatch, capsys):
     for k, v in offline_env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.delenv("LAKE_DEBUG", raising=False)
 
     def broken(args):
         raise KeyError("a bug")
@@ -267,6 +265,9 @@ def test_unexpected_error_exits_1_with_one_line_and_a_log(offline_env, monkeypat
     log = Path(line.rsplit("(traceback in ", 1)[1].rstrip(")"))
     assert log.parent == Path(offline_env["LAKE_HOME"]) / "logs"
     assert "Traceback" in log.read_text() and "raise KeyError" in log.read_text()
+    assert cli.main(["tables", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "raise KeyError" in err, "--debug prints the traceback itself"
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -281,7 +281,7 @@ def test_a_table_invalid_beyond_its_field_types_is_named_with_its_file(tmp_path,
 
 
 def test_lake_validate_checks_the_component_instances(tmp_path):
-    env = {k: v for k, v in _env(tmp_path).items() if k != "LAKE_DEBUG"}
+    env = _env(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "kafka_iceberg.lake_assets.cli", "validate"],
         env=env,

@@ -142,7 +142,7 @@ def test_clean_stops_the_registry_and_a_capture_and_spares_other_processes(tmp_p
 def test_demo_names_a_missing_prerequisite_in_one_line(tmp_path, monkeypatch):
     empty = tmp_path / "bin"
     empty.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "LAKE_DEBUG")}
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "demo.py")],
         env={**env, "PATH": str(empty), "LAKE_HOME": str(tmp_path / "lake")},

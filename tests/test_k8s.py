@@ -337,7 +337,9 @@ def test_run_pods_get_the_spark_drivers_resources_not_the_code_servers(values, t
         "containers"
     ]
     run_memory = container["resources"]["limits"]["memory"]
-    driver = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")["data"]["LAKE_SPARK_DRIVER_MEMORY"]
+    driver = json.loads(load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")["data"]["LAKE_SPARK_CONF"])[
+        "spark.driver.memory"
+    ]
     assert run_memory != deployment["resources"]["limits"]["memory"]
     assert memory_mib(run_memory.removesuffix("i")) >= memory_mib(driver) + 384 + 1024  # heap + overhead + Python
     assert container["resources"]["requests"]["cpu"] == "2"  # SPARK_MASTER local[2]

@@ -137,7 +137,7 @@ def test_two_workers_ingest_two_tables_in_parallel_within_their_pools(
             "KAFKA_BOOTSTRAP_SERVERS": broker,
             "LAKE_CATALOG_URI": catalog_uri,
             "SPARK_MASTER": "local[1]",
-            "LAKE_SPARK_DRIVER_MEMORY": "512m",
+            "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "512m"}),
             "LAKE_READ_TIMEOUT_S": "60",
         }
     )

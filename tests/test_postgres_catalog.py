@@ -93,7 +93,7 @@ def test_two_processes_commit_to_two_tables_concurrently(pg_settings, kafka_conf
         "LAKE_CATALOG_URI": _uri(pg_settings),
         "LAKE_WAREHOUSE": pg_settings.catalog.warehouse,
         "SPARK_MASTER": "local[1]",
-        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
     }
     t0 = time.monotonic()
     procs = [

@@ -99,7 +99,7 @@ def spark_on_s3(s3, tmp_path_factory):
         **catalog_env(s3, tmp_path, bucket),
         "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")]),
         "LAKE_HOME": str(tmp_path),
-        "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()),
+        "LAKE_SPARK_CONF": json.dumps({"spark.jars": ",".join(aws_sdk_jars())}),
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     proc = subprocess.run(
@@ -151,8 +151,7 @@ def test_micro_batches_through_the_write_path_on_s3(s3, broker, kafka_config, to
         "LAKE_HOME": str(tmp_path / "lake"),
         "KAFKA_BOOTSTRAP_SERVERS": broker,
         "SPARK_MASTER": "local[1]",
-        "LAKE_SPARK_DRIVER_MEMORY": "1g",
-        "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()),
+        "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g", "spark.jars": ",".join(aws_sdk_jars())}),
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
 

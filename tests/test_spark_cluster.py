@@ -56,10 +56,10 @@ def test_micro_batches_on_a_standalone_cluster(spark_cluster, broker, kafka_conf
         "LAKE_HOME": str(tmp_path / "lake"),
         "KAFKA_BOOTSTRAP_SERVERS": broker,
         "SPARK_MASTER": spark_cluster.url,
-        "LAKE_SPARK_DRIVER_MEMORY": "1g",
         "LAKE_MAX_RECORDS_PER_TASK": "500",  # 4 partitions x 1000 records -> 8 read tasks
         "LAKE_SPARK_CONF": json.dumps(
             {
+                "spark.driver.memory": "1g",
                 "spark.executor.memory": "512m",
                 "spark.executor.cores": "1",
                 "spark.cores.max": "2",

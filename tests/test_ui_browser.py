@@ -97,7 +97,7 @@ def dagster_ui(tmp_path, broker, kafka_config, slack):
         "PYTHONPATH": os.pathsep.join([str(tmp_path / "uiproject"), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "KAFKA_BOOTSTRAP_SERVERS": broker,
         "SPARK_MASTER": "local[1]",
-        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
         "DAGSTER_UI_URL": f"http://127.0.0.1:{port}",
         "KAFKA_CLIENT_CONFIG": json.dumps({"sasl.password": SASL_PASSWORD}),
         "SLACK_BOT_TOKEN": SLACK_TOKEN,

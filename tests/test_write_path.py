@@ -156,7 +156,7 @@ def _run_in_subprocess(settings, raw_spec: dict, crash_at: str | None, commit_id
         "LAKE_HOME": str(settings.lake_home),
         "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
         "SPARK_MASTER": "local[1]",
-        "LAKE_SPARK_DRIVER_MEMORY": "1g",
+        "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
         **(extra_env or {}),
     }
     if crash_at:

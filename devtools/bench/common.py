@@ -258,7 +258,7 @@ def read_back(config: KafkaConfig, topic: str, start: dict[int, int], end: dict[
 def bench_settings(lake_home: Path, bootstrap: str, catalog_uri: str | None = None) -> Settings:
     """Settings on a fresh LAKE_HOME and the benchmark's broker, with the catalog on ``catalog_uri``
     (default: SQLite in LAKE_HOME). Spark and task-sizing variables from the environment (SPARK_MASTER,
-    LAKE_SPARK_DRIVER_MEMORY, LAKE_MAX_RECORDS_PER_TASK, LAKE_SPARK_CONF) still apply; catalog location
+    LAKE_MAX_RECORDS_PER_TASK, LAKE_SPARK_CONF) still apply; catalog location
     variables do not."""
     env = {k: v for k, v in os.environ.items() if k not in _SHARED_STATE_VARS}
     env["LAKE_HOME"] = str(lake_home)

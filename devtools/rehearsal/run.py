@@ -281,7 +281,7 @@ class Lake:
             "LAKE_HOME": str(self.home),
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "SPARK_MASTER": "local[1]",
-            "LAKE_SPARK_DRIVER_MEMORY": "1g",
+            "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
             "LAKE_ATTEMPT_TIMEOUT_S": "5",  # runs are sequential here: an attempt 5 s old is dead
             "LAKE_READ_TIMEOUT_S": "60",
             "LAKE_KAFKA_TIMEOUT_S": "20",

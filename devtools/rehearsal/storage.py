@@ -115,7 +115,7 @@ def storage_faults(
             extra_env={
                 **secrets,
                 "LAKE_CATALOG_PROPERTIES": _catalog_properties(db, bucket, proxy.endpoint),
-                "LAKE_SPARK_JARS": ",".join(aws_sdk_jars()),
+                "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g", "spark.jars": ",".join(aws_sdk_jars())}),
             },
         )
         sr = Rehearsal(lake, r.log)

@@ -48,7 +48,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     """Spark configuration for the Iceberg runtime and the JDBC catalog (``spark.sql.catalog.<name>``).
 
     Includes the master URL, driver memory, the jars (Iceberg runtime, the catalog's
-    Debian JDBC driver, ``LAKE_SPARK_JARS``) and ``LAKE_SPARK_CONF`` on top.
+    Debian JDBC driver, ``spark.jars`` of ``LAKE_SPARK_CONF``) and the rest of ``LAKE_SPARK_CONF`` on top.
 
     Raises:
         ConfigError: a sql/jdbc catalog's JDBC driver jar is missing (install the Debian package; see README).

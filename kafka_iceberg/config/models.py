@@ -101,11 +101,6 @@ class RuntimeSettings(EnvGroup):
         validation_alias="LAKE_CATALOG_SECRETS_DIR",
         description="LAKE_CATALOG_SECRETS_DIR: a directory of one file per secret catalog property (a mounted Secret).",
     )
-    debug: str | None = Field(
-        None,
-        validation_alias="LAKE_DEBUG",
-        description="LAKE_DEBUG: non-empty: the lake command prints tracebacks and librdkafka's log lines.",
-    )
     warehouse: str | None = Field(
         None,
         validation_alias="LAKE_WAREHOUSE",
@@ -118,16 +113,11 @@ class RuntimeSettings(EnvGroup):
         validation_alias="SPARK_LOCAL_IP",
         description="SPARK_LOCAL_IP: the driver's host and bind address.",
     )
-    spark_driver_memory: str = Field(
-        "2g", validation_alias="LAKE_SPARK_DRIVER_MEMORY", description="LAKE_SPARK_DRIVER_MEMORY: spark.driver.memory."
-    )
-    spark_extra_jars: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), validation_alias="LAKE_SPARK_JARS", description="LAKE_SPARK_JARS: comma-separated jar paths."
-    )
     spark_conf: JsonObject = Field(
         default_factory=dict,
         validation_alias="LAKE_SPARK_CONF",
-        description="LAKE_SPARK_CONF: JSON object of Spark settings applied last.",
+        description="LAKE_SPARK_CONF: JSON object of Spark settings applied last; spark.driver.memory (default 2g) "
+        "also sizes the run pods, spark.jars is appended to the derived jars.",
     )
     pyspark_python: str | None = Field(
         None,
@@ -158,11 +148,6 @@ class RuntimeSettings(EnvGroup):
     )
 
     v_json = field_validator("kafka_client_config", "spark_conf", mode="before")(_json_object)
-
-    @field_validator("spark_extra_jars", mode="before")
-    @classmethod
-    def _jars(cls, value: Any) -> Any:
-        return tuple(j for j in value.split(",") if j.strip()) if isinstance(value, str) else value
 
 
 class StreamSettings(EnvGroup):

@@ -42,7 +42,7 @@ def memory_mib(spark_memory: str) -> int:
 
 
 def run_pod_resources(settings: Settings) -> dict[str, dict[str, str]]:
-    """``requests``/``limits`` of a run pod: memory = Spark driver memory (``LAKE_SPARK_DRIVER_MEMORY``)
+    """``requests``/``limits`` of a run pod: memory = Spark driver memory (``spark.driver.memory`` of ``LAKE_SPARK_CONF``)
     + Spark's overhead + :data:`RUN_PROCESS_MIB`, rounded up to 256 MiB; CPU = N of ``local[N]``
     (else 1). No CPU limit (Spark's bursts are throttled, not killed)."""
     heap = memory_mib(settings.spark_driver_memory)
@@ -59,7 +59,7 @@ def run_pod_tags(settings: Settings | None = None) -> dict[str, str]:
 
     Raises:
         ConfigError: see :func:`~kafka_iceberg.config.settings.load_settings`.
-        ValueError: ``LAKE_SPARK_DRIVER_MEMORY`` is not a Spark memory size.
+        ValueError: ``spark.driver.memory`` is not a Spark memory size.
     """
     settings = settings or load_settings()
     return {RUN_POD_TAG: json.dumps({"container_config": {"resources": run_pod_resources(settings)}})}

@@ -10,7 +10,7 @@ process environment or an explicit mapping (empty values are unset; a bad value 
 Parts that must load even when another variable is malformed have their own loaders, used by
 ``load_settings`` too:
 :func:`slack_settings` (alerts never fail), :func:`registry_settings` (Schema Registry credentials),
-:func:`debug_enabled` (``LAKE_DEBUG``, for the CLI's error path) and :func:`expand_env_references`
+and :func:`expand_env_references`
 (``${VAR}`` in a declared registry URL). :func:`run_catalog` resolves a Dagster resource's catalog
 with the credentials of the run's environment; :func:`export_spark_environment` sets Spark's
 child-process variables. ``LAKE_CRASH_AT`` (failure rehearsal) is read only by devtools/rehearsal/faults.py.
@@ -145,11 +145,6 @@ def dev_defaults(env: Mapping[str, str] | None = None) -> bool:
     return _process_env(env).get("LAKE_DEV", "").strip().lower() in ("1", "true", "yes")
 
 
-def debug_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """``LAKE_DEBUG`` is set (non-empty): the CLI prints tracebacks and librdkafka's log lines."""
-    return bool(_process_env(env).get("LAKE_DEBUG"))
-
-
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -168,6 +163,18 @@ def expand_env_references(raw: str, what: str, env: Mapping[str, str] | None = N
         return values[m.group(1)]
 
     return _ENV_REF.sub(sub, raw)
+
+
+DRIVER_MEMORY = "2g"  # spark.driver.memory unless LAKE_SPARK_CONF sets it: planning and commits, not data
+
+
+def _spark_sizing(conf: Mapping[str, str]) -> dict:
+    """``LAKE_SPARK_CONF`` split into the driver memory (``spark.driver.memory``, also the run pods' size),
+    the extra jars (``spark.jars``, comma-separated, appended to the derived ones) and the rest."""
+    rest = dict(conf)
+    memory = rest.pop("spark.driver.memory", DRIVER_MEMORY)
+    jars = tuple(j.strip() for j in rest.pop("spark.jars", "").split(",") if j.strip())
+    return {"spark_driver_memory": memory, "spark_extra_jars": jars, "spark_conf": rest}
 
 
 @dataclass(frozen=True)
@@ -201,8 +208,6 @@ class Settings:
     stream: StreamSettings
     slack: SlackSettings
     registry: RegistrySettings
-    debug: bool
-    """``LAKE_DEBUG``: tracebacks and librdkafka log lines in the CLI."""
     pyspark_python: str
     """``PYSPARK_PYTHON``: the interpreter of Spark's Python workers (default: this one)."""
     from_process_env: frozenset[str]
@@ -280,9 +285,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         catalog=catalog,
         spark_master=run.spark_master,
         spark_local_ip=run.spark_local_ip,
-        spark_driver_memory=run.spark_driver_memory,
-        spark_extra_jars=run.spark_extra_jars,
-        spark_conf=dict(run.spark_conf),
+        **_spark_sizing(run.spark_conf),
         kafka_timeout_s=run.kafka_timeout_s,
         read_timeout_s=hooks.read_timeout_s,
         max_records_per_task=run.max_records_per_task,
@@ -295,7 +298,6 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
         stream=_group(StreamSettings, env),
         slack=slack,
         registry=registry_settings(env),
-        debug=debug_enabled(env),
         pyspark_python=run.pyspark_python or sys.executable,
         from_process_env=frozenset(k for k in env if k in SECRET_BEARING or k.startswith("PYICEBERG_CATALOG__"))
         if from_process
