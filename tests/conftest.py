@@ -50,6 +50,7 @@ SLOW_MODULES = (
     "test_cli.py",
     "test_leaks.py",
     "test_component.py",
+    "test_dg_dev.py",
     "test_compaction_concurrency.py",
     "test_rehearsal_workers.py",
     "test_rehearsal_cdc.py",
