@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
-from pyspark.sql import functions as F
 
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.evolve import evolve_schema, table_value_columns
@@ -18,14 +20,13 @@ from kafka_iceberg.batch.files import discard, file_writer
 from kafka_iceberg.batch.formats import classify_registry
 from kafka_iceberg.batch.keys import parse_keys, with_key_problem
 from kafka_iceberg.batch.planning import BatchPlan, split_ranges
-from kafka_iceberg.batch.types import PartitionStats, ReadBatch, WritePlan
+from kafka_iceberg.batch.read_stats import check_read, first_bad_record, partition_stats, piece_totals, quarantine_kinds
+from kafka_iceberg.batch.types import ReadBatch, WritePlan
 from kafka_iceberg.cdc.changes import parse_changes
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.errors import LakeError, MalformedRecordError
 from kafka_iceberg.formats import arrow_json
 from kafka_iceberg.formats.transform import (
-    PROBLEM,
     classify,
     classify_parsed,
     iceberg_value_columns,
@@ -144,8 +145,17 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
     """
     stats, written = _Collected(), _Collected()
     reader = _task_reader(lake, spec.identifier, parser, stats, writer, written)
-    ranges = [dict(zip(RANGE_SCHEMA.names, row)) for row in _range_pieces(lake, plan.offsets)]
-    leftovers = sum(out.num_rows for out in reader(iter([pa.RecordBatch.from_pylist(ranges, RANGE_SCHEMA)])))
+
+    def read(pieces: list) -> int:  # one read task's pieces; the leftover records it output
+        ranges = [dict(zip(RANGE_SCHEMA.names, row)) for row in pieces]
+        return sum(out.num_rows for out in reader(iter([pa.RecordBatch.from_pylist(ranges, RANGE_SCHEMA)])))
+
+    shares = driver_read_shares(_range_pieces(lake, plan.offsets), local_cores(lake.settings.spark_master))
+    if len(shares) == 1:
+        leftovers = read(shares[0])
+    else:  # librdkafka, pyarrow's parser and the Parquet writer release the GIL: the pieces overlap
+        with ThreadPoolExecutor(len(shares), thread_name_prefix="driver-read") as pool:
+            leftovers = sum(pool.map(read, shares))
     files = tuple(f for task_files in written.values() for f in task_files)
     if leftovers:
         discard(writer.io(), files)
@@ -175,29 +185,6 @@ def _with_leftovers(
             raise first_bad_record(spec, leftovers)
     check_read(plan.offsets, totals)
     return ReadBatch(leftovers, columns, totals, kinds, (), {}, data_files=files)
-
-
-def piece_totals(pieces) -> tuple[PartitionStats, ...]:
-    """Per-partition :class:`PartitionStats` (none quarantined) of the read tasks' ``PieceStats``;
-    partitions without records are left out, as :func:`partition_stats` leaves them out."""
-    by_partition: dict[int, list] = {}
-    for piece in pieces:
-        if piece.records:
-            by_partition.setdefault(piece.partition, []).append(piece)
-    out = []
-    for p, mine in sorted(by_partition.items()):
-        stamps = [x.max_timestamp_ms for x in mine if x.max_timestamp_ms is not None]
-        out.append(
-            PartitionStats(
-                p,
-                sum(x.records for x in mine),
-                0,
-                max(x.max_offset for x in mine),
-                max(stamps) if stamps else None,
-                sum(x.bytes for x in mine),
-            )
-        )
-    return tuple(out)
 
 
 def _counted(spec: TableSpec, plan: WritePlan, classified, columns: tuple, changes: tuple, schema_ids) -> ReadBatch:
@@ -254,6 +241,23 @@ def read_by_driver(settings: Settings, offsets: int) -> bool:
     return offsets <= DRIVER_READ_MAX_RECORDS or settings.spark_master.split("[")[0] == "local"
 
 
+def local_cores(master: str) -> int:
+    """The cores of a local Spark master: N of ``local[N]``, the machine's for ``local[*]``, 1 for ``local``
+    and any other master."""
+    m = re.fullmatch(r"local\[(\d+|\*)\]", master.strip())
+    if m is None:
+        return 1
+    return (os.cpu_count() or 1) if m[1] == "*" else max(1, int(m[1]))
+
+
+def driver_read_shares(pieces: list, threads: int) -> list[list]:
+    """``pieces`` (range pieces of at most ``LAKE_MAX_RECORDS_PER_TASK`` offsets, in plan order) dealt
+    round-robin into at most ``threads`` non-empty shares, each read by one thread of the driver with its
+    own consumer and data files; at least one share (empty when there are no pieces)."""
+    n = max(1, min(threads, len(pieces)))
+    return [pieces[i::n] for i in range(n)]
+
+
 def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:
     """The read task's pyarrow parser of ``spec``'s records for the table's value ``columns``."""
     return arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
@@ -291,83 +295,6 @@ def _task_reader(lake: Lake, table: str, parser, stats, writer, written):
     """:func:`make_task_reader` with this lake's Kafka client configuration and read timeout."""
     return make_task_reader(
         lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written
-    )
-
-
-def partition_stats(classified) -> tuple[PartitionStats, ...]:
-    """Records, bad records, max offset, max timestamp and key + value bytes per partition (one Spark job)."""
-    rows = (
-        classified.groupBy("partition")
-        .agg(
-            F.count(F.lit(1)).alias("records"),
-            F.count(F.col(PROBLEM)).alias("quarantined"),
-            F.max("offset").alias("max_offset"),
-            F.max("timestamp_ms").alias("max_timestamp_ms"),
-            F.sum(F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
-        )
-        .collect()
-    )
-    return tuple(
-        sorted(
-            (
-                PartitionStats(
-                    int(r["partition"]),
-                    int(r["records"]),
-                    int(r["quarantined"]),
-                    int(r["max_offset"]),
-                    r["max_timestamp_ms"],
-                    int(r["bytes"] or 0),
-                )
-                for r in rows
-            ),
-            key=lambda s: s.partition,
-        )
-    )
-
-
-def check_read(offsets: BatchPlan, stats) -> None:
-    """Every record read lies inside its planned range (a reader bug would otherwise duplicate).
-
-    Raises:
-        LakeError: a partition read outside its range.
-    """
-    planned = {r.partition: r for r in offsets.ranges}
-    for s in stats:
-        r = planned.get(s.partition)
-        if r is None or s.max_offset >= r.end or s.records > r.size:
-            raise LakeError(
-                f"table {offsets.table}: read {s.records} records up to offset {s.max_offset} "
-                f"from partition {s.partition}, outside the planned range {r}"
-            )
-
-
-def quarantine_kinds(classified) -> dict[str, int]:
-    """Bad records per problem kind (``malformed``, ``schema``, ...)."""
-    rows = (
-        classified.where(F.col(PROBLEM).isNotNull())
-        .groupBy(F.col(f"{PROBLEM}.kind").alias("kind"))
-        .agg(F.count(F.lit(1)).alias("n"))
-        .collect()
-    )
-    return {r["kind"]: int(r["n"]) for r in rows}
-
-
-def first_bad_record(spec: TableSpec, classified) -> MalformedRecordError:
-    """The error for the lowest bad ``(partition, offset)`` of the batch."""
-    row = (
-        classified.where(F.col(PROBLEM).isNotNull())
-        .orderBy("partition", "offset")
-        .select(
-            "topic",
-            "partition",
-            "offset",
-            F.col(f"{PROBLEM}.kind").alias("kind"),
-            F.col(f"{PROBLEM}.reason").alias("reason"),
-        )
-        .first()
-    )
-    return MalformedRecordError(
-        spec.identifier, row["topic"], row["partition"], row["offset"], f"{row['kind']}: {row['reason']}"
     )
 
 
