@@ -32,7 +32,10 @@ How a pod's container becomes a process (:class:`PodProcess`):
 * **command**: ``command`` (else the image's entrypoint, none here) followed by ``args``; its first word
   is looked up on the translated ``PATH``. **working directory**: ``workingDir``, else the image's;
 * **user**: ``runAsUser``/``runAsGroup`` of the container's, else the pod's ``securityContext``, else the
-  image's ``USER``; applied with ``setpriv`` (no capabilities) when this process is root, else ignored;
+  image's ``USER``; applied with ``setpriv`` (no capabilities) when this process is root, else ignored.
+  The image's /etc/passwd is not the host's: for a uid the host does not know, the pod runs in a mount
+  namespace of its own whose /etc/passwd and /etc/group also hold the image's user (Java and Hadoop
+  look the uid up);
 * **network**: none of its own (the pod shares the host's; a pod's IP is 127.0.0.1). Resources, probes,
   the service account, image pull settings and node scheduling are accepted and ignored.
 
@@ -68,12 +71,14 @@ def _now() -> str:
 @dataclass(frozen=True)
 class ImageConfig:
     """What an image's config gives a container besides its tree: ``env`` (``ENV``), ``workdir``
-    (``WORKDIR``), ``user`` (``USER``, a uid) and ``entrypoint`` (``ENTRYPOINT``, empty: none)."""
+    (``WORKDIR``), ``user`` (``USER``, a uid), ``entrypoint`` (``ENTRYPOINT``, empty: none) and
+    ``user_name`` (the user's name in the image's /etc/passwd)."""
 
     env: dict[str, str]
     workdir: str = "/"
     user: int | None = None
     entrypoint: tuple[str, ...] = ()
+    user_name: str = "app"  # the image's /etc/passwd name of ``user``
 
 
 class PodFailedToStart(RuntimeError):
@@ -326,11 +331,38 @@ class K8sStandIn:
             groups = ["--clear-groups"] if fs_group is None else ["--groups", str(fs_group)]
             drop = ["--reuid", str(uid), "--regid", str(gid if gid is not None else uid), *groups]
             argv = ["setpriv", *drop, "--inh-caps=-all", "--bounding-set=-all", *argv]
+            if not _has_passwd_entry(uid):
+                argv = self._with_image_user(pod, uid, gid if gid is not None else uid, env.get("HOME", "/"), argv)
         (pod.directory / "argv.json").write_text(json.dumps({"argv": argv, "cwd": cwd}, indent=1))
         with open(pod.directory / "log", "ab") as out:
             pod.proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def _with_image_user(self, pod: PodProcess, uid: int, gid: int, home: str, argv: list[str]) -> list[str]:
+        """``argv`` in a mount namespace of its own whose /etc/passwd and /etc/group are the host's plus
+        the image's user (``useradd`` in the image; Java and Hadoop look the uid up, and fail without)."""
+        passwd, group = pod.directory / "passwd", pod.directory / "group"
+        passwd.write_text(
+            Path("/etc/passwd").read_text() + f"{self.image.user_name}:x:{uid}:{gid}::{home}:/usr/sbin/nologin\n"
+        )
+        group.write_text(Path("/etc/group").read_text() + f"{self.image.user_name}:x:{gid}:\n")
+        for f in (passwd, group):
+            f.chmod(0o644)
+        script = 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"'
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "pod",
+            str(passwd),
+            str(group),
+            *argv,
+        ]
 
     def run_pod(self, manifest: dict, namespace: str = "default") -> PodProcess:
         """Create the pod ``manifest`` (a v1 Pod as a dict, ``metadata.name`` set) and start its first
@@ -582,6 +614,16 @@ class K8sStandIn:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def _has_passwd_entry(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
 
 
 def _selector(text: str) -> dict[str, str]:
