@@ -87,7 +87,8 @@ rehearse: install
 # charts' code server pod and instance, dagster-k8s's K8sRunLauncher against a stand-in for the Kubernetes
 # API that runs each pod as a process; PostgreSQL, S3 (moto), the dev broker, a Slack stand-in); a run pod
 # SIGKILLed mid-micro-batch, the code server pod restarted, two tables reconciled, one check alert.
-# About 10 minutes; also scenario `deploy` of make rehearse. REHEARSE_DEPLOY_ARGS=--keep keeps its files.
+# 10-20 minutes (Spark starts in every run pod); also scenario `deploy` of make rehearse.
+# REHEARSE_DEPLOY_ARGS=--keep keeps its files (pods' logs, the daemon's log) under /tmp/lake-deploy-*.
 rehearse-deploy: install
 	$(PY) -m devtools.rehearsal.deploy $(REHEARSE_DEPLOY_ARGS)
 

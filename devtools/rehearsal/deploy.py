@@ -212,6 +212,11 @@ def deploy(dep: Deployment, slack: SlackRecorder) -> tuple[K8sStandIn, Path, obj
     say(f"   lake-env: the kit's ConfigMap, set for this machine: {', '.join(kit.local_overrides(lake_env))}")
     home = dep.work / "dagster_home"
     home.mkdir()
+    # the instance's local artifact storage is $DAGSTER_HOME/storage of the daemon, and run pods use the
+    # same path (the step outputs of the fs io manager): in a cluster that is the image's DAGSTER_HOME,
+    # which uid 10001 owns; here the daemon's directory on this host, so the image's user may write there
+    (home / "storage").mkdir()
+    (home / "storage").chmod(0o1777)
     (home / "dagster.yaml").write_text(instance)
     daemon_env = kit.daemon_env(home, PG_PASSWORD)
     os.environ["DAGSTER_PG_PASSWORD"] = PG_PASSWORD  # for this process's view of the instance
@@ -304,16 +309,38 @@ def how_it_ended(instance, run_id: str) -> str:
         for e in instance.all_logs(run_id)
         if e.message and ("K8s job" in e.message or "worker" in e.message.lower() or "failed" in e.message.lower())
     ]
-    return f"{run.status.value}: {messages[-1][:160] if messages else '-'}"
+    return f"{run.status.value}: {messages[-1].splitlines()[0][:160] if messages else '-'}"
 
 
 # -- the phases -------------------------------------------------------------------------------------------
-def phase_ingest(dep: Deployment, instance, catalog, checks: dict) -> None:
+def describe_job(standin: K8sStandIn, run_id: str) -> str:
+    """One line on the Job K8sRunLauncher created for run ``run_id`` (as the stand-in received it)."""
+    from dagster_k8s.job import get_job_name_from_run_id
+
+    job = standin.jobs.get((kit.NAMESPACE, get_job_name_from_run_id(run_id)))
+    if job is None:
+        return f"no Job for run {run_id[:8]}"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    sources = [next(iter(s.values()))["name"] for s in container.get("envFrom", [])]
+    mounts = [f"{m['name']}:{m['mountPath']}" for m in container.get("volumeMounts", [])]
+    limits = (container.get("resources") or {}).get("limits", {})
+    pods = standin.pods_of_job(job["metadata"]["name"], kit.NAMESPACE)
+    argv = json.loads((pods[0].directory / "argv.json").read_text())["argv"] if pods else []
+    uid = argv[argv.index("--reuid") + 1] if "--reuid" in argv else "this process's"
+    return (
+        f"Job {job['metadata']['name'][:21]}... (built by dagster-k8s): image {container['image']}, "
+        f"args {' '.join(container['args'][:3])} ..., envFrom {sources}, mounts {mounts}, "
+        f"memory limit {limits.get('memory')}, pod user {uid}"
+    )
+
+
+def phase_ingest(dep: Deployment, standin: K8sStandIn, instance, catalog, checks: dict) -> None:
     say("== runs launched by the lake_workers sensor (the daemon; no run started by hand)")
     run = wait_for(lambda: worker_runs(instance, _started()), 600, 2.0)
     checks["the sensor launched a worker run"] = bool(run)
     if not run:
         raise RuntimeError(f"no worker run started within 600 s; daemon log {dep.work / 'daemon.log'}")
+    say(f"   {describe_job(standin, run[0].run_id)}")
     committed = wait_for(lambda: all(_committed(catalog, dep.specs[n]) for n in ("orders", "payments")), 600, 2.0)
     checks["its pod committed to both tables"] = bool(committed)
     say(f"   worker run {run[0].run_id[:8]} (pod of Job dagster-run-{run[0].run_id[:8]}...) committed to both tables")
@@ -385,7 +412,7 @@ def phase_restart(dep: Deployment, standin: K8sStandIn, checks: dict) -> None:
     say(f"   pod {old.name} deleted, {name} serving again after {time.monotonic() - t0:.0f} s")
 
 
-def phase_reconcile(dep: Deployment, instance, catalog, traffic: dict, checks: dict) -> list[Tally]:
+def phase_reconcile(dep: Deployment, instance, catalog, traffic: dict, killed: str, checks: dict) -> list[Tally]:
     say("== producers stopped; the sensor-launched runs catch up; every record reconciled")
     for t in traffic.values():
         t.stop()
@@ -403,6 +430,12 @@ def phase_reconcile(dep: Deployment, instance, catalog, traffic: dict, checks: d
         )
     left = branches_left(dep, catalog)
     checks["no attempt branch left"] = not left
+    from dagster import DagsterRunStatus
+
+    failed = [r.run_id for r in all_runs(instance) if r.status == DagsterRunStatus.FAILURE and r.run_id != killed]
+    checks["no run failed but the killed one"] = not failed
+    for run_id in failed:
+        say(f"   run {run_id[:8]} failed: {how_it_ended(instance, run_id)}")
     hand = [r.run_id[:8] for r in all_runs(instance) if not _launched_by_daemon(r)]
     checks["every run was launched by a sensor, a schedule or a retry"] = not hand
     runs = worker_runs(instance)
@@ -431,23 +464,35 @@ def phase_check_alert(dep: Deployment, catalog, slack: SlackRecorder, instance, 
         dep.work / "instance.log",
     )
 
-    def failed_checks() -> list:
+    def finished_checks() -> list:
         return [
             r for r in all_runs(instance) if r.tags.get("dagster/schedule_name") == dep.audit_schedule and r.is_finished
         ]
 
-    done = wait_for(lambda: len(failed_checks()) >= 2, 600, 5.0)
-    checks["two scheduled full-scan check runs finished"] = bool(done)
+    done = wait_for(lambda: len(finished_checks()) >= 2, 900, 5.0)
+    verdicts = [v for r in finished_checks() for v in check_verdicts(instance, r.run_id)]
+    checks["two scheduled full-scan evaluations of the check failed"] = bool(done) and verdicts.count(False) >= 2
     ours = [m for m in slack.messages if spec.identifier in m and "duplicate_free" in m]
     failures = [m for m in ours if "passes again" not in m]
     checks["the check's failure reached Slack exactly once"] = len(failures) == 1
+    say(f"   full-scan check runs finished: {len(finished_checks())}, their verdicts (passed): {verdicts}")
     say(
-        f"   full-scan check runs finished: {len(failed_checks())}; Slack: {len(slack.messages)} messages in all, "
+        f"   Slack: {len(slack.messages)} messages in all, "
         f"{len(failures)} duplicate_free failure alert(s) for {spec.identifier}"
     )
     for m in slack.messages:
         say(f"     slack: {m.splitlines()[0][:150]}")
     return len(failures)
+
+
+def check_verdicts(instance, run_id: str) -> list[bool]:
+    """The ``passed`` of every asset check evaluation logged by run ``run_id``."""
+    from dagster import DagsterEventType
+
+    return [
+        e.dagster_event.event_specific_data.passed
+        for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    ]
 
 
 def rehearse(work: Path, bootstrap: str) -> tuple[dict[str, bool], list[Tally], str]:
@@ -464,11 +509,11 @@ def rehearse(work: Path, bootstrap: str) -> tuple[dict[str, bool], list[Tally], 
         for name, rate in (("orders", 80.0), ("payments", 40.0), ("audit", 5.0)):
             traffic[name] = Traffic(config, dep.specs[name].topic, rate)
             traffic[name].start()
-        phase_ingest(dep, instance, catalog, checks)
+        phase_ingest(dep, standin, instance, catalog, checks)
         killed = phase_kill(dep, standin, instance, catalog, checks)
         phase_restart(dep, standin, checks)
         time.sleep(20)  # the producers go on writing past the restart
-        tallies = phase_reconcile(dep, instance, catalog, traffic, checks)
+        tallies = phase_reconcile(dep, instance, catalog, traffic, killed, checks)
         alerts = phase_check_alert(dep, catalog, slack, instance, checks)
         notes = (
             f"run {killed[:8]} killed mid-micro-batch and recovered; code server pod restarted; "
