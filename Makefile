@@ -15,7 +15,7 @@ SPARK_LOCAL_IP ?= 127.0.0.1
 LAKE_DEV ?= 1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP LAKE_DEV
 
-.PHONY: install lock system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse backfill replay validate
+.PHONY: install lock system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse rehearse-deploy backfill replay validate
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -82,6 +82,15 @@ format: install
 # the failure rehearsal, full size: make rehearse [REHEARSE_ARGS="--kills 40 --seed 1"]
 rehearse: install
 	$(PY) scripts/rehearse.py $(REHEARSE_ARGS)
+
+# the deployment rehearsal: the kit of deploy/ as deployed (image tree from deploy/build-image.sh, the
+# charts' code server pod and instance, dagster-k8s's K8sRunLauncher against a stand-in for the Kubernetes
+# API that runs each pod as a process; PostgreSQL, S3 (moto), the dev broker, a Slack stand-in); a run pod
+# SIGKILLed mid-micro-batch, the code server pod restarted, two tables reconciled, one check alert.
+# 10-20 minutes (Spark starts in every run pod); also scenario `deploy` of make rehearse.
+# REHEARSE_DEPLOY_ARGS=--keep keeps its files (pods' logs, the daemon's log) under /tmp/lake-deploy-*.
+rehearse-deploy: install
+	$(PY) -m devtools.rehearsal.deploy $(REHEARSE_DEPLOY_ARGS)
 
 bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)
