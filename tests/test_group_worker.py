@@ -193,3 +193,27 @@ def test_a_worker_commits_a_group_in_one_transaction_and_an_ungrouped_table_alon
     table = catalog.load_table(alone.identifier)
     sql = f"SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) FROM {duck.scan_sql(table.metadata_location)}"
     assert duck.connect().execute(sql).fetchone() == (60, 60)  # exactly once
+
+
+def test_a_group_waiting_for_the_rest_of_a_transaction_rests_before_it_is_served_again():
+    """A fake clock: the group's first two micro-batches commit nothing (the rest of a source transaction
+    is not in the topics yet); each is followed by REST_S seconds without a micro-batch of the group, and
+    the run does not end idle meanwhile (idle_s is shorter than the rest)."""
+    from kafka_iceberg.batch.planning import Watermarks
+    from kafka_iceberg.batch.worker import REST_S, Clock
+
+    orders, lines = _group_specs("u", "shop")
+    now, starts = [0.0], []
+    marks = {t: {0: Watermarks(0, 3)} for t in (orders.topic, lines.topic)}
+
+    def run_group(specs):
+        starts.append(now[0])
+        now[0] += 0.1
+        done = len(starts) > 2
+        return {s.identifier: SimpleNamespace(offsets={0: 3 if done else 0}, committed=done) for s in specs}
+
+    ports = WorkerPorts(lambda spec: None, lambda topics: {t: marks[t] for t in topics}, run_group=run_group)
+    clock = Clock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    Worker([orders, lines], ports, budget_s=60, idle_s=0.5, clock=clock).run()
+    assert len(starts) == 3, starts
+    assert all(b - a >= REST_S for a, b in zip(starts, starts[1:])), starts
