@@ -188,9 +188,9 @@ class Source:
         self.db.stop()
 
 
-def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 1.0, lifetime_s=(15.0, 50.0)) -> ScenarioResult:
-    """The scenario (see the module docstring): ``kills`` SIGKILLs of the group's worker, each after a
-    random ``lifetime_s`` seconds, while the workload runs one round every ``pause_s`` seconds."""
+def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 1.0, lifetime_s=(0.0, 30.0)) -> ScenarioResult:
+    """The scenario (see the module docstring): ``kills`` SIGKILLs of the group's worker, each a random
+    ``lifetime_s`` seconds after its first commit, while the workload runs one round every ``pause_s`` seconds."""
     from kafka_iceberg.catalog.tables import load_table
 
     t0, uid = time.monotonic(), uuid.uuid4().hex[:6]
@@ -206,6 +206,7 @@ def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 1.0, lifetime
         reader.start()
         for i in range(kills):
             proc = start_worker(r.lake, json.dumps(decls), log)
+            _await_commit(log, proc, timeout_s=300)
             time.sleep(r.rng.uniform(*lifetime_s))
             kill_group(proc)
             r.log(f"  kill {i + 1}/{kills} of the group's worker (rc {proc.returncode}); reader: "
@@ -254,6 +255,18 @@ def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 1.0, lifetime
         src.stop()
 
 
+def _commits(log: Path) -> int:
+    return sum(1 for line in log.read_text().splitlines() if line.startswith('{"table"') and '"ranges"' in line)
+
+
+def _await_commit(log: Path, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait until the worker ``proc`` (writing ``log``) reports a commit, exits, or ``timeout_s`` pass, so
+    a kill lands while the group is being served, not while its Spark session starts."""
+    before, deadline = _commits(log) if log.exists() else 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None and _commits(log) == before:
+        time.sleep(0.5)
+
+
 def _no_branches(r: Rehearsal, ident: str) -> bool:
     from kafka_iceberg.catalog.tables import load_table
 
@@ -273,13 +286,115 @@ def _print_table(r: Rehearsal, rows: dict, kills: int, g, s, workload, reader) -
         r.log(f"   reader errors ({g.errors}): {reader.errors[:3]}")
 
 
+def record_times(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
+    """(partition, offset) -> record timestamp (ms since epoch: when the capture produced the change
+    event) of every record of ``topic``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"cc-{time.time_ns()}", "enable.auto.commit": False}
+    )
+    out: dict[tuple[int, int], int] = {}
+    try:
+        highs = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(PARTITIONS)}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        seen = {p: 0 for p in highs}
+        while any(seen[p] < highs[p] for p in highs):
+            for m in consumer.consume(1000, 2.0):
+                if not m.error():
+                    out[(m.partition(), m.offset())] = m.timestamp()[1]
+                    seen[m.partition()] = m.offset() + 1
+    finally:
+        consumer.close()
+    return out
+
+
+def freshness_seconds(bootstrap: str, log: Path, decls: list[dict]) -> list[float]:
+    """Per change event committed by the worker that wrote ``log``: seconds from its record timestamp to
+    the commit that published it (the worker's commit line), for events produced after its first commit
+    (the backlog of its start is left out)."""
+    commits = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    commits = [c for c in commits if "ranges" in c]
+    if not commits:
+        return []
+    first = min(c["t_ms"] for c in commits)
+    out = []
+    for decl in decls:
+        times = record_times(bootstrap, decl["topic"])
+        for c in (c for c in commits if c["table"] == decl["identifier"]):
+            for p, (start, end) in c["ranges"].items():
+                stamps = (times.get((int(p), o)) for o in range(start, end))
+                out += [(c["t_ms"] - ts) / 1000 for ts in stamps if ts is not None and ts > first]
+    return out
+
+
+def _freshness_phase(r: Rehearsal, grouped: bool, seconds: float, pause_s: float) -> dict:
+    """One measurement: the shop's five tables (one consistency group, or each alone) served by one worker
+    for ``seconds`` under the workload; then caught up and compared with PostgreSQL."""
+    from kafka_iceberg.catalog.tables import load_table
+
+    uid = uuid.uuid4().hex[:6]
+    src = Source(r, uid)
+    decls = [declaration(uid, src.slot, t, "shop" if grouped else None) for t in shop.TABLES]
+    log = r.lake.home / f"freshness-{uid}.log"
+    workload = shop.ShopWorkload(src.db, seed=int(r.rng.random() * 10**6), pause_s=pause_s)
+    proc = None
+    try:
+        workload.start()
+        proc = start_worker(r.lake, json.dumps(decls), log, idle_s=8)
+        time.sleep(seconds)
+        workload.stop()
+        src.finish(r.lake.bootstrap)
+        ok = proc.wait(timeout=1800) == 0
+        fresh = sorted(freshness_seconds(r.lake.bootstrap, log, decls))
+        equal = all(
+            compare_table(src.db, t, load_table(r.catalog, d["identifier"]).metadata_location)[2:] == (0, 0)
+            for t, d in zip(shop.TABLES, decls)
+        )
+        pct = {q: fresh[min(len(fresh) - 1, int(q * len(fresh)))] if fresh else float("nan") for q in (0.5, 0.9)}
+        return {"ok": ok and equal and not workload.errors, "n": len(fresh), "p50": pct[0.5], "p90": pct[0.9],
+                "transactions": workload.transactions}  # fmt: skip
+    finally:
+        if workload.is_alive():
+            workload.stop()
+        if proc is not None and proc.poll() is None:
+            kill_group(proc)
+        src.stop()
+
+
+def group_cost(r: Rehearsal, seconds: float = 240.0, pause_s: float = 1.0) -> ScenarioResult:
+    """Freshness of the shop's five tables as one consistency group, then the same tables each alone,
+    each served by one worker for ``seconds`` under the same workload (docs/cdc.md#consistency-groups)."""
+    import subprocess as sp
+
+    t0 = time.monotonic()
+    commit = sp.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=str(CHECKOUT)
+    ).stdout.strip()
+    grouped = _freshness_phase(r, True, seconds, pause_s)
+    alone = _freshness_phase(r, False, seconds, pause_s)
+    for name, m in (("one consistency group", grouped), ("each table alone", alone)):
+        r.log(f"   5 tables, {name}: freshness p50 {m['p50']:.1f} s, p90 {m['p90']:.1f} s "
+              f"({m['n']} change events, {m['transactions']} source transactions, {seconds:.0f} s; commit {commit})")  # fmt: skip
+    checks = {
+        "grouped: caught up, equals PostgreSQL": grouped["ok"],
+        "alone: caught up, equals PostgreSQL": alone["ok"],
+    }
+    notes = f"freshness p50 grouped {grouped['p50']:.1f} s vs alone {alone['p50']:.1f} s (commit {commit})"
+    tally = Tally(produced=grouped["n"] + alone["n"], in_table=grouped["n"] + alone["n"], quarantined=0, lost=0,
+                  duplicates=0, mismatched=0, unexpected=0)  # fmt: skip
+    return ScenarioResult("consistency group cost (freshness)", 0, tally, checks, notes, time.monotonic() - t0)
+
+
 def register(scenarios: dict) -> None:
-    """Add ``consistent_cdc``: ``--kills`` SIGKILLs of the group's worker (``make rehearse``: 20)."""
+    """Add ``consistent_cdc`` (``--kills`` SIGKILLs of the group's worker; ``make rehearse``: 20) and
+    ``consistent_cdc_cost`` (freshness of the group beside the same tables alone)."""
     scenarios["consistent_cdc"] = lambda r, args: consistent_cdc(r, args.kills)
+    scenarios["consistent_cdc_cost"] = lambda r, args: group_cost(r)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
         sys.exit(_worker_main(sys.argv[2], sys.argv[3], float(sys.argv[4])))
 
-__all__ = ["consistent_cdc", "declaration", "register"]
+__all__ = ["consistent_cdc", "declaration", "group_cost", "register"]
