@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from kafka_iceberg.batch.commit import _move_ref
 from kafka_iceberg.batch.context import CrashHook, Lake, no_crash
-from kafka_iceberg.batch.group_commit import GroupMember, commit_group
+from kafka_iceberg.batch.group_commit import GroupMember, check_group_catalog, commit_group
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, prepare
 from kafka_iceberg.batch.plan import plan_ingest
@@ -61,6 +61,8 @@ def run_group_batch(
 
     Raises:
         ConfigError: ``specs`` are not the members of one consistency group.
+        GroupCommitUnsupportedError: the catalog cannot commit the members in one transaction (not JDBC);
+            raised before anything is written.
         StaleBaseError: a member moved since the plan (nothing of the group published; rerun).
         What :func:`kafka_iceberg.batch.pipeline.run_batch` raises for one table's phases.
     """
@@ -69,6 +71,7 @@ def run_group_batch(
         raise ConfigError(
             f"a group micro-batch needs the tables of one consistency group, got {sorted(map(str, names))}"
         )
+    check_group_catalog(lake.catalog)
     name, prefix = names.pop(), source_prefix(specs[0].topic)
     prepared = {s.identifier: prepare(lake, s, is_alive) for s in specs}
     plans = {s.identifier: plan_ingest(lake, s, prepared[s.identifier][1]) for s in specs}
