@@ -327,7 +327,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def group_cost(r: Rehearsal, seconds: float = 300.0, pause_s: float = 3.0) -> ScenarioResult:
+def group_cost(r: Rehearsal, seconds: float = 900.0, pause_s: float = 3.0) -> ScenarioResult:
     """Freshness of the shop's five tables as one consistency group beside the same five tables each alone
     (same topics), all served by one worker for ``seconds`` under the workload, so both see the same load
     (docs/cdc.md#consistency-groups). Then caught up; every table is compared with PostgreSQL."""
