@@ -11,7 +11,8 @@
 - Sink: the five tables declared as one consistency group (``mode: upsert``, ``cdc: debezium``), served
   by a worker process (:class:`kafka_iceberg.batch.worker.Worker` with the ``run_group`` port,
   :func:`kafka_iceberg.batch.group_batch.run_group_micro_batch`), SIGKILLed as a process group at random
-  moments (30-240 s after it started) ``kills`` times; a fresh worker picks up after each kill.
+  moments ``kills`` times (every other one 30-240 s after it started, the others 0-30 s after its first
+  group commit); a fresh worker picks up after each kill.
 - Reader: :class:`devtools.rehearsal.shop.InvariantReader` checks both invariants at every consistent
   position of the group it sees (must never break) and on the tables read one by one at their current
   snapshots (may break: that shows the check can fail).
@@ -189,9 +190,10 @@ class Source:
 
 
 def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 3.0, lifetime_s=(30.0, 240.0)) -> ScenarioResult:
-    """The scenario (see the module docstring): ``kills`` SIGKILLs of the group's worker, each a random
-    ``lifetime_s`` seconds after it started (its Spark session, recovery, planning, the members' attempt
-    writes or the group commit), while the workload runs one round every ``pause_s`` seconds."""
+    """The scenario (see the module docstring): ``kills`` SIGKILLs of the group's worker, while the workload
+    runs one round every ``pause_s`` seconds: the 1st, 3rd, ... a random ``lifetime_s`` seconds after the
+    worker started (its Spark session, recovery, planning, the members' attempt writes or the group commit),
+    the 2nd, 4th, ... 0-30 s after its first group commit (up to 900 s to get there)."""
     from kafka_iceberg.catalog.tables import load_table
 
     t0, uid = time.monotonic(), uuid.uuid4().hex[:6]
@@ -207,7 +209,11 @@ def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 3.0, lifetime
         reader.start()
         for i in range(kills):
             proc = start_worker(r.lake, json.dumps(decls), log)
-            time.sleep(r.rng.uniform(*lifetime_s))
+            if i % 2:  # every other worker commits first, so the reader sees positions while kills go on
+                _await_commit(log, proc, timeout_s=900)
+                time.sleep(r.rng.uniform(0.0, 30.0))
+            else:
+                time.sleep(r.rng.uniform(*lifetime_s))
             kill_group(proc)
             r.log(f"  kill {i + 1}/{kills} of the group's worker (rc {proc.returncode}); reader: "
                   f"{reader.group.checked} consistent reads, {reader.single.checked} per-table reads")  # fmt: skip
@@ -253,6 +259,17 @@ def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 3.0, lifetime
         if reader.is_alive():
             reader.stop()
         src.stop()
+
+
+def _commits(log: Path) -> int:
+    return sum(1 for line in log.read_text().splitlines() if line.startswith('{"table"') and '"ranges"' in line)
+
+
+def _await_commit(log: Path, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait until the worker ``proc`` (writing ``log``) reports a commit, exits, or ``timeout_s`` pass."""
+    before, deadline = _commits(log) if log.exists() else 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None and _commits(log) == before:
+        time.sleep(0.5)
 
 
 def _no_branches(r: Rehearsal, ident: str) -> bool:
