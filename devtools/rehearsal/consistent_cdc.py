@@ -354,6 +354,7 @@ def group_cost(r: Rehearsal, seconds: float = 900.0, pause_s: float = 3.0) -> Sc
 
     t0, uid = time.monotonic(), uuid.uuid4().hex[:6]
     commit = sp.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=str(CHECKOUT))
+    commit.stdout = commit.stdout.strip() or "unknown: not a git checkout"
     src = Source(r, uid)
     grouped = [declaration(uid, src.slot, t, "shop") for t in shop.TABLES]
     alone = [_alone(d) for d in grouped]
