@@ -221,7 +221,9 @@ def _batch_runner(run_id: str, env: ChoreEnv, metadata, alive: Latest, mirror: G
         return run_micro_batch(env.spark, env.settings, spec, **clients, is_alive=alive.get().is_alive, mirror=mirror)
 
     def run_group(specs: list[TableSpec]) -> dict:
-        return run_group_micro_batch(env.spark, env.settings, specs, **clients, is_alive=alive.get().is_alive)
+        return run_group_micro_batch(
+            env.spark, env.settings, specs, **clients, is_alive=alive.get().is_alive, mirror=mirror
+        )
 
     return run_batch, run_group
 

@@ -205,3 +205,24 @@ def test_a_group_on_two_catalogs_is_refused(tmp_path):
     other.create_namespace("x")
     with pytest.raises(GroupCommitUnsupportedError):
         commit_group([_property(orders, "1"), _property(other.create_table("x.y", SCHEMA), "1")])
+
+
+def test_a_group_on_a_catalog_without_one_transaction_is_refused_before_anything_is_written():
+    """A REST (or Hive, Glue) catalog cannot swap several tables at once: the group micro-batch refuses
+    before it plans, branches or writes anything (the lake has no Spark, Kafka or tables to touch)."""
+    from types import SimpleNamespace
+
+    from kafka_iceberg.batch.group_batch import run_group_batch
+    from kafka_iceberg.batch.group_commit import GroupCommitUnsupportedError
+    from kafka_iceberg.declaration.spec import parse_declarations
+
+    cols = [{"name": "id", "type": "long", "required": True}]
+    specs = parse_declarations(
+        {"tables": [{"name": f"r_{t}", "identifier": f"test.r_{t}", "topic": f"shop.public.{t}", "schema": cols,
+                     "mode": "upsert", "key": ["id"], "cdc": "debezium", "consistency_group": "shop"}
+                    for t in ("orders", "lines")]},
+        "tables.yaml",
+    )  # fmt: skip
+    rest = SimpleNamespace(name="rest_catalog")  # not a SqlCatalog
+    with pytest.raises(GroupCommitUnsupportedError, match="not a SQL catalog"):
+        run_group_batch(SimpleNamespace(catalog=rest), specs, "c1")

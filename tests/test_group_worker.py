@@ -13,6 +13,7 @@ import pytest
 from devtools import duck
 from devtools.demo.data import create_topic, produce, produce_topics
 from kafka_iceberg.batch.group_batch import run_group_micro_batch
+from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.batch.units import next_units, units_of
 from kafka_iceberg.batch.worker import TableState, Worker, WorkerPorts
@@ -123,15 +124,16 @@ def _end(txid: str, **counts: int) -> tuple[bytes, bytes, int]:
     return b"", json.dumps({"status": "END", "id": txid, "data_collections": collections}).encode(), 0
 
 
-def _serve(spark, settings, kafka, catalog, specs, commit_id) -> tuple[dict, list]:
-    """One round of a Worker over ``specs`` through the real write path; (its end states, its commits)."""
+def _serve(spark, settings, kafka, catalog, specs, commit_id, mirror=None) -> tuple[dict, list]:
+    """One round of a Worker over ``specs`` through the real write path (consumer groups mirrored at once,
+    or noted in ``mirror``); (its end states, its commits)."""
     commits = []
     clients = {"commit_id": commit_id, "kafka": kafka, "catalog": catalog}
     ports = WorkerPorts(
         lambda spec: run_micro_batch(spark, settings, spec, **clients),
         kafka.watermarks_many,
         on_commit=lambda spec, result: commits.append((spec.identifier, result)),
-        run_group=lambda members: run_group_micro_batch(spark, settings, members, **clients),
+        run_group=lambda members: run_group_micro_batch(spark, settings, members, **clients, mirror=mirror),
     )
     return Worker(specs, ports, budget_s=0).run(), commits
 
@@ -183,8 +185,13 @@ def test_a_worker_commits_a_group_in_one_transaction_and_an_ungrouped_table_alon
         {lines.topic: [_change({"id": 3, "qty": 5}, "t3")], f"{unique}.transaction": [_end("t3", lines=1)]},
     )
     produce(kafka_config, alone.topic, event_records(range(50, 60)))
-    _served, third = _serve(spark, settings, kafka, catalog, specs, f"gw3-{unique}")
+    assert kafka.group_offsets(lines.consumer_group, lines.topic, [0]) == {0: 2}  # mirrored by the group micro-batch
+    mirror = GroupMirror(kafka, interval_s=3600)
+    _served, third = _serve(spark, settings, kafka, catalog, specs, f"gw3-{unique}", mirror)
     assert {i: r.records for i, r in third if r.snapshot_id is not None} == {lines.identifier: 1, alone.identifier: 10}
+    assert kafka.group_offsets(lines.consumer_group, lines.topic, [0]) == {0: 2}  # noted, not mirrored yet
+    mirror.flush(final=True)
+    assert kafka.group_offsets(lines.consumer_group, lines.topic, [0]) == {0: 3}
     views = {s.identifier: metadata_view(catalog.load_table(s.identifier)) for s in specs}
     record = group_record(views[lines.identifier].snapshots[views[lines.identifier].main])
     assert record["seq"] == 2 and record["position"]["offsets"] == {"0": 3}
@@ -193,3 +200,27 @@ def test_a_worker_commits_a_group_in_one_transaction_and_an_ungrouped_table_alon
     table = catalog.load_table(alone.identifier)
     sql = f"SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) FROM {duck.scan_sql(table.metadata_location)}"
     assert duck.connect().execute(sql).fetchone() == (60, 60)  # exactly once
+
+
+def test_a_group_waiting_for_the_rest_of_a_transaction_rests_before_it_is_served_again():
+    """A fake clock: the group's first two micro-batches commit nothing (the rest of a source transaction
+    is not in the topics yet); each is followed by REST_S seconds without a micro-batch of the group, and
+    the run does not end idle meanwhile (idle_s is shorter than the rest)."""
+    from kafka_iceberg.batch.planning import Watermarks
+    from kafka_iceberg.batch.worker import REST_S, Clock
+
+    orders, lines = _group_specs("u", "shop")
+    now, starts = [0.0], []
+    marks = {t: {0: Watermarks(0, 3)} for t in (orders.topic, lines.topic)}
+
+    def run_group(specs):
+        starts.append(now[0])
+        now[0] += 0.1
+        done = len(starts) > 2
+        return {s.identifier: SimpleNamespace(offsets={0: 3 if done else 0}, committed=done) for s in specs}
+
+    ports = WorkerPorts(lambda spec: None, lambda topics: {t: marks[t] for t in topics}, run_group=run_group)
+    clock = Clock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    Worker([orders, lines], ports, budget_s=60, idle_s=0.5, clock=clock).run()
+    assert len(starts) == 3, starts
+    assert all(b - a >= REST_S for a, b in zip(starts, starts[1:])), starts

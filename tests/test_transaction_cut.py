@@ -65,10 +65,10 @@ def test_the_envelopes_with_and_without_the_schema_wrapper_are_read():
         {"data_collection": "public.order_lines", "event_count": 2},
     ]}  # fmt: skip
     assert parse_end({"schema": {}, "payload": end}, 0, 9) == TransactionEnd(
-        "571:5", 0, 9, {"public.orders": 1, "public.order_lines": 2}
-    )
+        "571", 0, 9, {"public.orders": 1, "public.order_lines": 2}
+    )  # a PostgreSQL id <xid>:<lsn> is known by its xid
     assert parse_end({"status": "BEGIN", "id": "571:5"}, 0, 8) is None
-    assert change_transaction({"op": "c", "transaction": {"id": "571:5", "total_order": 2}}) == "571:5"
+    assert change_transaction({"op": "c", "transaction": {"id": "571:7", "total_order": 2}}) == "571"
     assert change_transaction({"op": "r", "transaction": None}) is None
     assert change_transaction(None) is None
 
@@ -121,3 +121,21 @@ def test_change_events_on_the_dev_broker_are_cut_at_a_transaction_boundary(kafka
     assert cut.transactions == ("t1",)
     assert cut.ends == {(orders, 0): 1, (lines, 0): 2}
     assert (cut.position, cut.waiting_for) == ({0: 2}, "t2")
+
+
+def test_a_postgresql_transaction_is_known_by_its_xid_whatever_lsn_each_event_carries():
+    """Debezium's PostgreSQL connector (3.6.3, as captured from a real PostgreSQL) writes transaction ids
+    ``<xid>:<lsn>`` with each event's own LSN: the END, and every change event, of one transaction differ."""
+    end = {"status": "END", "id": "734:30740168", "event_count": 3,
+           "data_collections": [{"data_collection": "public.orders", "event_count": 1},
+                                {"data_collection": "public.order_lines", "event_count": 2}]}  # fmt: skip
+    ends = [parse_end(end, 0, 1)]
+    events = [{"op": "c", "after": {}, "transaction": {"id": f"734:{lsn}", "total_order": n}}
+              for n, lsn in enumerate((30731976, 30732248, 30732520), 1)]  # fmt: skip
+    changes = {
+        ORDERS: [(0, change_transaction(events[0]))],
+        LINES: [(0, change_transaction(events[1])), (1, change_transaction(events[2]))],
+    }
+    cut = plan_group_cut("shop", ends, changes, _scan(changes), {0: 0})
+    assert (cut.transactions, cut.waiting_for, cut.ends) == (("734",), None, {ORDERS: 1, LINES: 2})
+    assert change_transaction({"transaction": {"id": "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"}}).endswith(":23")

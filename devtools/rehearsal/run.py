@@ -1028,6 +1028,7 @@ SCENARIO_MODULES: tuple[str, ...] = (
     "devtools.rehearsal.dagster_runs",
     "devtools.rehearsal.mock",
     "devtools.rehearsal.cdc",
+    "devtools.rehearsal.consistent_cdc",
     "devtools.rehearsal.storage",
     "devtools.rehearsal.acl",
     "devtools.rehearsal.workers",

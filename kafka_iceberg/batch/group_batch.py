@@ -7,7 +7,8 @@ the planned ranges' transaction ids and the transaction topic's END events after
 the cut and carries the ``kafka.group`` entry -> branch, read, write per member -> one
 :func:`kafka_iceberg.batch.group_commit.commit_group` (each member's ``main`` fast-forwarded to its
 attempt snapshot and its branch dropped; members without records are guards) -> dead-letter
-publishes and consumer-group mirrors.
+publishes and consumer-group mirrors (noted in a run's :class:`~kafka_iceberg.batch.mirror.GroupMirror`
+for its next flush when one is given, as for one table).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Callable, Sequence
 
 from kafka_iceberg.batch.commit import _move_ref
 from kafka_iceberg.batch.context import CrashHook, Lake, no_crash
-from kafka_iceberg.batch.group_commit import GroupMember, commit_group
+from kafka_iceberg.batch.group_commit import GroupMember, check_group_catalog, commit_group
+from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, prepare
 from kafka_iceberg.batch.plan import plan_ingest
 from kafka_iceberg.batch.publish import drop_branch, mirror_group, publish_dead_letter
@@ -48,12 +50,19 @@ class GroupBatchResult:
 
 
 def run_group_batch(
-    lake: Lake, specs: Sequence, commit_id: str, is_alive: Callable[[Attempt], bool] | None = None
+    lake: Lake,
+    specs: Sequence,
+    commit_id: str,
+    is_alive: Callable[[Attempt], bool] | None = None,
+    mirror: GroupMirror | None = None,
 ) -> GroupBatchResult:
     """Run one micro-batch of the consistency group ``specs`` (one group, one Debezium source).
+    ``mirror``: each member's committed offsets go to its next flush instead of the consumer group now.
 
     Raises:
         ConfigError: ``specs`` are not the members of one consistency group.
+        GroupCommitUnsupportedError: the catalog cannot commit the members in one transaction (not JDBC);
+            raised before anything is written.
         StaleBaseError: a member moved since the plan (nothing of the group published; rerun).
         What :func:`kafka_iceberg.batch.pipeline.run_batch` raises for one table's phases.
     """
@@ -62,6 +71,7 @@ def run_group_batch(
         raise ConfigError(
             f"a group micro-batch needs the tables of one consistency group, got {sorted(map(str, names))}"
         )
+    check_group_catalog(lake.catalog)
     name, prefix = names.pop(), source_prefix(specs[0].topic)
     prepared = {s.identifier: prepare(lake, s, is_alive) for s in specs}
     plans = {s.identifier: plan_ingest(lake, s, prepared[s.identifier][1]) for s in specs}
@@ -80,7 +90,7 @@ def run_group_batch(
     tables = {i: (p.offsets.topic, p.offsets.end_offsets) for i, p in plans.items()}
     extra = group_summary(name, seq, position, tables)
     plans = {i: dataclasses.replace(p, extra_summary={**p.extra_summary, **extra}) for i, p in plans.items()}
-    written = _write_and_commit(lake, specs, plans, commit_id)
+    written = _write_and_commit(lake, specs, plans, commit_id, mirror)
     snapshots = {i: r.snapshot_id for i, r in written.items()}
     return GroupBatchResult(seq, snapshots, cut, _results(prepared, plans, commit_id, written))
 
@@ -108,13 +118,14 @@ def run_group_micro_batch(
     catalog=None,
     is_alive: Callable[[Attempt], bool] | None = None,
     crash_hook: CrashHook = no_crash,
+    mirror: GroupMirror | None = None,
 ) -> dict:
     """:func:`run_group_batch` on a :class:`Lake` made from ``settings`` where the clients are not given
     (:func:`kafka_iceberg.batch.pipeline.connect`), as :func:`kafka_iceberg.batch.pipeline.run_micro_batch`
     does for one table: a worker's ``run_group`` port. Returns identifier -> each member's ``BatchResult``.
     Raises what :func:`run_group_batch` raises."""
     lake = connect(spark, settings, kafka, catalog, crash_hook)
-    return run_group_batch(lake, specs, commit_id, is_alive).results
+    return run_group_batch(lake, specs, commit_id, is_alive, mirror).results
 
 
 def _group_record(plan: WritePlan) -> dict | None:
@@ -124,10 +135,12 @@ def _group_record(plan: WritePlan) -> dict | None:
     return group_state(metadata_view(plan.table).snapshots, plan.base_snapshot_id)
 
 
-def _write_and_commit(lake: Lake, specs: Sequence, plans: dict[str, WritePlan], commit_id: str) -> dict:
+def _write_and_commit(
+    lake: Lake, specs: Sequence, plans: dict[str, WritePlan], commit_id: str, mirror: GroupMirror | None
+) -> dict:
     """Branch, read and write every member that has something to commit, then commit the group (the
-    others guard it); then publish dead letters and mirror the offsets. Returns identifier -> the
-    :class:`BatchResult` of each member written."""
+    others guard it); then publish dead letters and mirror the offsets (now, or noted in ``mirror``).
+    Returns identifier -> the :class:`BatchResult` of each member written."""
     import time
 
     branch = attempt_branch(commit_id, int(time.time() * 1000))
@@ -156,7 +169,12 @@ def _write_and_commit(lake: Lake, specs: Sequence, plans: dict[str, WritePlan], 
         if attempt.dead_letter_snapshot_id is not None:
             publish_dead_letter(lake, plan.target.dead_letter_table, branch, attempt.dead_letter_snapshot_id)
             drop_branch(lake, plan.target.dead_letter_table, branch)
-        error = mirror_group(lake, plan, plan.offsets.end_offsets)
+        if mirror is None:
+            error = mirror_group(lake, plan, plan.offsets.end_offsets)
+        else:
+            error = mirror.note(
+                spec.identifier, plan.target.consumer_group, plan.offsets.topic, plan.offsets.end_offsets
+            )
         results[spec.identifier] = _member_result(spec, plan, commit_id, batch, attempt, error)
     return results
 

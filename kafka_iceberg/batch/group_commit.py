@@ -121,6 +121,20 @@ def _committed(p: _Prepared):
     return Table(base.name(), p.metadata, p.location, p.io, base.catalog)
 
 
+def check_group_catalog(catalog) -> None:
+    """Refuse a consistency group on ``catalog`` (a pyiceberg catalog) before anything of it is written.
+
+    Raises:
+        GroupCommitUnsupportedError: ``catalog`` is not a SQL catalog with row counts (a REST, Hive or
+            Glue catalog): its tables can only commit one by one.
+    """
+    if not _swappable(catalog):
+        raise GroupCommitUnsupportedError(
+            f"catalog {getattr(catalog, 'name', catalog)!r} is not a SQL catalog with row counts: a consistency "
+            "group needs one catalog transaction for its tables; declare them without consistency_group"
+        )
+
+
 def _one_catalog(members: Sequence[GroupMember]):
     """The one swappable SQL catalog all members are on.
 
@@ -160,4 +174,4 @@ def _swap_all(catalog, prepared: list[_Prepared], crash_hook: Callable[[str], No
         session.commit()
 
 
-__all__ = ["GROUP_CRASH_POINTS", "GroupCommitUnsupportedError", "GroupMember", "commit_group"]
+__all__ = ["GROUP_CRASH_POINTS", "GroupCommitUnsupportedError", "GroupMember", "check_group_catalog", "commit_group"]

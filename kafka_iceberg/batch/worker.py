@@ -41,6 +41,11 @@ from kafka_iceberg.errors import ConfigError
 POLL_S = 0.25
 """Seconds between watermark polls while no table has records waiting."""
 
+REST_S = 1.0
+"""Seconds a table rests after a micro-batch that committed nothing while records wait (a consistency
+group waiting for the rest of a source transaction): it is not served again before, so the run does not
+plan and read the same records in a tight loop."""
+
 
 def table_lag(marks: Mapping[int, Watermarks] | None, offsets: Mapping[int, int]) -> int:
     """Offset lag of one table (records, summed over partitions) from its topic's watermarks (``None``
@@ -68,7 +73,8 @@ class TableState:
     clock seconds (:attr:`Clock.now`) since records have waited (None: none wait); ``tried``: a
     micro-batch was started (a table whose topic is missing is tried once, to report it); ``results``:
     its ``BatchResult`` per micro-batch, in commit order; ``error``: the failure that set it aside;
-    ``last_commit_s``: clock seconds of its last micro-batch that ended (None: none yet)."""
+    ``last_commit_s``: clock seconds of its last micro-batch that ended (None: none yet); ``rest_until``:
+    clock seconds before which it is not served (:data:`REST_S`; None: no rest)."""
 
     spec: TableSpec
     offsets: Mapping[int, int] = field(default_factory=dict)
@@ -78,6 +84,7 @@ class TableState:
     results: tuple = ()
     error: BaseException | None = None
     last_commit_s: float | None = None
+    rest_until: float | None = None
 
 
 def polled(state: TableState, marks: Mapping[int, Watermarks] | None, now_s: float) -> TableState:
@@ -104,11 +111,25 @@ def _since(state: TableState) -> float:
 def ended(state: TableState, now_s: float, result: Any = None, error: BaseException | None = None) -> TableState:
     """``state`` after a micro-batch that ended at ``now_s`` (clock s) with ``result`` (a ``BatchResult``:
     its ``offsets`` are the table's committed offsets now) or ``error`` (the table is set aside). It
-    waits again from the next poll that finds records."""
+    waits again from the next poll that finds records; after a micro-batch that committed nothing (``result.committed``
+    false: a consistency group waiting for the rest of a source transaction) it rests :data:`REST_S` seconds first."""
     if error is not None:
         return replace(state, error=error, waiting_since=None)
     offsets = dict(result.offsets)
-    return replace(state, offsets=offsets, results=(*state.results, result), waiting_since=None, last_commit_s=now_s)
+    rest = None if getattr(result, "committed", True) else now_s + REST_S
+    return replace(
+        state,
+        offsets=offsets,
+        results=(*state.results, result),
+        waiting_since=None,
+        last_commit_s=now_s,
+        rest_until=rest,
+    )
+
+
+def resting(states: Iterable[TableState], now_s: float) -> frozenset[str]:
+    """The identifiers of the tables resting at ``now_s`` (clock s) after a micro-batch that committed nothing."""
+    return frozenset(s.spec.identifier for s in states if s.rest_until is not None and now_s < s.rest_until)
 
 
 def chore_allowed(idle: bool, chore_s: float, elapsed_s: float, share: float) -> bool:
@@ -235,11 +256,12 @@ class Worker:
             for t in live:
                 run.tables[t.spec.identifier] = polled(t, marks.get(t.spec.topic), now)
             waiting = next_units(run.tables, run.units)
-            due = next_units(run.tables, run.units, self.ports.paused()) if waiting else []
+            held = self.ports.paused() | resting(run.tables.values(), now)
+            due = next_units(run.tables, run.units, held) if waiting else []
             if not due:
                 if self._ending(run):
                     return
-                if not waiting:  # paused tables' records wait for a chore, not for new records: not idle
+                if not waiting:  # paused or resting tables' records wait for a chore or the source: not idle
                     run.idle_until = now + self.idle_s if run.idle_until is None else run.idle_until
                     if now >= run.idle_until:
                         return
@@ -348,6 +370,7 @@ __all__ = [
     "LIVENESS_MARGIN_MS",
     "MAX_DEFAULT_WORKERS",
     "POLL_S",
+    "REST_S",
     "Budget",
     "Clock",
     "Latest",
@@ -362,6 +385,7 @@ __all__ = [
     "next_tables",
     "offset_lags",
     "polled",
+    "resting",
     "table_lag",
     "worker_count",
 ]

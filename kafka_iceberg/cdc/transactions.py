@@ -4,7 +4,9 @@ transaction metadata (``provide.transaction.metadata``).
 Debezium writes a BEGIN and an END event per source transaction to ``<prefix>.transaction``; the END
 carries the transaction ``id`` and its ``event_count`` per ``data_collection`` (``public.orders``).
 Every change event carries ``transaction: {"id", "total_order", "data_collection_order"}``; snapshot
-reads carry none. The END events are in commit order, and on each partition of a change topic a
+reads carry none. The PostgreSQL connector writes ids as ``<xid>:<lsn>`` with the LSN of the event at
+hand, so one transaction's BEGIN, change events and END carry different ids (``734:30731744``,
+``734:30731976``, ``734:30740168``): a transaction is known by :func:`transaction_key`, its xid there. The END events are in commit order, and on each partition of a change topic a
 transaction's events precede those of every transaction committed after it.
 
 :func:`plan_group_cut` is pure: given the END events read after the group's committed position and the
@@ -15,6 +17,7 @@ read.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,22 +52,37 @@ class GroupCut:
     waiting_for: str | None
 
 
+_PG_ID = re.compile(r"(\d+):\d+")
+
+
+def transaction_key(txid: str) -> str:
+    """What identifies a source transaction in a Debezium transaction id: the xid of a PostgreSQL id
+    ``<xid>:<lsn>`` (its LSN part is the LSN of each event, so it differs between the BEGIN, the change
+    events and the END of one transaction); any other id (MySQL GTID or binlog position, SQL Server,
+    Oracle) whole."""
+    match = _PG_ID.fullmatch(txid)
+    return match.group(1) if match else txid
+
+
 def parse_end(value: Mapping | None, partition: int, offset: int) -> TransactionEnd | None:
     """The :class:`TransactionEnd` of a transaction-topic record value (a decoded JSON object, with or
-    without the ``{"schema", "payload"}`` wrapper); None for a BEGIN event or an empty value."""
+    without the ``{"schema", "payload"}`` wrapper); None for a BEGIN event or an empty value. Its ``id``
+    is the :func:`transaction_key` of the event's id."""
     payload = _payload(value)
     if not payload or str(payload.get("status", "")).upper() != "END":
         return None
     counts = {str(c["data_collection"]): int(c["event_count"]) for c in payload.get("data_collections") or ()}
-    return TransactionEnd(str(payload["id"]), partition, offset, counts)
+    return TransactionEnd(transaction_key(str(payload["id"])), partition, offset, counts)
 
 
 def change_transaction(value: Mapping | None) -> str | None:
-    """The ``transaction.id`` of a Debezium change event value (decoded JSON, wrapped or not); None for
-    an event outside a transaction (snapshot reads) or a tombstone."""
+    """The :func:`transaction_key` of the ``transaction.id`` of a Debezium change event value (decoded
+    JSON, wrapped or not); None for an event outside a transaction (snapshot reads) or a tombstone."""
     payload = _payload(value)
     block = (payload or {}).get("transaction")
-    return str(block["id"]) if isinstance(block, Mapping) and block.get("id") is not None else None
+    if not isinstance(block, Mapping) or block.get("id") is None:
+        return None
+    return transaction_key(str(block["id"]))
 
 
 def _payload(value: Mapping | None) -> Mapping | None:
@@ -134,4 +152,4 @@ def _cut(tp: TopicPartition, events: Sequence[tuple[int, str | None]], scanned_e
     return scanned_end
 
 
-__all__ = ["GroupCut", "TransactionEnd", "change_transaction", "parse_end", "plan_group_cut"]
+__all__ = ["GroupCut", "TransactionEnd", "change_transaction", "parse_end", "plan_group_cut", "transaction_key"]
