@@ -1,0 +1,129 @@
+"""What the soak (:mod:`devtools.bench.soak`) samples of a running deployment, each a plain number.
+
+- :func:`processes`: every process of a process session (the deployment's: daemon, code server, run
+  workers, their Spark JVMs), from ``/proc``: resident memory (bytes), threads, open file descriptors;
+- :func:`jvm_live_heap`: the used heap of a JVM right after a full collection (``jcmd PID GC.run``, then
+  ``jstat -gc PID``: survivor + eden + old generation used, bytes), i.e. its live objects, not the
+  sawtooth of the collector;
+- :func:`table_files`: per table, the snapshots of its metadata (pyiceberg) and the ``*.metadata.json``
+  files in its metadata directory;
+- :func:`catalog_rows`: rows of the JDBC catalog's ``iceberg_tables``;
+- :func:`dagster_storage`: bytes under ``DAGSTER_HOME`` and the events of its SQLite event log (the rows
+  of ``event_logs`` in every shard of ``history/runs/``: one per run, ``.db`` for events of no run;
+  ``index.db`` repeats some of them, so it is not counted).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from contextlib import closing
+from pathlib import Path
+
+import sqlalchemy
+
+from devtools import duck
+
+
+def _status(pid: str) -> dict[str, str]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def processes(sid: int) -> list[dict]:
+    """The live processes of session ``sid``: ``pid``, ``name`` (the first word of the command line's
+    program, e.g. ``java``, ``dagster-daemon``), ``rss`` (bytes), ``threads``, ``fds``. A process that
+    ends while it is read is left out."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != sid:
+                continue
+            status = _status(pid)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            fds = len(os.listdir(f"/proc/{pid}/fd"))
+        except (OSError, ProcessLookupError):
+            continue
+        out.append(
+            {
+                "pid": int(pid),
+                "name": _name(cmd, status.get("Name", "?")),
+                "rss": int(status.get("VmRSS", "0 kB").split()[0]) * 1024,
+                "threads": int(status.get("Threads", "0")),
+                "fds": fds,
+            }
+        )
+    return out
+
+
+def _name(cmd: list[bytes], fallback: str) -> str:
+    """``java``, ``dagster-daemon``, ``dagster api`` or the Python module run (``-m x``)."""
+    words = [w.decode(errors="replace") for w in cmd if w]
+    if not words:
+        return fallback
+    prog = Path(words[0]).name
+    if prog.startswith("python") and len(words) > 1:
+        if words[1] == "-m" and len(words) > 2:
+            return words[2]
+        prog = Path(words[1]).name
+    if prog == "dagster" and len(words) > 1:
+        return f"dagster {words[1]}"
+    return prog
+
+
+def jvm_live_heap(pid: int, timeout_s: float = 30.0) -> int | None:
+    """Bytes of used heap of JVM ``pid`` after a full collection (module docstring); None when ``jcmd`` or
+    ``jstat`` is missing, fails or takes longer than ``timeout_s``."""
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=timeout_s, check=True)
+        lines = subprocess.run(
+            ["jstat", "-gc", str(pid)], capture_output=True, text=True, timeout=timeout_s, check=True
+        ).stdout.split("\n")
+        row = dict(zip(lines[0].split(), lines[1].split()))
+        return int(sum(float(row[k]) for k in ("S0U", "S1U", "EU", "OU")) * 1024)
+    except (OSError, subprocess.SubprocessError, KeyError, IndexError, ValueError):
+        return None
+
+
+def table_files(catalog, identifiers: list[str]) -> dict[str, tuple[int, int]]:
+    """Identifier -> (snapshots in its current metadata, ``*.metadata.json`` files in its metadata
+    directory) of each table that exists."""
+    out = {}
+    for identifier in identifiers:
+        try:
+            table = catalog.load_table(identifier)
+        except Exception:  # noqa: BLE001 - not created yet
+            continue
+        meta_dir = Path(duck.local_path(table.metadata.location)) / "metadata"
+        files = sum(1 for _ in meta_dir.glob("*.metadata.json"))
+        out[identifier] = (len(table.metadata.snapshots), files)
+    return out
+
+
+def catalog_rows(sqlalchemy_uri: str) -> int:
+    """Rows of the JDBC catalog's ``iceberg_tables`` (``sqlalchemy_uri``: the catalog database)."""
+    engine = sqlalchemy.create_engine(sqlalchemy_uri)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sqlalchemy.text("SELECT count(*) FROM iceberg_tables")).scalar())
+    finally:
+        engine.dispose()
+
+
+def dagster_storage(home: Path) -> tuple[int, int]:
+    """(bytes of every file under ``home``, events in its SQLite event log's per-run shards)."""
+    size = sum(p.stat().st_size for p in home.rglob("*") if p.is_file())
+    events = 0
+    for shard in (home / "history" / "runs").glob("*.db"):
+        if shard.name == "index.db":
+            continue
+        try:
+            with closing(sqlite3.connect(f"file:{shard}?mode=ro", uri=True, timeout=30)) as conn:
+                events += conn.execute("SELECT count(*) FROM event_logs").fetchone()[0]
+        except sqlite3.Error:
+            continue  # a shard being created
+    return size, events
