@@ -295,9 +295,10 @@ def _stream(args, settings: Settings, home: Path, env: dict[str, str], work: Pat
     return samples, produced
 
 
-def report(args, samples: list[dict], produced: dict[str, int], settings: Settings, work: Path) -> bool:
+def report(args, samples: list[dict], produced: dict[str, int], settings: Settings, work: Path) -> dict:
     """Print the slopes, the events per table per hour and the exactly-once check; write ``summary.json``;
-    return whether all hold."""
+    return the summary (``ok``: whether all hold; ``checks``: :func:`verdicts`; ``tallies``: :func:`exactly_once`;
+    ``samples``)."""
     checks = verdicts(samples, args.tables)
     say()
     say(
@@ -322,10 +323,10 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
             say(f"  {identifier}: rows {t:,}, distinct {d:,}, produced {p:,}")
     ok = all(c["ok"] for c in checks) and exact == args.tables and per_table <= EVENTS_GOAL
     summary = {"args": vars(args), "checks": checks, "events_per_table_h": per_table, "exact": exact, "ok": ok}
-    summary["commit"] = _commit()
+    summary.update(commit=_commit(), tallies=tallies)
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     say(f"soak {'PASSED' if ok else 'FAILED'} (commit {summary['commit']}, {samples[-1]['minutes']:.0f} min of load)")
-    return ok
+    return {**summary, "samples": samples}
 
 
 def _commit() -> str:
@@ -334,8 +335,8 @@ def _commit() -> str:
     ).stdout.strip()
 
 
-def run_soak(args, work: Path) -> bool:
-    """The soak (module docstring) in ``work``; returns whether every check held. Stops its broker at the end."""
+def run_soak(args, work: Path) -> dict:
+    """The soak (module docstring) in ``work``; returns :func:`report`'s summary. Stops its broker at the end."""
     say(
         f"soak: {args.tables} tables, {args.rate} records/s in total for {args.minutes:g} min, a sample every "
         f"{args.sample_s:g} s into {work / 'samples.jsonl'}  ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("LAKE_DEV", "1")  # as under make: the development defaults where nothing is set
     lake_home = Path(os.environ.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
-    return 0 if run_soak(args, lake_home / "soak") else 1
+    return 0 if run_soak(args, lake_home / "soak")["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -1032,6 +1032,7 @@ SCENARIO_MODULES: tuple[str, ...] = (
     "devtools.rehearsal.acl",
     "devtools.rehearsal.workers",
     "devtools.rehearsal.maintenance_loop",
+    "devtools.rehearsal.soak",
 )
 
 
