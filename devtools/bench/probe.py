@@ -2,9 +2,9 @@
 
 - :func:`processes`: every process of a process session (the deployment's: daemon, code server, run
   workers, their Spark JVMs), from ``/proc``: resident memory (bytes), threads, open file descriptors;
-- :func:`jvm_live_heap`: the used heap of a JVM right after a full collection (``jcmd PID GC.run``, then
-  ``jstat -gc PID``: survivor + eden + old generation used, bytes), i.e. its live objects, not the
-  sawtooth of the collector;
+- :func:`jvm_live_heap`: the old generation of a JVM right after a full collection (``jcmd PID GC.run``, then
+  ``jstat -gc PID``: ``OU``, bytes): the full collection leaves every live object there, while eden fills
+  again within milliseconds under load, so old-generation used is the live set, not the collector's sawtooth;
 - :func:`table_files`: per table, the snapshots of its metadata (pyiceberg) and the ``*.metadata.json``
   files in its metadata directory;
 - :func:`catalog_rows`: rows of the JDBC catalog's ``iceberg_tables``;
@@ -76,7 +76,7 @@ def _name(cmd: list[bytes], fallback: str) -> str:
 
 
 def jvm_live_heap(pid: int, timeout_s: float = 30.0) -> int | None:
-    """Bytes of used heap of JVM ``pid`` after a full collection (module docstring); None when ``jcmd`` or
+    """Bytes of old generation used by JVM ``pid`` after a full collection (module docstring); None when ``jcmd`` or
     ``jstat`` is missing, fails or takes longer than ``timeout_s``."""
     try:
         subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=timeout_s, check=True)
@@ -84,7 +84,7 @@ def jvm_live_heap(pid: int, timeout_s: float = 30.0) -> int | None:
             ["jstat", "-gc", str(pid)], capture_output=True, text=True, timeout=timeout_s, check=True
         ).stdout.split("\n")
         row = dict(zip(lines[0].split(), lines[1].split()))
-        return int(sum(float(row[k]) for k in ("S0U", "S1U", "EU", "OU")) * 1024)
+        return int(float(row["OU"]) * 1024)
     except (OSError, subprocess.SubprocessError, KeyError, IndexError, ValueError):
         return None
 

@@ -10,8 +10,10 @@ workers serve), R records/s in total are produced round-robin over the N topics 
 
 Every S seconds it samples (:mod:`devtools.bench.probe`) and appends one JSON line to
 ``$LAKE_HOME/soak/samples.jsonl`` (written as it goes: an unattended run can be read while it runs):
-resident memory, threads and open file descriptors summed over the deployment's processes (daemon, code
-server, run workers, JVMs), the live heap of the Spark driver JVMs (after a full collection), snapshots and
+threads and open file descriptors summed over the deployment's processes (daemon, code server, run workers,
+JVMs), then, after a full collection of each Spark driver JVM (``jcmd GC.run``), their live heap (old
+generation used) and the resident memory summed over the processes (read after the collection, which
+shrinks the JVMs' heaps, so successive samples compare like with like), snapshots and
 metadata files per table (max, mean), rows of the catalog's ``iceberg_tables``, bytes of ``DAGSTER_HOME`` and
 its events.
 
@@ -69,10 +71,10 @@ class Bound:
 
 
 BOUNDS = (
-    Bound("rss_mib", "MiB", 64.0, "a 1 GiB/16 h leak; JVM heaps and Python arenas wander ~20-40 MiB between samples"),
+    Bound("rss_mib", "MiB", 64.0, "a 1 GiB/16 h leak; read after the JVMs' full GC, which shrinks their heaps"),
     Bound("threads", "threads", 10.0, "thread pools are sized at start; Spark's and gRPC's vary by ~20"),
     Bound("fds", "fds", 20.0, "sockets and shuffle files vary by a few tens between samples"),
-    Bound("heap_mib", "MiB", 32.0, "live heap after a full GC; varies ~10 MiB with the in-flight batch"),
+    Bound("heap_mib", "MiB", 32.0, "old generation after a full GC: the live set, with the in-flight batches"),
     Bound("snapshots_max", "snapshots", 5.0, "expiry cuts each table back to retain_last past max_snapshots"),
     Bound("snapshots_mean", "snapshots", 5.0, "each table saws between retain_last and max_snapshots"),
     Bound("metadata_files_max", "files", 5.0, "write.metadata.previous-versions-max keeps 50 + 1"),
@@ -100,8 +102,9 @@ def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0: float) -> dict:
     """One sample of the deployment in session ``sid`` (module docstring); ``t0``: monotonic start of the load."""
-    procs = probe.processes(sid)
+    procs = probe.processes(sid)  # threads and fds before the full collections (which start cleanup threads)
     heaps = [probe.jvm_live_heap(p["pid"]) for p in procs if p["name"] == "java"]
+    after = probe.processes(sid) if heaps else procs  # resident memory after them: the JVMs' heaps shrunk alike
     files = probe.table_files(load_catalog(settings.catalog), identifiers)
     snaps = [s for s, _ in files.values()] or [0]
     metas = [m for _, m in files.values()] or [0]
@@ -111,7 +114,7 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
         "minutes": (time.monotonic() - t0) / 60,
         "processes": len(procs),
         "by_name": _by_name(procs),
-        "rss_mib": sum(p["rss"] for p in procs) / MIB,
+        "rss_mib": sum(p["rss"] for p in after) / MIB,
         "threads": sum(p["threads"] for p in procs),
         "fds": sum(p["fds"] for p in procs),
         "jvms": len(heaps),
@@ -323,24 +326,26 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
             say(f"  {identifier}: rows {t:,}, distinct {d:,}, produced {p:,}")
     ok = all(c["ok"] for c in checks) and exact == args.tables and per_table <= EVENTS_GOAL
     summary = {"args": vars(args), "checks": checks, "events_per_table_h": per_table, "exact": exact, "ok": ok}
-    summary.update(commit=_commit(), tallies=tallies)
+    summary.update(commit=args.commit, tallies=tallies)
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     say(f"soak {'PASSED' if ok else 'FAILED'} (commit {summary['commit']}, {samples[-1]['minutes']:.0f} min of load)")
     return {**summary, "samples": samples}
 
 
 def _commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True
-    ).stdout.strip()
+    """The checkout's short commit id, ``-dirty`` when tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=CHECKOUT).returncode != 0
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def run_soak(args, work: Path) -> dict:
     """The soak (module docstring) in ``work``; returns :func:`report`'s summary. Stops its broker at the end."""
+    args.commit = _commit()  # the checkout the deployment loads now (HEAD may move while it runs)
     say(
         f"soak: {args.tables} tables, {args.rate} records/s in total for {args.minutes:g} min, a sample every "
         f"{args.sample_s:g} s into {work / 'samples.jsonl'}  ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
-        f"commit {_commit()}, nproc {os.cpu_count()})"
+        f"commit {args.commit}, nproc {os.cpu_count()})"
     )
     try:
         settings, home, env = _prepare(work, args.tables, args.max_snapshots)
