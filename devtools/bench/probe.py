@@ -67,11 +67,15 @@ def _name(cmd: list[bytes], fallback: str) -> str:
         return fallback
     prog = Path(words[0]).name
     if prog.startswith("python") and len(words) > 1:
-        if words[1] == "-m" and len(words) > 2:
-            return words[2]
-        prog = Path(words[1]).name
+        args = [w for w in words[1:] if w not in ("-B", "-u", "-O")]
+        if args and args[0] == "-m" and len(args) > 1:
+            return args[1]
+        if args and args[0] == "-c":
+            return "python (multiprocessing)" if "multiprocessing" in " ".join(args[1:2]) else "python -c"
+        words = [words[0], *args]
+        prog = Path(args[0]).name if args else prog
     if prog == "dagster" and len(words) > 1:
-        return f"dagster {words[1]}"
+        return f"dagster {words[1]}" if not words[1].endswith("/dagster") else f"dagster {' '.join(words[2:3])}"
     return prog
 
 

@@ -177,8 +177,9 @@ def row(s: dict) -> str:
 
 def steady(samples: list[dict]) -> list[dict]:
     """The ``samples`` taken while the deployment ran its usual number of JVMs (the most common count): a
-    sample taken during a worker run's handover (its successor's process and JVM already up) is left out of
-    the fits, as it would be read as a leak by a least-squares line through a dozen points."""
+    sample taken while another run had a JVM of its own up (a worker run's successor during the handover, a
+    scheduled ``duplicate_free`` full scan: 100 tables' daily crons, spread, start one about every 15 min) is
+    left out of the fits, as a least-squares line through a dozen points would read that run's memory as a leak."""
     counts = [s["jvms"] for s in samples]
     usual = max(set(counts), key=counts.count)
     return [s for s in samples if s["jvms"] == usual]
@@ -306,7 +307,7 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
     say()
     say(
         f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min, {checks[0]['points']} samples "
-        "outside worker handovers): least-squares slope per hour (+- its standard error)"
+        "with the usual number of JVMs): least-squares slope per hour (+- its standard error)"
     )
     for c in checks:
         say(
