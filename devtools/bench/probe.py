@@ -34,10 +34,38 @@ def _status(pid: str) -> dict[str, str]:
     return out
 
 
-def processes(sid: int) -> list[dict]:
+def processes(sid: int, run_pids: dict[int, str] | None = None) -> list[dict]:
     """The live processes of session ``sid``: ``pid``, ``name`` (the first word of the command line's
-    program, e.g. ``java``, ``dagster-daemon``), ``rss`` (bytes), ``threads``, ``fds``. A process that
-    ends while it is read is left out."""
+    program, e.g. ``java``, ``dagster-daemon``), ``rss`` (bytes), ``threads``, ``fds``, and ``job``: the
+    Dagster job of the run the process belongs to (``run_pids``: a run's worker pid -> its job, from
+    :func:`run_pids`; the process or its nearest ancestor found there; None outside runs: daemon, code
+    server). A process that ends while it is read is left out."""
+    out, run_pids = _read(sid), run_pids or {}
+    by_pid = {p["pid"]: p for p in out}
+    for p in out:
+        node, seen = p, 0
+        while node is not None and node["pid"] not in run_pids and seen < 50:
+            node, seen = by_pid.get(node["ppid"]), seen + 1
+        p["job"] = run_pids[node["pid"]] if node is not None else None
+    for p in out:
+        del p["ppid"]
+    return out
+
+
+def run_pids(home: Path) -> dict[int, str]:
+    """Worker pid -> job name of the runs in progress in the Dagster instance at ``home`` (each run tags
+    itself with its worker's pid: ``lake/worker-pid``, :mod:`kafka_iceberg.lake_assets.liveness`)."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from kafka_iceberg.lake_assets.liveness import PID_TAG
+
+    busy = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    with DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(filters=RunsFilter(statuses=busy))
+    return {int(r.tags[PID_TAG]): r.job_name for r in runs if r.tags.get(PID_TAG, "").isdigit()}
+
+
+def _read(sid: int) -> list[dict]:
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -51,6 +79,7 @@ def processes(sid: int) -> list[dict]:
         out.append(
             {
                 "pid": int(pid),
+                "ppid": int(status.get("PPid", "0")),
                 "name": _name(cmd, status.get("Name", "?")),
                 "rss": int(status.get("VmRSS", "0 kB").split()[0]) * 1024,
                 "threads": int(status.get("Threads", "0")),

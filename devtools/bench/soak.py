@@ -10,8 +10,9 @@ workers serve), R records/s in total are produced round-robin over the N topics 
 
 Every S seconds it samples (:mod:`devtools.bench.probe`) and appends one JSON line to
 ``$LAKE_HOME/soak/samples.jsonl`` (written as it goes: an unattended run can be read while it runs):
-threads and open file descriptors summed over the deployment's processes (daemon, code server, run workers,
-JVMs), then, after a full collection of each Spark driver JVM (``jcmd GC.run``), their live heap (old
+threads and open file descriptors summed over the deployment's long-lived processes (daemon, code server,
+worker runs, their JVMs; the processes of other runs, found by the runs' ``lake/worker-pid`` tags, are
+recorded apart: ``other_runs``, ``other_runs_rss_mib``), then, after a full collection of each Spark driver JVM (``jcmd GC.run``), their live heap (old
 generation used) and the resident memory summed over the processes (read after the collection, which
 shrinks the JVMs' heaps, so successive samples compare like with like), snapshots and
 metadata files per table (max, mean), rows of the catalog's ``iceberg_tables``, bytes of ``DAGSTER_HOME`` and
@@ -55,6 +56,8 @@ from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
+WORKER_JOB_PREFIX = "lake_worker_"
+"""The worker runs' jobs (``lake_worker_<k>``, :func:`kafka_iceberg.lake_assets.worker.worker_job_name`)."""
 EVENTS_GOAL = 200
 """Dagster events per table per hour the event log may grow by (issue 43)."""
 MIB = 2**20
@@ -102,9 +105,12 @@ def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0: float) -> dict:
     """One sample of the deployment in session ``sid`` (module docstring); ``t0``: monotonic start of the load."""
-    procs = probe.processes(sid)  # threads and fds before the full collections (which start cleanup threads)
+    runs = probe.run_pids(home)
+    procs, others = _split(
+        probe.processes(sid, runs)
+    )  # threads and fds before the full collections (which start cleanup threads)
     heaps = [probe.jvm_live_heap(p["pid"]) for p in procs if p["name"] == "java"]
-    after = probe.processes(sid) if heaps else procs  # resident memory after them: the JVMs' heaps shrunk alike
+    after = _split(probe.processes(sid, runs))[0] if heaps else procs  # RSS after them: the JVMs' heaps shrunk alike
     files = probe.table_files(load_catalog(settings.catalog), identifiers)
     snaps = [s for s, _ in files.values()] or [0]
     metas = [m for _, m in files.values()] or [0]
@@ -114,6 +120,8 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
         "minutes": (time.monotonic() - t0) / 60,
         "processes": len(procs),
         "by_name": _by_name(procs),
+        "other_runs": sorted({p["job"] for p in others}),
+        "other_runs_rss_mib": sum(p["rss"] for p in others) / MIB,
         "rss_mib": sum(p["rss"] for p in after) / MIB,
         "threads": sum(p["threads"] for p in procs),
         "fds": sum(p["fds"] for p in procs),
@@ -128,6 +136,13 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
         "dagster_mib": size / MIB,
         "events": events,
     }
+
+
+def _split(procs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the deployment's long-lived processes: daemon, code server, worker runs and their JVMs; the processes of
+    other runs: a scheduled ``duplicate_free`` full scan, which starts, reads one table and ends)."""
+    mine = [p for p in procs if p["job"] is None or p["job"].startswith(WORKER_JOB_PREFIX)]
+    return mine, [p for p in procs if p not in mine]
 
 
 def _by_name(procs: list[dict]) -> dict[str, list[float]]:
@@ -177,9 +192,10 @@ def row(s: dict) -> str:
 
 def steady(samples: list[dict]) -> list[dict]:
     """The ``samples`` taken while the deployment ran its usual number of JVMs (the most common count): a
-    sample taken while another run had a JVM of its own up (a worker run's successor during the handover, a
-    scheduled ``duplicate_free`` full scan: 100 tables' daily crons, spread, start one about every 15 min) is
-    left out of the fits, as a least-squares line through a dozen points would read that run's memory as a leak."""
+    sample taken while a worker run's successor had its JVM up (the handover) is left out of the fits, as a
+    least-squares line through a dozen points would read its memory as a leak. (Other runs, such as the scheduled
+    ``duplicate_free`` full scans, 100 tables' daily crons spread to one about every 15 min, are not counted in
+    the figures at all: :func:`_split`.)"""
     counts = [s["jvms"] for s in samples]
     usual = max(set(counts), key=counts.count)
     return [s for s in samples if s["jvms"] == usual]
@@ -312,7 +328,7 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
     say()
     say(
         f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min, {checks[0]['points']} samples "
-        "with the usual number of JVMs): least-squares slope per hour (+- its standard error)"
+        "with the usual number of worker JVMs): least-squares slope per hour (+- its standard error)"
     )
     for c in checks:
         say(
