@@ -78,7 +78,7 @@ BOUNDS = (
     Bound("threads", "threads", 10.0, "thread pools are sized at start; Spark's and gRPC's vary by ~20"),
     Bound("fds", "fds", 20.0, "sockets and shuffle files vary by a few tens between samples"),
     Bound("heap_mib", "MiB", 32.0, "old generation after a full GC: the live set, with the in-flight batches"),
-    Bound("snapshots_max", "snapshots", 5.0, "expiry cuts each table back to retain_last past max_snapshots"),
+    Bound("snapshots_max", "snapshots", 5.0, "expiry keeps max_snapshots, or the <= 5 min a pending check reads"),
     Bound("snapshots_mean", "snapshots", 5.0, "each table saws between retain_last and max_snapshots"),
     Bound("metadata_files_max", "files", 5.0, "write.metadata.previous-versions-max keeps 50 + 1"),
     Bound("metadata_files_mean", "files", 2.0, "as for the max, averaged over the tables"),
