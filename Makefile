@@ -15,7 +15,7 @@ SPARK_LOCAL_IP ?= 127.0.0.1
 LAKE_DEV ?= 1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP LAKE_DEV
 
-.PHONY: install lock system-deps demo test lint format bench dev clean dagster-home accept-gap status rehearse rehearse-deploy backfill replay validate
+.PHONY: install lock system-deps demo test lint format bench soak dev clean dagster-home accept-gap status rehearse rehearse-deploy backfill replay validate
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -94,6 +94,19 @@ rehearse-deploy: install
 
 bench: install
 	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+# the soak (devtools/bench/soak.py): SOAK_TABLES tables streamed at SOAK_RATE records/s in all through the default
+# deployment for SOAK_MINUTES, sampled every SOAK_SAMPLE_S seconds into $(LAKE_HOME)/soak/samples.jsonl; every
+# figure must be flat over the second half, and every record in its table exactly once (exit 1 otherwise).
+# Unattended: nohup make soak > soak.log 2>&1 &
+SOAK_MINUTES ?= 120
+SOAK_SAMPLE_S ?= 300
+SOAK_TABLES ?= 100
+SOAK_RATE ?= 200
+SOAK_MAX_SNAPSHOTS ?= 60
+soak: install
+	$(PY) -m devtools.bench.soak --minutes $(SOAK_MINUTES) --sample-s $(SOAK_SAMPLE_S) --tables $(SOAK_TABLES) \
+		--rate $(SOAK_RATE) --max-snapshots $(SOAK_MAX_SNAPSHOTS)
 
 dev: install dagster-home
 	$(PY) scripts/dev.py

@@ -4,8 +4,9 @@ each table it committed to. :class:`kafka_iceberg.batch.worker.Worker` calls :cl
 one chore at a time, while no table has records waiting or within its share of the run's time.
 
 A maintenance job is logged as an ``AssetObservation`` of its table (the same metadata as a
-scheduled maintenance run) and its time kept in the table property; one that fails is logged and
-alerted, and not tried again before its cron's next tick. A check is logged as the table's
+scheduled maintenance run) and its time kept in the table property; one that fails is logged, alerted
+once per failure episode (:mod:`kafka_iceberg.lake_assets.chore_alerts`), and not tried again before its
+cron's next tick. A check is logged as the table's
 ``duplicate_free`` check evaluation over the rows this run's commits added since its previous check
 (the run id is their commit id): a table that committed is checked at most every :data:`CHECK_EVERY_S`
 while the run serves, and once more at its end, so each check reads a bounded number of rows.
@@ -42,10 +43,10 @@ from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.check_alerts import alert_check
+from kafka_iceberg.lake_assets.chore_alerts import ChoreAlerts, worker_alert
 from kafka_iceberg.lake_assets.tables import check_result
-from kafka_iceberg.lake_assets.vocabulary import table_alert, table_key
+from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.ops import checks
-from kafka_iceberg.ops.alerts import Alert
 from kafka_iceberg.ops.chore_state import (
     CHECK,
     CHECK_EVERY_S,
@@ -100,20 +101,6 @@ def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> Mai
     return MaintenanceRota({i: crons[i] for i in tables if i in crons}, last)
 
 
-def worker_alert(spec: TableSpec, what: str, error: BaseException, run_id: str, severity: str) -> Alert:
-    """The alert (``severity`` WARN or ERROR, linked to the table's asset and run ``run_id``) of a worker
-    run's ``what`` that failed on ``spec``'s table: ``micro_batch``, ``duplicate_free`` or a maintenance job."""
-    return table_alert(
-        spec,
-        measure=what,
-        value=type(error).__name__,
-        severity=severity,
-        summary=f"{spec.identifier}: {what} failed in worker run {run_id}: {error}",
-        source="worker",
-        run_id=run_id,
-    )
-
-
 class WorkerChores:
     """The chores of one worker run over ``specs``; call it for one chore (returns whether it ran or
     started one; False while a check or an expiry runs in the background), :meth:`committed` after each
@@ -139,6 +126,7 @@ class WorkerChores:
         self.running: Chore | None = None
         self._tickets = 0  # commits noted so far: they order the tables (see chore_state)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
+        self.alerts = ChoreAlerts(context, env.catalog, env.slack)  # one post per failure episode
 
     def __enter__(self) -> WorkerChores:
         return self
@@ -269,6 +257,8 @@ class WorkerChores:
                 self.observe(spec, future.result())
             except Exception as exc:  # noqa: BLE001 - the next commit past the ceiling tries again
                 self._alert(spec, what, exc)
+                return
+            self.alerts.ok(spec, what, self.clock.epoch_ms())
             return
         try:
             main, outcome = future.result()
@@ -277,11 +267,12 @@ class WorkerChores:
             self._alert(spec, CHECK, exc)
             return
         self.tables[identifier] = replace(self.tables[identifier], checked_s=started, checked_after=main)
+        self.alerts.ok(spec, CHECK, self.clock.epoch_ms())
         self.report(spec, outcome)
 
     def _alert(self, spec: TableSpec, what: str, exc: BaseException) -> None:
-        self.context.log.error(f"{spec.identifier}: {what} failed in worker run: {exc}")
-        self.env.slack.sink().send(worker_alert(spec, what, exc, self.context.run_id, "WARN"))
+        """Log the failure; alert when it starts an episode of ``what`` on the table (:class:`ChoreAlerts`)."""
+        self.alerts.failed(spec, what, exc, self.clock.epoch_ms())
 
     def maintain(self, spec: TableSpec, kind: str) -> None:
         """Run the maintenance job ``kind`` on ``spec``'s table here (:meth:`job`) and observe it; a
@@ -294,6 +285,7 @@ class WorkerChores:
         except Exception as exc:  # noqa: BLE001 - maintenance of one table must not stop the worker
             self._alert(spec, kind, exc)
             return
+        self.alerts.ok(spec, kind, self.clock.epoch_ms())
         self.observe(spec, result)
 
     def _mark(self, identifier: str, kind: str) -> int:

@@ -14,7 +14,12 @@ Run by ``make demo``. Steps:
 4. print rows per table counted by DuckDB from each table's Iceberg metadata, the committed
    offsets, and the check results.
 
-Exits 1 if a check failed or a table's DuckDB count differs from the records in its topic, and
+Meanwhile it serves the product's Prometheus metrics (``LAKE_METRICS_PORT``, default 9464, or the next free
+port), as a worker run does, and scrapes them after the first round and at the end: one line per table with
+its offset lag and seconds since its last commit (devtools/demo/scrape.py).
+
+Exits 1 if a check failed, a table's DuckDB count differs from the records in its topic or a scrape
+lacks a table's lag or freshness, and
 2 with one line (no traceback) when a prerequisite is missing or a service does not start.
 A second run produces nothing, ingests nothing, and prints the same counts.
 """
@@ -38,13 +43,14 @@ from devtools import duck  # noqa: E402
 from devtools.demo import cdc as cdc_demo  # noqa: E402
 from devtools.demo import data as demo_data  # noqa: E402
 from devtools.demo import formats as formats_demo  # noqa: E402
+from devtools.demo import scrape  # noqa: E402
 from devtools.services import devbroker, devpostgres  # noqa: E402
 from devtools.services import registry as dev_registry  # noqa: E402
-from kafka_iceberg.batch.planning import offset_lag  # noqa: E402
-from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state  # noqa: E402
+from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view  # noqa: E402
 from kafka_iceberg.config.settings import DEV_BROKER_PORT, load_settings  # noqa: E402
 from kafka_iceberg.errors import LakeError  # noqa: E402
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata  # noqa: E402
+from kafka_iceberg.ops import metrics  # noqa: E402
 from kafka_iceberg.state import state_at  # noqa: E402
 
 MAX_ROUNDS = 20
@@ -147,16 +153,28 @@ def run(settings) -> int:
 
 
 def _ingest_and_report(settings, config, cdc_db) -> int:
-    from kafka_iceberg.lake_assets.backfill import new_slot_keys
-    from kafka_iceberg.lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
-    from kafka_iceberg.lake_assets.liveness import reap_dead_runs, worker_tags
-    from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES
+    from kafka_iceberg.lake_assets.liveness import reap_dead_runs
 
     instance = DagsterInstance.get()
     released = reap_dead_runs(instance)  # e.g. the runs of a killed make demo: they would hold the pool slots
     if released:
         print(f"released {len(released)} run(s) whose process is gone (marked failed, pool slots freed)")
 
+    # the product's Prometheus endpoint, as a worker run serves it (devtools/demo/scrape.py)
+    with metrics.serve(settings.stream.metrics_port) as port:
+        print(f"Prometheus metrics on http://127.0.0.1:{port}/metrics" if port else "no free metrics port")
+        return _rounds(settings, config, instance, cdc_db, port)
+
+
+def _rounds(settings, config, instance, cdc_db, port: int | None) -> int:
+    """Run ``ingest_all`` until no table lags, then print the summary (module docstring, steps 3 and 4) and
+    the scrapes of the metrics endpoint on ``port`` (None: not served)."""
+    from kafka_iceberg.lake_assets.backfill import new_slot_keys
+    from kafka_iceberg.lake_assets.definitions import defs, specs  # after DAGSTER_HOME and the broker are ready
+    from kafka_iceberg.lake_assets.liveness import worker_tags
+    from kafka_iceberg.lake_assets.vocabulary import MICRO_BATCHES
+
+    scraped = True
     job = defs.resolve_job_def("ingest_all")
     meta = KafkaMetadata(config)
     failed_checks: list[str] = []
@@ -187,10 +205,9 @@ def _ingest_and_report(settings, config, cdc_db) -> int:
         print(
             f"round {round_no}: run {result.run_id} (slot {slot}) ingested {records} in {time.perf_counter() - t0:.1f} s"
         )
-        catalog = load_catalog(settings.catalog)
-        lag = 0
-        for spec in specs:
-            lag += sum(offset_lag(meta.watermarks(spec.topic), read_state(catalog, spec.identifier).offsets).values())
+        lag = scrape.observe(specs, meta, load_catalog(settings.catalog))  # as a worker's watermark poll
+        if round_no == 1 and port:
+            scraped &= scrape.print_scrape(port, specs, "after the first round")
         if lag == 0:
             break
     else:
@@ -232,6 +249,11 @@ def _ingest_and_report(settings, config, cdc_db) -> int:
             failed_checks.append(f"{ev.asset_key.to_user_string()}:{ev.check_name}")
     if failed_checks or not ok:
         print(f"\nFAILED: checks {failed_checks}, counts ok={ok}", file=sys.stderr)
+        return 1
+    if port:
+        scraped &= scrape.print_scrape(port, specs, "at the end")
+    if not scraped:
+        print("\nFAILED: the metrics endpoint did not report the lag and freshness of every table", file=sys.stderr)
         return 1
     print("\nall checks passed; open the same assets with: make dev  (then http://127.0.0.1:3000)")
     return 0

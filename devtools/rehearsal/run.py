@@ -1034,6 +1034,7 @@ SCENARIO_MODULES: tuple[str, ...] = (
     "devtools.rehearsal.workers",
     "devtools.rehearsal.maintenance_loop",
     "devtools.rehearsal.deploy",
+    "devtools.rehearsal.soak",
 )
 
 

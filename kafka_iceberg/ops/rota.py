@@ -155,10 +155,11 @@ def record_run(catalog, identifier: str, kind: str, at_ms: int | None = None, at
 
 
 def set_table_property(
-    catalog, identifier: str, key: str, value: str, unless_set: bool = False, attempts: int = 3
+    catalog, identifier: str, key: str, value: str | None, unless_set: bool = False, attempts: int = 3
 ) -> bool:
-    """Set the table property ``key`` to ``value`` in a commit of its own (pyiceberg's ``Transaction`` on
-    the table loaded from ``catalog``); with ``unless_set``, leave a property the table already has. A
+    """Set the table property ``key`` to ``value`` (None: remove it, when the table has it) in a commit of its
+    own (pyiceberg's ``Transaction`` on the table loaded from ``catalog``); with ``unless_set``, leave a
+    property the table already has; a property that already has ``value`` is not committed again. A
     commit refused because another one changed the table first is retried on a fresh load, ``attempts``
     in all. Returns whether it committed.
 
@@ -168,9 +169,11 @@ def set_table_property(
     for attempt in range(1, attempts + 1):
         try:
             table = catalog.load_table(identifier)
-            if unless_set and key in table.properties:
-                return False
-            table.transaction().set_properties(**{key: value}).commit_transaction()
+            if table.properties.get(key) == value or (unless_set and key in table.properties):
+                return False  # nothing to change
+            change = table.transaction()
+            change = change.remove_properties(key) if value is None else change.set_properties(**{key: value})
+            change.commit_transaction()
             return True
         except CommitFailedException:
             if attempt == attempts:

@@ -1,0 +1,401 @@
+"""The soak: a hundred streaming tables on the default deployment for hours; everything it holds must stay flat.
+
+``make soak [SOAK_MINUTES=120] [SOAK_SAMPLE_S=300] [SOAK_TABLES=100] [SOAK_RATE=200]`` (``python -m
+devtools.bench.soak --minutes M --sample-s S --tables N --rate R``) starts a dev broker of its own and a fresh
+lake under ``$LAKE_HOME/soak`` (removed first), declares N tables (the flights declaration on N topics of 2
+partitions, as ``make bench BENCH_ARGS="--many N"``), and runs the default deployment on this checkout:
+``dagster-daemon`` with the ``lake_workers`` sensor launching the worker runs, ``LAKE_WORKERS`` unset
+(:mod:`devtools.bench.deployment`). After 10 records per table have been committed (the tables exist, the
+workers serve), R records/s in total are produced round-robin over the N topics for M minutes.
+
+Every S seconds it samples (:mod:`devtools.bench.probe`) and appends one JSON line to
+``$LAKE_HOME/soak/samples.jsonl`` (written as it goes: an unattended run can be read while it runs):
+threads and open file descriptors summed over the deployment's long-lived processes (daemon, code server,
+worker runs, their JVMs; the processes of other runs, found by the runs' ``lake/worker-pid`` tags, are
+recorded apart: ``other_runs``, ``other_runs_rss_mib``), then, after a full collection of each Spark driver JVM (``jcmd GC.run``), their live heap (old
+generation used) and the resident memory summed over the processes (read after the collection, which
+shrinks the JVMs' heaps, so successive samples compare like with like), snapshots and
+metadata files per table (max, mean), rows of the catalog's ``iceberg_tables``, bytes of ``DAGSTER_HOME`` and
+its events.
+
+The tables keep their snapshots under ``maintenance.max_snapshots`` = ``--max-snapshots`` (default 60,
+``retain_last`` a third of it; :func:`declare`), so the worker runs' expiry cuts them back several times
+within the run; metadata files are bounded by ``write.metadata.previous-versions-max``.
+
+At the end it stops the producer, waits until every table caught up, stops the deployment, and prints,
+over the second half of the run, each figure's least-squares slope (per hour, with its standard error)
+against its bound (:data:`BOUNDS`, each with the reason for it; :func:`verdicts`), the Dagster events per
+table per hour against the goal (<= 200), and whether every table holds each produced record exactly once
+(DuckDB: count = distinct (partition, offset) = produced). It exits 1 unless all pass.
+``$LAKE_HOME/soak/summary.json`` keeps the verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from devtools import duck
+from devtools.bench import probe
+from devtools.bench.common import CHECKOUT, bench_settings, flights_records
+from devtools.bench.freshness import daemon_env, start_daemon, stop_daemon
+from devtools.bench.many import PARTITIONS, Spread, names, wait_caught_up, write_tables_file
+from devtools.demo import data as demo_data
+from devtools.services import devbroker
+from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.config.settings import Settings
+from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+
+WORKER_JOB_PREFIX = "lake_worker_"
+"""The worker runs' jobs (``lake_worker_<k>``, :func:`kafka_iceberg.lake_assets.worker.worker_job_name`)."""
+EVENTS_GOAL = 200
+"""Dagster events per table per hour the event log may grow by (issue 43)."""
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The largest slope (``unit`` per hour) a figure may have over the second half, and why."""
+
+    figure: str
+    unit: str
+    limit: float | None  # None: computed from the run (the event goal)
+    why: str
+
+
+BOUNDS = (
+    Bound("rss_mib", "MiB", 64.0, "a 1 GiB/16 h leak; read after the JVMs' full GC, which shrinks their heaps"),
+    Bound("threads", "threads", 10.0, "thread pools are sized at start; Spark's and gRPC's vary by ~20"),
+    Bound("fds", "fds", 20.0, "sockets and shuffle files vary by a few tens between samples"),
+    Bound("heap_mib", "MiB", 32.0, "old generation after a full GC: the live set, with the in-flight batches"),
+    Bound("snapshots_max", "snapshots", 5.0, "expiry keeps max_snapshots, or the <= 5 min a pending check reads"),
+    Bound("snapshots_mean", "snapshots", 5.0, "each table saws between retain_last and max_snapshots"),
+    Bound("metadata_files_max", "files", 5.0, "write.metadata.previous-versions-max keeps 50 + 1"),
+    Bound("metadata_files_mean", "files", 2.0, "as for the max, averaged over the tables"),
+    Bound("catalog_rows", "rows", 0.5, "one row per table: any growth is a leak"),
+    Bound("events", "events", None, f"goal: {EVENTS_GOAL} events per table per hour"),
+    Bound("dagster_mib", "MiB", None, "the event goal at this run's bytes per event (storage grows with events)"),
+)
+
+
+def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares slope of ``points`` (x, y) and its standard error; (0, 0) for fewer than 3 points."""
+    n = len(points)
+    if n < 3:
+        return 0.0, 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return 0.0, 0.0
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    resid = sum((y - my - b * (x - mx)) ** 2 for x, y in points)
+    return b, (resid / (n - 2) / sxx) ** 0.5
+
+
+def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0: float) -> dict:
+    """One sample of the deployment in session ``sid`` (module docstring); ``t0``: monotonic start of the load."""
+    runs = probe.run_pids(home)
+    procs, others = _split(
+        probe.processes(sid, runs)
+    )  # threads and fds before the full collections (which start cleanup threads)
+    heaps = [probe.jvm_live_heap(p["pid"]) for p in procs if p["name"] == "java"]
+    after = _split(probe.processes(sid, runs))[0] if heaps else procs  # RSS after them: the JVMs' heaps shrunk alike
+    files = probe.table_files(load_catalog(settings.catalog), identifiers)
+    snaps = [s for s, _ in files.values()] or [0]
+    metas = [m for _, m in files.values()] or [0]
+    size, events = probe.dagster_storage(home)
+    return {
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "minutes": (time.monotonic() - t0) / 60,
+        "processes": len(procs),
+        "by_name": _by_name(procs),
+        "other_runs": sorted({p["job"] for p in others}),
+        "other_runs_rss_mib": sum(p["rss"] for p in others) / MIB,
+        "rss_mib": sum(p["rss"] for p in after) / MIB,
+        "threads": sum(p["threads"] for p in procs),
+        "fds": sum(p["fds"] for p in procs),
+        "jvms": len(heaps),
+        "heap_mib": sum(h for h in heaps if h is not None) / MIB if any(h is not None for h in heaps) else None,
+        "tables": len(files),
+        "snapshots_max": max(snaps),
+        "snapshots_mean": sum(snaps) / len(snaps),
+        "metadata_files_max": max(metas),
+        "metadata_files_mean": sum(metas) / len(metas),
+        "catalog_rows": probe.catalog_rows(settings.catalog.sqlalchemy_uri),
+        "dagster_mib": size / MIB,
+        "events": events,
+    }
+
+
+def _split(procs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the deployment's long-lived processes: daemon, code server, worker runs and their JVMs; the processes of
+    other runs: a scheduled ``duplicate_free`` full scan, which starts, reads one table and ends)."""
+    mine = [p for p in procs if p["job"] is None or p["job"].startswith(WORKER_JOB_PREFIX)]
+    return mine, [p for p in procs if p not in mine]
+
+
+def _by_name(procs: list[dict]) -> dict[str, list[float]]:
+    """Process name -> [count, RSS MiB, threads, fds] summed over the processes of that name."""
+    out: dict[str, list[float]] = {}
+    for p in procs:
+        row = out.setdefault(p["name"], [0, 0.0, 0, 0])
+        row[0] += 1
+        row[1] += p["rss"] / MIB
+        row[2] += p["threads"]
+        row[3] += p["fds"]
+    return out
+
+
+COLUMNS = (
+    ("min", "minutes", "{:.1f}"),
+    ("procs", "processes", "{:d}"),
+    ("RSS MiB", "rss_mib", "{:.0f}"),
+    ("threads", "threads", "{:d}"),
+    ("fds", "fds", "{:d}"),
+    ("heap MiB", "heap_mib", "{:.0f}"),
+    ("snap max", "snapshots_max", "{:d}"),
+    ("snap mean", "snapshots_mean", "{:.1f}"),
+    ("meta max", "metadata_files_max", "{:d}"),
+    ("meta mean", "metadata_files_mean", "{:.1f}"),
+    ("cat rows", "catalog_rows", "{:d}"),
+    ("dagster MiB", "dagster_mib", "{:.1f}"),
+    ("events", "events", "{:d}"),
+)
+"""The table's columns: heading, sample key, format (each cell right-aligned to the wider of both)."""
+WIDTH = 9
+
+
+def header() -> str:
+    """The headings of :data:`COLUMNS`, aligned as :func:`row` aligns the cells."""
+    return "  ".join(h.rjust(max(WIDTH, len(h))) for h, _, _ in COLUMNS)
+
+
+def row(s: dict) -> str:
+    """One sample as a line of the table (:data:`COLUMNS`)."""
+    cells = []
+    for head, key, fmt in COLUMNS:
+        value = s.get(key)
+        cells.append((fmt.format(value) if value is not None else "-").rjust(max(WIDTH, len(head))))
+    return "  ".join(cells)
+
+
+def steady(samples: list[dict]) -> list[dict]:
+    """The ``samples`` taken while the deployment ran its usual number of JVMs (the most common count): a
+    sample taken while a worker run's successor had its JVM up (the handover) is left out of the fits, as a
+    least-squares line through a dozen points would read its memory as a leak. (Other runs, such as the scheduled
+    ``duplicate_free`` full scans, 100 tables' daily crons spread to one about every 15 min, are not counted in
+    the figures at all: :func:`_split`.)"""
+    counts = [s["jvms"] for s in samples]
+    usual = max(set(counts), key=counts.count)
+    return [s for s in samples if s["jvms"] == usual]
+
+
+def verdicts(samples: list[dict], tables: int) -> list[dict]:
+    """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``; only
+    :func:`steady` ones), its standard error, its bound and the verdict: ``pass`` when the slope plus twice its
+    standard error is within the bound (shown flat), ``FAIL`` when the slope minus twice its standard error is
+    above it (shown growing), else ``noisy`` (neither shown: a longer run decides); only ``pass`` passes."""
+    end = samples[-1]["minutes"]
+    half = steady([s for s in samples if s["minutes"] >= end / 2])
+    first, last = half[0], half[-1]
+    events_per_mib = (last["events"] - first["events"]) / max(1e-9, last["dagster_mib"] - first["dagster_mib"])
+    out = []
+    for b in BOUNDS:
+        pts = [(s["minutes"] / 60, float(s[b.figure])) for s in half if s.get(b.figure) is not None]
+        k, err = slope(pts)
+        limit = b.limit
+        if b.figure == "events":
+            limit = EVENTS_GOAL * tables
+        elif b.figure == "dagster_mib":
+            limit = EVENTS_GOAL * tables / events_per_mib if events_per_mib > 0 else 0.0
+        verdict = "pass" if k + 2 * err <= limit else "FAIL" if k - 2 * err > limit else "noisy"
+        out.append({"figure": b.figure, "unit": b.unit, "slope_h": k, "stderr_h": err, "limit_h": limit})
+        out[-1].update(verdict=verdict if len(pts) >= 3 else "too few samples", points=len(pts), why=b.why)
+        out[-1]["ok"] = out[-1]["verdict"] == "pass"
+    return out
+
+
+def exactly_once(settings: Settings, produced: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+    """Identifier -> (rows, distinct (partition, offset), produced) of each table, read by DuckDB."""
+    catalog, out = load_catalog(settings.catalog), {}
+    con = duck.connect()
+    for identifier, expected in produced.items():
+        table = catalog.load_table(identifier)
+        total, distinct = con.execute(
+            "SELECT count(*), count(DISTINCT (_kafka_partition, _kafka_offset)) "
+            f"FROM {duck.scan_sql(table.metadata_location)}"
+        ).fetchone()
+        out[identifier] = (total, distinct, expected)
+    return out
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def declare(path: Path, n: int, max_snapshots: int) -> None:
+    """The N tables of ``make bench --many N`` (:func:`devtools.bench.many.write_tables_file`), each with
+    ``maintenance.max_snapshots`` = ``max_snapshots`` and ``retain_last`` a third of it: the ceiling that
+    bounds a streaming table's snapshots is then crossed within the soak's first half (at the default
+    1,000 a table committing every half minute reaches it after about 8 hours)."""
+    write_tables_file(path, n)
+    doc = yaml.safe_load(path.read_text())
+    for t in doc["tables"]:
+        t["maintenance"] = {**(t.get("maintenance") or {}), "max_snapshots": max_snapshots}
+        t["maintenance"]["retain_last"] = max(1, max_snapshots // 3)
+    path.write_text(yaml.safe_dump(doc))
+
+
+def _prepare(work: Path, n: int, max_snapshots: int) -> tuple[Settings, Path, dict[str, str]]:
+    """A fresh ``work`` directory with a broker, the N tables' topics and declarations (:func:`declare`), and a
+    Dagster home; returns the settings, the Dagster home and the deployment's environment."""
+    if work.exists():
+        devbroker.stop(work / "kafka")
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    bootstrap = devbroker.start(work / "kafka", devbroker.free_port())
+    settings = bench_settings(work / "lake", bootstrap)
+    config = KafkaConfig.from_settings(settings)
+    for name in names(n):
+        demo_data.create_topic(config, f"many.{name}", PARTITIONS, {"retention.ms": "-1"})
+    home = work / "dagster_home"
+    home.mkdir()
+    shutil.copy(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
+    declare(work / "tables.yaml", n, max_snapshots)
+    return settings, home, daemon_env(settings, home, work / "tables.yaml", work)
+
+
+def _stream(args, settings: Settings, home: Path, env: dict[str, str], work: Path) -> tuple[list[dict], dict]:
+    """Run the deployment under the load for ``args.minutes``, sampling every ``args.sample_s`` seconds into
+    ``work/samples.jsonl``; returns the samples and the records produced per table (identifier -> count)."""
+    config, kafka = KafkaConfig.from_settings(settings), KafkaMetadata(KafkaConfig.from_settings(settings))
+    topics, df = [f"many.{x}" for x in names(args.tables)], demo_data.load_frame("flights")
+    for t in topics:  # priming: creates the tables, starts the workers
+        demo_data.produce(config, t, flights_records(df, 0, 10))
+    daemon = start_daemon(home, env, work / "daemon.log")
+    samples, out = [], (work / "samples.jsonl").open("a")
+    try:
+        say(
+            f"priming: 10 records per table committed {wait_caught_up(settings, kafka, args.tables, 1800):.0f} s after start"
+        )
+        spread = Spread(config, df, topics, args.rate)
+        spread.start()
+        t0, sid = time.monotonic(), os.getsid(daemon.pid)
+        say(header())
+        while True:
+            s = sample(sid, settings, home, topics, t0)
+            samples.append(s)
+            out.write(json.dumps(s) + "\n")
+            out.flush()
+            say(row(s))
+            left = args.minutes * 60 - (time.monotonic() - t0)
+            if left <= 1:
+                break
+            time.sleep(min(args.sample_s, left))
+        spread.stop_event.set()
+        spread.join(120)
+        try:
+            say(
+                f"producer stopped; every table caught up {wait_caught_up(settings, kafka, args.tables, 3600):.0f} s later"
+            )
+        except TimeoutError as exc:  # the report still runs: the exactly-once check names what is missing
+            say(f"producer stopped; {exc}")
+    finally:
+        out.close()
+        stop_daemon(daemon)
+    produced = {t: 10 + len(spread.delivered[t]) for t in topics}
+    if spread.errors:
+        say(f"producer errors: {len(spread.errors)}, first: {spread.errors[0]}")
+    return samples, produced
+
+
+def report(args, samples: list[dict], produced: dict[str, int], settings: Settings, work: Path) -> dict:
+    """Print the slopes, the events per table per hour and the exactly-once check; write ``summary.json``;
+    return the summary (``ok``: whether all hold; ``checks``: :func:`verdicts`; ``tallies``: :func:`exactly_once`;
+    ``samples``)."""
+    checks = verdicts(samples, args.tables)
+    say()
+    say(
+        f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min, {checks[0]['points']} samples "
+        "with the usual number of worker JVMs): least-squares slope per hour (+- its standard error)"
+    )
+    for c in checks:
+        say(
+            f"  {c['figure']:<20} {c['slope_h']:>+12.2f} {c['unit']}/h (+- {c['stderr_h']:.2f})  "
+            f"|  bound <= {c['limit_h']:.2f} {c['unit']}/h ({c['why']})  {c['verdict']}"
+        )
+    per_table = next(c for c in checks if c["figure"] == "events")["slope_h"] / args.tables
+    say(f"Dagster events per table per hour: {per_table:.1f}  |  goal <= {EVENTS_GOAL}")
+    tallies = exactly_once(settings, produced)
+    exact = sum(t == d == p for t, d, p in tallies.values())
+    say(
+        f"exactly once: {exact} of {args.tables} tables (count = distinct (partition, offset) = produced); "
+        f"{sum(produced.values()):,} records produced"
+    )
+    for identifier, (t, d, p) in sorted(tallies.items()):
+        if not t == d == p:
+            say(f"  {identifier}: rows {t:,}, distinct {d:,}, produced {p:,}")
+    ok = all(c["ok"] for c in checks) and exact == args.tables and per_table <= EVENTS_GOAL
+    summary = {"args": vars(args), "checks": checks, "events_per_table_h": per_table, "exact": exact, "ok": ok}
+    summary.update(commit=args.commit, tallies=tallies)
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    say(f"soak {'PASSED' if ok else 'FAILED'} (commit {summary['commit']}, {samples[-1]['minutes']:.0f} min of load)")
+    return {**summary, "samples": samples}
+
+
+def _commit() -> str:
+    """The checkout's short commit id, ``-dirty`` when tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=CHECKOUT).returncode != 0
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def run_soak(args, work: Path) -> dict:
+    """The soak (module docstring) in ``work``; returns :func:`report`'s summary. Stops its broker at the end."""
+    args.commit = _commit()  # the checkout the deployment loads now (HEAD may move while it runs)
+    say(
+        f"soak: {args.tables} tables, {args.rate} records/s in total for {args.minutes:g} min, a sample every "
+        f"{args.sample_s:g} s into {work / 'samples.jsonl'}  ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"commit {args.commit}, nproc {os.cpu_count()})"
+    )
+    try:
+        settings, home, env = _prepare(work, args.tables, args.max_snapshots)
+        samples, produced = _stream(args, settings, home, env, work)
+        return report(args, samples, produced, settings, work)
+    finally:
+        devbroker.stop(work / "kafka")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """``--minutes``, ``--sample-s``, ``--tables``, ``--rate``, ``--max-snapshots`` (defaults: the ``SOAK_*``
+    variables, else 120, 300, 100, 200, 60)."""
+    env = os.environ
+    ap = argparse.ArgumentParser(prog="make soak", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=float(env.get("SOAK_MINUTES") or 120))
+    ap.add_argument("--sample-s", type=float, default=float(env.get("SOAK_SAMPLE_S") or 300))
+    ap.add_argument("--tables", type=int, default=int(env.get("SOAK_TABLES") or 100))
+    ap.add_argument("--rate", type=int, default=int(env.get("SOAK_RATE") or 200))
+    ap.add_argument("--max-snapshots", type=int, default=int(env.get("SOAK_MAX_SNAPSHOTS") or 60))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("LAKE_DEV", "1")  # as under make: the development defaults where nothing is set
+    lake_home = Path(os.environ.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
+    return 0 if run_soak(args, lake_home / "soak")["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
