@@ -105,9 +105,12 @@ def failed_attempts(instance: DagsterInstance, spec: TableSpec, last_commit_ms: 
     return len(runs)
 
 
-def alert_lag_status(spec: TableSpec, evaluation: LagEvaluation, sink: AlertSink | None = None) -> bool:
+def alert_lag_status(
+    spec: TableSpec, evaluation: LagEvaluation, sink: AlertSink | None = None, source: str | None = None
+) -> bool:
     """Post a Slack message for a change of alert level: into WARN (WARN), into STALL/STOP
-    (ERROR), or back to OK (OK, the recovery). Returns whether Slack accepted it; never raises."""
+    (ERROR), or back to OK (OK, the recovery); ``source`` names the sensor (default this table's lag
+    sensor). Returns whether Slack accepted it; never raises."""
     return (sink or AlertSink.from_env()).send(
         table_alert(
             spec,
@@ -118,7 +121,7 @@ def alert_lag_status(spec: TableSpec, evaluation: LagEvaluation, sink: AlertSink
                 f"{spec.identifier} on topic {spec.topic}: {evaluation.reason}; offset lag "
                 f"{evaluation.total_offset_lag} records, time lag {evaluation.max_time_lag_s:.0f} s"
             ),
-            source=f"sensor {spec.name}_lag",
+            source=source or f"sensor {spec.name}_lag",
         )
     )
 

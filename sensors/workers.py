@@ -12,8 +12,10 @@ is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit 
 and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
 gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`), unless its latest runs failed (not
 merely set tables aside): then it waits 30 s, 60 s, ... up to 900 s after the last failure
-(:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are not read:
-its run commits each micro-batch as a materialization.
+(:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are read only for the
+heartbeat: its run reports its commits as materializations. A table looked at with lag and no commit for
+longer than ``lag.max_interval + lag.grace`` is ``STOP``: one ERROR to Slack when it enters, one OK when it
+leaves (:func:`report_stops`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from kafka_iceberg.batch.worker import offset_lags
 from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, run_budget_s, table_key, worker_job_name
+from kafka_iceberg.ops.lag import LagEvaluation
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 from kafka_iceberg.sensors.backoff import relaunch_hold_s
+from kafka_iceberg.sensors.lag import alert_lag_status
 
 OBSERVE_EVERY_S = 600
 """Seconds between two lag observations of one table whose state does not change (the heartbeat)."""
@@ -94,6 +98,9 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
                 events.append(_observation(spec, lag, last, exists, due, now_ms))
             if worker_of[spec.identifier] not in busy and due:
                 due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
+        report_stops(
+            cursor, [(s, lags[s.identifier], states[s.identifier].snapshot_timestamp_ms) for s in looked], now_ms
+        )
         held = {k for k in due_workers if relaunch_hold_s(context.instance, now_ms / 1000, job_of[k]) > 0}
         requests = [_run_request(k, job_of[k], due, now_ms) for k, due in sorted(due_workers.items()) if k not in held]
         context.log.info(
@@ -109,6 +116,37 @@ HANDOVER_S = 45
 """Seconds before a worker run's budget ends that its successor is launched: the successor starts its
 process and Spark session (the job's ``warm`` op, outside the pool) while the run still serves, and
 the run hands over as soon as the successor's ``serve`` op waits for the pool."""
+
+
+STOPPED = "stopped"
+"""The cursor key of the tables in status ``STOP`` (no table identifier lacks a dot, so none collides)."""
+
+
+def report_stops(cursor: dict, looked: list[tuple[TableSpec, int, int | None]], now_ms: int, sink=None) -> list[str]:
+    """Judge ``STOP`` for each looked-at ``(spec, offset lag in records, last commit in ms since epoch or
+    None)``: lag above 0 and no commit for longer than ``lag.max_interval + lag.grace``. A table entering
+    STOP posts one ERROR, one leaving it posts OK (:func:`kafka_iceberg.sensors.lag.alert_lag_status`, to
+    ``sink``, default Slack from the environment); ``cursor[STOPPED]`` keeps the stopped tables between
+    ticks. A table that never committed is not judged. Returns the identifiers whose status changed."""
+    stopped, changed = set(cursor.get(STOPPED, [])), []
+    for spec, lag, last_ms in looked:
+        waited_s = None if last_ms is None else (now_ms - last_ms) / 1000
+        limit_s = spec.lag.max_interval_s + spec.lag.grace_s
+        now_stopped = lag > 0 and waited_s is not None and waited_s > limit_s
+        if now_stopped == (spec.identifier in stopped):
+            continue
+        stopped ^= {spec.identifier}
+        changed.append(spec.identifier)
+        status, previous = ("STOP", "OK") if now_stopped else ("OK", "STOP")
+        reason = (
+            f"no commit for {waited_s:.0f} s > max_interval + grace = {limit_s:.0f} s"
+            if now_stopped
+            else "commits again"
+        )
+        evaluation = LagEvaluation(status, previous, reason, {-1: lag}, {}, waited_s)  # the total only (key -1)
+        alert_lag_status(spec, evaluation, sink, source="sensor lake_workers")
+    cursor[STOPPED] = sorted(stopped)
+    return changed
 
 
 def _stale(cursor: dict, spec: TableSpec, now_ms: int) -> bool:

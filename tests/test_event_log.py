@@ -120,3 +120,29 @@ def test_a_worker_run_committing_many_micro_batches_writes_a_bounded_number_of_e
     with build_sensor_context(instance=instance, resources=resources, cursor=first.cursor) as context:
         again = sensor(context)
     assert len(first.asset_events) == 2 and again.asset_events == [], again.asset_events
+
+
+def test_a_table_that_stops_committing_alerts_once_and_once_more_when_it_recovers():
+    """``lake_workers`` judges STOP (lag and no commit for longer than max_interval + grace) per episode."""
+    from kafka_iceberg.sensors.workers import STOPPED, report_stops
+
+    class Recorder:
+        def __init__(self):
+            self.alerts = []
+
+        def send(self, alert) -> bool:
+            self.alerts.append(alert)
+            return True
+
+    spec = make_spec("stops", "stops.topic", lag={"max_interval": "1m", "grace": "1m"})
+    slack, cursor, last_ms = Recorder(), {}, 1_000_000
+    ticks = [(30, 5, last_ms), (119, 5, last_ms), (121, 5, last_ms), (200, 9, last_ms), (600, 9, last_ms)]
+    changed = [report_stops(cursor, [(spec, lag, at)], at + s * 1000, slack) for s, lag, at in ticks]
+    assert changed == [[], [], [spec.identifier], [], []], "STOP after 120 s, and only once"
+    assert cursor[STOPPED] == [spec.identifier]
+    assert report_stops(cursor, [(spec, 0, last_ms)], last_ms + 700_000, slack) == [spec.identifier], "lag gone"
+    assert report_stops(cursor, [(spec, 4, last_ms + 690_000)], last_ms + 700_000, slack) == []
+    assert [a.severity for a in slack.alerts] == ["ERROR", "OK"] and cursor[STOPPED] == []
+    assert "no commit for 121 s > max_interval + grace = 120 s" in slack.alerts[0].summary
+    assert slack.alerts[0].source == "sensor lake_workers"
+    assert report_stops({}, [(spec, 5, None)], last_ms, slack) == [], "a table that never committed is not judged"
