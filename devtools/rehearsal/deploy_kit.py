@@ -197,8 +197,9 @@ def instance_yaml(pg_port: int, kubeconfig: Path) -> str:
             "db_name": "dagster",
             "port": pg_port,
             "params": {},
-            # no scheme: the chart's postgresql.postgresqlScheme unset, a bare postgresql://, which SQLAlchemy
-            # 2.1 maps to psycopg (3); the lake's image has it (and psycopg2, for postgresql+psycopg2)
+            # the chart's postgresql.postgresqlScheme: run pods open the instance with the lake's image,
+            # whose lock has psycopg2 only, and SQLAlchemy 2.1 maps a bare postgresql:// to psycopg (3)
+            "scheme": "postgresql+psycopg2",
         }
     }
     extra = yaml.safe_load((DEPLOY / "helm" / "instance-values.yaml").read_text())
