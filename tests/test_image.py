@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devtools.rehearsal.deploy_kit import SYSTEM_PYTHON, build_image_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-SYSTEM_PYTHON = "/usr/bin/python3.11"
 IMAGE_UID = 10001
 TABLES = """\
 tables:
@@ -70,23 +71,8 @@ def image_root():
             "the test venv is in a directory other users cannot enter (e.g. under /root): uid 10001 cannot use it"
         )
     root = Path(tempfile.mkdtemp(prefix="lake-image-", dir="/tmp"))
-    root.chmod(0o755)
-    venv = root / "opt" / "venv"
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
     # the locked dependencies (and pip) of this test venv stand in for the image's requirements-runtime.lock
-    Path(site, "lake-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    env = {**os.environ, "PYTHON": str(python), "LAKE_IMAGE_LOCK": "", "LAKE_IMAGE_BUILD_ISOLATION": "0"}
-    out = subprocess.run(
-        ["sh", str(DEPLOY / "build-image.sh"), str(root)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    build_image_tree(root, timeout_s=300)
     (root / "etc").mkdir()
     (root / "etc" / "tables.yaml").write_text(TABLES)
     yield root

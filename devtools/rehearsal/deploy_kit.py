@@ -67,15 +67,14 @@ def image_env() -> dict[str, str]:
     return {"PATH": "/opt/venv/bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/lake", **env}
 
 
-def build_image(root: Path, tables_yaml: str) -> None:
-    """The image tree at ``root``, as tests/test_image.py builds it: a virtualenv of the system's
-    python3.11 at ``/opt/venv`` whose dependencies are this checkout's virtualenv (a ``.pth`` instead of
-    the download of requirements-runtime.lock), then deploy/build-image.sh into ``root``; then what the
-    Dockerfile and the base image add besides: the ``dagster`` console script, ``/usr/lib/jvm/default-java``,
-    the user's home; and, as a derived image would, the tables' declarations at :data:`TABLES_PATH`.
+def build_image_tree(root: Path, timeout_s: float = 600) -> Path:
+    """deploy/build-image.sh run into ``root`` (also by tests/test_image.py): first a virtualenv of the
+    system's python3.11 at ``/opt/venv`` whose dependencies are this checkout's virtualenv (a ``.pth``
+    instead of the download of requirements-runtime.lock). Returns that virtualenv's python.
 
     Raises:
         RuntimeError: build-image.sh failed (its output's tail).
+        subprocess.TimeoutExpired: it ran longer than ``timeout_s`` seconds.
     """
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
@@ -91,10 +90,23 @@ def build_image(root: Path, tables_yaml: str) -> None:
     Path(site, "lake-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     env = {**os.environ, "PYTHON": str(python), "LAKE_IMAGE_LOCK": "", "LAKE_IMAGE_BUILD_ISOLATION": "0"}
     out = subprocess.run(
-        ["sh", str(DEPLOY / "build-image.sh"), str(root)], env=env, capture_output=True, text=True, timeout=600
+        ["sh", str(DEPLOY / "build-image.sh"), str(root)], env=env, capture_output=True, text=True, timeout=timeout_s
     )
     if out.returncode != 0:
         raise RuntimeError(f"build-image.sh failed: {out.stderr[-3000:]}")
+    return python
+
+
+def build_image(root: Path, tables_yaml: str) -> None:
+    """The image tree at ``root`` (:func:`build_image_tree`), then what the Dockerfile and the base image
+    add besides: the ``dagster`` console script, ``/usr/lib/jvm/default-java``, the user's home; and, as a
+    derived image would, the tables' declarations at :data:`TABLES_PATH`.
+
+    Raises:
+        RuntimeError: build-image.sh failed (its output's tail).
+    """
+    python = build_image_tree(root)
+    venv = python.parent.parent
     script = venv / "bin" / "dagster"  # pip installs it with dagster from the lock in the real image
     # pip's console-script wrapper: the __main__ guard matters, the multiprocess executor's spawned
     # step processes import this file again
