@@ -12,7 +12,8 @@ from dagster_k8s.client import DagsterKubernetesClient
 from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 from dagster_k8s.utils import load_kubernetes_config
 
-from devtools.services.k8s_standin import ImageConfig, K8sStandIn, wait_for
+from devtools.polling import wait_for
+from devtools.services.k8s_standin import ImageConfig, K8sStandIn
 
 PROBE = (
     "import json, os, sys; "

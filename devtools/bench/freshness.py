@@ -119,13 +119,14 @@ def start_daemon(home: Path, env: dict[str, str], log: Path) -> subprocess.Popen
     )
 
 
-def stop_daemon(proc: subprocess.Popen) -> None:
-    """Stop the deployment :func:`start_daemon` started: SIGTERM to its process group, then SIGKILL to
-    whatever outlived it (``dagster api grpc`` does not exit on SIGTERM)."""
+def stop_daemon(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """Stop the deployment :func:`start_daemon` started (or any process group leader): SIGTERM to its process
+    group, up to ``grace_s`` seconds for it to exit, then SIGKILL to whatever outlived it (``dagster api grpc``
+    does not exit on SIGTERM)."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(60)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
     try:

@@ -52,16 +52,17 @@ SCHEMA = [
 ]
 
 
-def cdc_declaration(name: str, topic: str, bound: int) -> dict:
-    """A tables.yaml-style declaration of the rehearsal's upsert table ``rehearsal.<name>``
-    (the columns of ``make demo``'s ``nyc.planes``; ``bound`` records per partition per batch)."""
+def cdc_declaration(name: str, topic: str, bound: int, schema: list = SCHEMA, key: tuple = ("tailnum",)) -> dict:
+    """A tables.yaml-style declaration of the rehearsal's upsert table ``rehearsal.<name>`` of Debezium change
+    events (default: the columns and key of ``make demo``'s ``nyc.planes``; ``bound`` records per partition
+    per batch)."""
     return {
         "name": name,
         "identifier": f"rehearsal.{name}",
         "topic": topic,
-        "schema": SCHEMA,
+        "schema": schema,
         "mode": "upsert",
-        "key": ["tailnum"],
+        "key": list(key),
         "cdc": "debezium",
         "partition_by": [],
         "max_records_per_partition": bound,
@@ -71,23 +72,25 @@ def cdc_declaration(name: str, topic: str, bound: int) -> dict:
     }
 
 
-class Workload(threading.Thread):
-    """Rounds of real SQL (:func:`devtools.services.cdc_source.planes_workload`) on ``keys`` of ``db``, one
-    every ``pause_s`` seconds until :meth:`stop`. ``rounds`` counts finished rounds; ``errors``
-    holds any failure (a failed round stops the thread)."""
+class Rounds(threading.Thread):
+    """A workload thread: :meth:`round` again and again, ``pause_s`` seconds apart, until :meth:`stop`.
+    ``rounds`` counts finished rounds; ``errors`` holds any failure (a failed round stops the thread)."""
 
-    def __init__(self, db: cdc_source.SourceDatabase, keys: list[str], seed: int, pause_s: float):
-        super().__init__(daemon=True, name="cdc-workload")
-        self.db, self.keys, self.seed, self.pause_s = db, keys, seed, pause_s
+    def __init__(self, name: str, pause_s: float):
+        super().__init__(daemon=True, name=name)
+        self.pause_s = pause_s
         self.rounds = 0
         self.errors: list[str] = []
         self._halt = threading.Event()
 
+    def round(self) -> None:
+        """One round of SQL; subclasses define it."""
+        raise NotImplementedError
+
     def run(self) -> None:
         try:
             while not self._halt.is_set():
-                # a distinct seed per round keeps the inserted keys (NEW<seed>_0_i) unique
-                cdc_source.planes_workload(self.db, self.keys, rounds=1, seed=self.seed * 100_000 + self.rounds)
+                self.round()
                 self.rounds += 1
                 self._halt.wait(self.pause_s)
         except Exception as exc:  # reported as the check "workload ran without errors"
@@ -97,6 +100,19 @@ class Workload(threading.Thread):
         """Finish the current round and stop."""
         self._halt.set()
         self.join(120)
+
+
+class Workload(Rounds):
+    """Rounds of real SQL (:func:`devtools.services.cdc_source.planes_workload`) on ``keys`` of ``db``, one
+    every ``pause_s`` seconds until :meth:`stop` (:class:`Rounds`)."""
+
+    def __init__(self, db: cdc_source.SourceDatabase, keys: list[str], seed: int, pause_s: float):
+        super().__init__("cdc-workload", pause_s)
+        self.db, self.keys, self.seed = db, keys, seed
+
+    def round(self) -> None:
+        # a distinct seed per round keeps the inserted keys (NEW<seed>_0_i) unique
+        cdc_source.planes_workload(self.db, self.keys, rounds=1, seed=self.seed * 100_000 + self.rounds)
 
 
 CRASH_WAIT_S = 300.0

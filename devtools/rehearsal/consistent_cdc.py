@@ -35,6 +35,7 @@ from pathlib import Path
 from devtools import duck
 from devtools.demo.data import create_topic
 from devtools.rehearsal import shop
+from devtools.rehearsal.cdc import cdc_declaration
 from devtools.rehearsal.run import Lake, Rehearsal, ScenarioResult, Tally, kill_group
 from devtools.services import cdc_source
 from kafka_iceberg.config.settings import CHECKOUT
@@ -45,20 +46,8 @@ PARTITIONS = 2
 def declaration(uid: str, slot: str, table: str, group: str | None, bound: int = 10_000) -> dict:
     """A tables.yaml-style declaration of the shop table ``table`` as ``rehearsal.cc_<uid>_<table>``
     (in consistency group ``group``, or alone when None) on Debezium's topic ``<slot>.public.<table>``."""
-    decl = {
-        "name": f"cc_{uid}_{table}",
-        "identifier": f"rehearsal.cc_{uid}_{table}",
-        "topic": f"{slot}.public.{table}",
-        "schema": shop.iceberg_schema(table),
-        "mode": "upsert",
-        "key": shop.TABLES[table][0],
-        "cdc": "debezium",
-        "partition_by": [],
-        "max_records_per_partition": bound,
-        "kafka_columns": ["partition", "offset"],
-        "freshness": {"max_snapshot_age": "10m", "max_valid_through_age": "none"},
-        "bad_records": {"policy": "quarantine", "max_quarantine_rate": 1},
-    }
+    topic = f"{slot}.public.{table}"
+    decl = cdc_declaration(f"cc_{uid}_{table}", topic, bound, shop.iceberg_schema(table), shop.TABLES[table][0])
     if group:
         decl["consistency_group"] = group
     return decl

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from devtools.polling import wait_for as _wait
 from devtools.rehearsal.run import Rehearsal, ScenarioResult, Traffic, kill_group, reconcile
 from devtools.services import devbroker
 from kafka_iceberg.catalog.tables import load_table
@@ -41,16 +42,6 @@ from kafka_iceberg.declaration.spec import parse_table_spec
 
 LOCATION = ["-m", "kafka_iceberg.lake_assets.definitions"]
 BIN = Path(sys.executable).parent
-
-
-def _wait(predicate: Callable[[], object], timeout_s: float, poll_s: float = 0.5):
-    """``predicate()``'s first truthy value within ``timeout_s`` seconds, else ``None``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(poll_s)
 
 
 # -- processes -------------------------------------------------------------------------------------

@@ -41,12 +41,14 @@ from pathlib import Path
 
 import yaml
 
+from devtools.bench.freshness import stop_daemon
 from devtools.demo.data import create_topic
+from devtools.polling import wait_for
 from devtools.rehearsal import deploy_kit as kit
 from devtools.rehearsal.acl import SlackRecorder
 from devtools.rehearsal.run import ScenarioResult, Tally, Traffic, reconcile, table_declaration
 from devtools.services import devbroker, devpostgres
-from devtools.services.k8s_standin import ImageConfig, K8sStandIn, wait_for
+from devtools.services.k8s_standin import ImageConfig, K8sStandIn
 from devtools.services.s3faults import KEY, REGION, SECRET, aws_sdk_jars, start_moto
 from kafka_iceberg.batch.planning import offset_lag
 from kafka_iceberg.batch.recovery import commit_token, parse_attempt
@@ -243,23 +245,9 @@ def deploy(dep: Deployment, slack: SlackRecorder) -> tuple[K8sStandIn, Path, obj
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    dep.started.append(("dagster-daemon", lambda: _stop_group(daemon)))
+    dep.started.append(("dagster-daemon", lambda: stop_daemon(daemon, grace_s=30)))
     dep.daemon_env, dep.workspace, dep.audit_schedule = daemon_env, workspace, audit_schedule
     return standin, home, DagsterInstance.from_config(str(home))
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
 
 
 # -- inspection -------------------------------------------------------------------------------------
@@ -537,16 +525,7 @@ def scenario(r, args) -> ScenarioResult:
         checks, tallies, notes = {"rehearsal ran to its end": False}, [], f"{type(exc).__name__}: {exc}"[:500]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    total = Tally(
-        produced=sum(t.produced for t in tallies),
-        in_table=sum(t.in_table for t in tallies),
-        quarantined=sum(t.quarantined for t in tallies),
-        lost=sum(t.lost for t in tallies),
-        duplicates=sum(t.duplicates for t in tallies),
-        mismatched=sum(t.mismatched for t in tallies),
-        unexpected=sum(t.unexpected for t in tallies),
-        examples=[e for t in tallies for e in t.examples][:10],
-    )
+    total = Tally.total(tallies)
     return ScenarioResult("deployment (K8sRunLauncher, stand-in API)", 2, total, checks, notes, time.monotonic() - t0)
 
 

@@ -372,6 +372,15 @@ class Tally:
     leaks: Leaks | None = None  # counted after the reconciliation (None: the table does not exist)
     recover_s: float | None = None  # seconds the final catch-up took (None: the scenario ran none)
 
+    @classmethod
+    def total(cls, tallies: list[Tally]) -> Tally:
+        """The sum of several tables' tallies (records), with their first 10 examples; no leaks counted."""
+        counts = ("produced", "in_table", "quarantined", "lost", "duplicates", "mismatched", "unexpected")
+        return cls(
+            **{k: sum(getattr(t, k) for t in tallies) for k in counts},
+            examples=[e for t in tallies for e in t.examples][:10],
+        )
+
     @property
     def leaks_beyond_bound(self) -> int:
         """Leaks beyond the bound: all of them once a final catch-up ran recovery after the last

@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from devtools.rehearsal.cdc import Rounds
 from devtools.services import cdc_source
 
 WAREHOUSES, ITEMS, START_QTY, CUSTOMERS = 4, 10, 1000, 20
@@ -73,40 +74,27 @@ def iceberg_schema(table: str) -> list[dict]:
     return [{"name": c, "type": t, **({"required": True} if c in keys else {})} for c, _, t in cols]
 
 
-class ShopWorkload(threading.Thread):
-    """Rounds of real SQL on the shop until :meth:`stop`: per round ``orders_per_round`` order
-    transactions (a new order with 1-4 lines; a line's amount changed; a line added; a line deleted;
-    an order deleted with its lines) and ``moves_per_round`` stock moves, each its own transaction,
-    then ``pause_s`` seconds of rest. ``rounds``/``transactions`` count what finished; ``errors`` holds
-    a failure (it stops the thread)."""
+class ShopWorkload(Rounds):
+    """Rounds of real SQL on the shop until :meth:`stop` (:class:`~devtools.rehearsal.cdc.Rounds`): per round
+    ``orders_per_round`` order transactions (a new order with 1-4 lines; a line's amount changed; a line
+    added; a line deleted; an order deleted with its lines) and ``moves_per_round`` stock moves, each its own
+    transaction, then ``pause_s`` seconds of rest. ``rounds``/``transactions`` count what finished; ``errors``
+    holds a failure (it stops the thread)."""
 
     def __init__(self, db, seed: int, pause_s: float, orders_per_round: int = 4, moves_per_round: int = 4):
-        super().__init__(daemon=True, name="shop-workload")
-        self.db, self.rng, self.pause_s = db, random.Random(seed), pause_s
+        super().__init__("shop-workload", pause_s)
+        self.db, self.rng = db, random.Random(seed)
         self.per_round = (orders_per_round, moves_per_round)
         self.orders: dict[int, int] = {}  # live order id -> lines
         self.next_order = self.next_move = 1
-        self.rounds = self.transactions = 0
-        self.errors: list[str] = []
-        self._halt = threading.Event()
+        self.transactions = 0
 
-    def run(self) -> None:
-        try:
-            while not self._halt.is_set():
-                orders = [self._order_tx() for _ in range(self.per_round[0])]
-                moves = [self._move_tx() for _ in range(self.per_round[1])]
-                txs = [tx for pair in zip(orders, moves) for tx in pair] + orders[len(moves) :] + moves[len(orders) :]
-                cdc_source.run_sql(self.db, "\n".join(txs))
-                self.rounds += 1
-                self.transactions += len(txs)
-                self._halt.wait(self.pause_s)
-        except Exception as exc:  # reported as the check "workload ran without errors"
-            self.errors.append(f"{type(exc).__name__}: {getattr(exc, 'stderr', '') or exc}"[:500])
-
-    def stop(self) -> None:
-        """Finish the current round and stop."""
-        self._halt.set()
-        self.join(120)
+    def round(self) -> None:
+        orders = [self._order_tx() for _ in range(self.per_round[0])]
+        moves = [self._move_tx() for _ in range(self.per_round[1])]
+        txs = [tx for pair in zip(orders, moves) for tx in pair] + orders[len(moves) :] + moves[len(orders) :]
+        cdc_source.run_sql(self.db, "\n".join(txs))
+        self.transactions += len(txs)
 
     def _order_tx(self) -> str:
         rng = self.rng

@@ -96,17 +96,7 @@ def worker_kills(r: Rehearsal, tables: int = 3, kills: int = 6, rate: float = 60
         tallies.append(tally)
         checks[f"{spec.name}: exactly once"] = tally.lost == 0 and tally.duplicates == 0
         checks[f"{spec.name}: no attempt branches left"] = r._no_leftovers(spec)
-    total = Tally(
-        produced=sum(t.produced for t in tallies),
-        in_table=sum(t.in_table for t in tallies),
-        quarantined=sum(t.quarantined for t in tallies),
-        lost=sum(t.lost for t in tallies),
-        duplicates=sum(t.duplicates for t in tallies),
-        mismatched=sum(t.mismatched for t in tallies),
-        unexpected=sum(t.unexpected for t in tallies),
-        examples=[e for t in tallies for e in t.examples][:10],
-        leaks=None,
-    )
+    total = Tally.total(tallies)
     notes = f"{tables} tables, one worker process killed {kills} times"
     return ScenarioResult("Many-table worker killed mid-stream", kills, total, checks, notes, time.monotonic() - t0)
 

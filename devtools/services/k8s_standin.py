@@ -52,7 +52,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -643,19 +642,9 @@ def _status(code: int, reason: str, message: str) -> dict:
     }
 
 
-def wait_for(predicate, timeout_s: float, poll_s: float = 0.5):
-    """``predicate()``'s first truthy value within ``timeout_s`` seconds, else its last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(poll_s)
-
-
 def remove_tree(path: Path) -> None:
     """Delete a pod's directory (volumes included)."""
     shutil.rmtree(path, ignore_errors=True)
 
 
-__all__ = ["POD_IP", "ImageConfig", "K8sStandIn", "PodFailedToStart", "PodProcess", "wait_for"]
+__all__ = ["POD_IP", "ImageConfig", "K8sStandIn", "PodFailedToStart", "PodProcess"]
