@@ -135,7 +135,10 @@ class _Collected(dict):
 
 def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, parser, writer) -> ReadBatch | None:
     """A micro-batch read by the driver (:func:`read_by_driver`): the read task's own function
-    (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s less on a warm session).
+    (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s less on a warm session), in one
+    thread per local core, or in one thread for a small batch
+    (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`), which then writes one data file per
+    table partition as its one Spark task would.
     When pyarrow claims every record as good, returns the batch with its data files and an empty
     ``classified`` frame; otherwise deletes the files it wrote and returns None, and the Spark job
     reads the batch again and classifies the rest.
@@ -150,7 +153,8 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
         ranges = [dict(zip(RANGE_SCHEMA.names, row)) for row in pieces]
         return sum(out.num_rows for out in reader(iter([pa.RecordBatch.from_pylist(ranges, RANGE_SCHEMA)])))
 
-    shares = driver_read_shares(_range_pieces(lake, plan.offsets), local_cores(lake.settings.spark_master))
+    pieces, one_task = _task_input(lake, plan.offsets)
+    shares = driver_read_shares(pieces, 1 if one_task else local_cores(lake.settings.spark_master))
     if len(shares) == 1:
         leftovers = read(shares[0])
     else:  # librdkafka, pyarrow's parser and the Parquet writer release the GIL: the pieces overlap
