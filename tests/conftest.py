@@ -76,6 +76,31 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+_MODULE_S: dict[str, float] = {}
+_WORKER_S: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add each test phase's duration (seconds) to its module's and its xdist worker's totals (on the
+    controller under xdist, where every worker's reports arrive)."""
+    module = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    _MODULE_S[module] = _MODULE_S.get(module, 0.0) + report.duration
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    _WORKER_S[worker] = _WORKER_S.get(worker, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After ``--durations``: the 15 slowest modules and each worker's busy seconds, the figures to order
+    :data:`SLOW_MODULES` by (a worker that ends long before the other wastes a core)."""
+    if not _MODULE_S or hasattr(terminalreporter.config, "workerinput"):
+        return
+    slow = sorted(_MODULE_S.items(), key=lambda kv: -kv[1])[:15]
+    terminalreporter.write_sep("=", "slowest 15 modules (seconds)")
+    terminalreporter.write_line("  ".join(f"{m} {s:.0f}" for m, s in slow))
+    terminalreporter.write_line("busy per worker: " + ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_WORKER_S.items())))
+
+
 @pytest.fixture(scope="session")
 def lake_home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("lake")

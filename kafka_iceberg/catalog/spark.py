@@ -73,6 +73,14 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
         "spark.ui.showConsoleProgress": "false",
+        # a worker runs a session for weeks: keep the UI's history of jobs, stages, tasks and SQL runs short
+        # (defaults 1,000 / 1,000 / 100,000 / 1,000), so the driver heap levels off within minutes
+        "spark.ui.retainedJobs": "100",
+        "spark.ui.retainedStages": "100",
+        "spark.ui.retainedTasks": "10000",
+        "spark.sql.ui.retainedExecutions": "100",
+        # the context cleaner's full GC every 5 min (default 30) frees shuffle and broadcast state steadily
+        "spark.cleaner.periodicGC.interval": "5min",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
     conf.update(catalog_conf(cat))
