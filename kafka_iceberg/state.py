@@ -54,7 +54,7 @@ identifier of the table whose records they quarantine).
 
 This module is the whole contract: every key is a named constant below, :func:`ingest_summary`
 and :func:`dead_letter_summary` write summaries, and :func:`state_at`, :func:`batch_ranges`,
-:func:`int_map`, :func:`dead_letter_ref`, :func:`recorded_replay`, :func:`group_state` and :func:`group_position` read them;
+:func:`int_map`, :func:`dead_letter_ref`, :func:`recorded_replay`, :func:`group_state`, :func:`group_position` and :func:`member_snapshot` read them;
 :func:`group_summary` writes a consistency group's entry. Other modules
 and docs refer here instead of spelling keys out.
 
@@ -282,29 +282,53 @@ def group_state(snapshots: Mapping[int, SnapshotInfo], head: int | None) -> dict
     return None
 
 
-def group_position(views: Mapping[str, tuple[Mapping[int, SnapshotInfo], int | None]]) -> dict[str, int] | None:
+def group_position(
+    views: Mapping[str, tuple[Mapping[int, SnapshotInfo], int | None]], fallback: bool = True
+) -> dict[str, int] | None:
     """One consistent position of a consistency group: identifier -> snapshot id of every member, at the
-    newest group commit any member shows. ``views``: identifier -> (its snapshots by id, ``main``'s head).
+    newest group commit every member has reached. ``views``: identifier -> (its snapshots by id, ``main``'s
+    head).
 
-    The newest ``kafka.group`` record (highest ``seq``) lists every member's offsets as of that commit;
-    each member is read at the newest snapshot of ``main``'s ancestry whose ingest state has exactly
-    those offsets (a later compaction counts). None when a member has no such snapshot yet (its metadata
-    was loaded before that commit landed: load it again) or no member was ever committed in a group.
+    A ``kafka.group`` record lists every member's offsets as of its commit (``seq``); a member is read at
+    the newest snapshot of ``main``'s ancestry whose ingest state has exactly those offsets
+    (:func:`member_snapshot`; a later compaction counts). The newest record any member shows is tried
+    first; a member without such a snapshot was loaded before that commit landed (load it again) or, on
+    a catalog that commits members one by one, is not published yet: then, with ``fallback``, the next
+    older record is tried (a half-published group commit is never read). None when no record is reached
+    by every member (without ``fallback``: the newest) or no member was ever committed in a group.
     """
-    records = [group_state(snaps, head) for snaps, head in views.values()]
-    newest = max((r for r in records if r is not None), key=lambda r: r["seq"], default=None)
-    if newest is None:
-        return None
-    out = {}
-    for ident, (snaps, head) in views.items():
-        wanted = {int(p): int(o) for p, o in (newest["tables"].get(ident) or {}).get("offsets", {}).items()}
-        found = next(
-            (s.snapshot_id for s in ancestors(snaps, head) if state_at(snaps, s.snapshot_id).offsets == wanted), None
-        )
-        if found is None:
-            return None
-        out[ident] = found
-    return out
+    records: dict[int, dict] = {}
+    for snaps, head in views.values():
+        for snap in ancestors(snaps, head):
+            record = group_record(snap)
+            if record is not None:
+                records.setdefault(int(record["seq"]), record)
+                if not fallback:
+                    break
+    for seq in sorted(records, reverse=True)[: None if fallback else 1]:
+        out = {}
+        for ident, (snaps, head) in views.items():
+            found = member_snapshot(snaps, head, group_offsets(records[seq], ident))
+            if found is None:
+                break
+            out[ident] = found
+        else:
+            return out
+    return None
+
+
+def group_offsets(record: Mapping, identifier: str) -> dict[int, int]:
+    """The committed offsets (partition -> next offset) of member ``identifier`` in a ``kafka.group`` record."""
+    entry = record["tables"].get(identifier) or {}
+    return {int(p): int(o) for p, o in entry.get("offsets", {}).items()}
+
+
+def member_snapshot(snapshots: Mapping[int, SnapshotInfo], head: int | None, offsets: Mapping[int, int]) -> int | None:
+    """The newest snapshot of ``head``'s ancestry whose ingest state has exactly ``offsets``, or None."""
+    for snap in ancestors(snapshots, head):
+        if state_at(snapshots, snap.snapshot_id).offsets == dict(offsets):
+            return snap.snapshot_id
+    return None
 
 
 def _compact(value) -> str:

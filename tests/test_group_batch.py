@@ -18,8 +18,8 @@ from kafka_iceberg.state import group_state
 COLUMNS = [{"name": "id", "type": "long", "required": True}, {"name": "qty", "type": "long"}]
 
 
-def _change(row: dict, txid: str, lsn: int) -> tuple[bytes, bytes, int]:
-    value = {"op": "c", "before": None, "after": row, "source": {"lsn": lsn}, "transaction": {"id": txid}}
+def _change(row: dict, txid: str, lsn: int, op: str = "c") -> tuple[bytes, bytes, int]:
+    value = {"op": op, "before": None, "after": row, "source": {"lsn": lsn}, "transaction": {"id": txid}}
     return json.dumps({"id": row["id"]}).encode(), json.dumps(value).encode(), 0
 
 
@@ -31,15 +31,7 @@ def _end(txid: str, schema: str, **counts: int) -> tuple[bytes, bytes, int]:
 def test_a_group_batch_ends_at_a_transaction_boundary_and_publishes_both_tables(
     spark, settings, kafka, kafka_config, catalog, unique
 ):
-    topics = {t: f"{unique}.public.{t}" for t in ("orders", "lines")}
-    for topic in [*topics.values(), f"{unique}.transaction"]:
-        create_topic(kafka_config, topic, 1, {"retention.ms": "-1"})
-    entries = [
-        {"name": f"{unique}_{t}", "identifier": f"test.{unique}_{t}", "topic": topic, "schema": COLUMNS,
-         "mode": "upsert", "key": ["id"], "cdc": "debezium", "consistency_group": "shop", "partition_by": []}
-        for t, topic in topics.items()
-    ]  # fmt: skip
-    specs = parse_declarations({"tables": entries}, "tables.yaml")
+    specs, topics = _specs(kafka_config, unique)
     produce_topics(
         kafka_config,
         {
@@ -68,6 +60,20 @@ def test_a_group_batch_ends_at_a_transaction_boundary_and_publishes_both_tables(
         assert record["tables"] == {
             s.identifier: {"topic": s.topic, "offsets": {"0": 2 if "orders" in s.topic else 3}} for s in specs
         }
+
+
+def _specs(kafka_config, unique: str) -> tuple[list, dict[str, str]]:
+    """The specs of group ``shop`` (tables ``orders`` and ``lines``) and their topics, created with the
+    transaction topic (one partition each)."""
+    topics = {t: f"{unique}.public.{t}" for t in ("orders", "lines")}
+    for topic in [*topics.values(), f"{unique}.transaction"]:
+        create_topic(kafka_config, topic, 1, {"retention.ms": "-1"})
+    entries = [
+        {"name": f"{unique}_{t}", "identifier": f"test.{unique}_{t}", "topic": topic, "schema": COLUMNS,
+         "mode": "upsert", "key": ["id"], "cdc": "debezium", "consistency_group": "shop", "partition_by": []}
+        for t, topic in topics.items()
+    ]  # fmt: skip
+    return parse_declarations({"tables": entries}, "tables.yaml"), topics
 
 
 def _rows(spark, settings, specs) -> dict:

@@ -207,13 +207,14 @@ def test_a_group_on_two_catalogs_is_refused(tmp_path):
         commit_group([_property(orders, "1"), _property(other.create_table("x.y", SCHEMA), "1")])
 
 
-def test_a_group_on_a_catalog_without_one_transaction_is_refused_before_anything_is_written():
-    """A REST (or Hive, Glue) catalog cannot swap several tables at once: the group micro-batch refuses
+def test_a_catalog_without_one_transaction_takes_the_per_table_path_and_refuses_the_atomic_one(tmp_path):
+    """A REST (or Hive, Glue) catalog cannot swap several tables at once: a group commits there member by
+    member with a marker tag (kafka_iceberg/batch/group_marker.py); the one-transaction path is refused
     before it plans, branches or writes anything (the lake has no Spark, Kafka or tables to touch)."""
     from types import SimpleNamespace
 
     from kafka_iceberg.batch.group_batch import run_group_batch
-    from kafka_iceberg.batch.group_commit import GroupCommitUnsupportedError
+    from kafka_iceberg.batch.group_commit import atomic_group_commit
     from kafka_iceberg.declaration.spec import parse_declarations
 
     cols = [{"name": "id", "type": "long", "required": True}]
@@ -224,5 +225,7 @@ def test_a_group_on_a_catalog_without_one_transaction_is_refused_before_anything
         "tables.yaml",
     )  # fmt: skip
     rest = SimpleNamespace(name="rest_catalog")  # not a SqlCatalog
+    assert not atomic_group_commit(rest)
+    assert atomic_group_commit(_seeded(tmp_path)[0])
     with pytest.raises(GroupCommitUnsupportedError, match="not a SQL catalog"):
-        run_group_batch(SimpleNamespace(catalog=rest), specs, "c1")
+        run_group_batch(SimpleNamespace(catalog=rest), specs, "c1", per_table=False)

@@ -1,6 +1,6 @@
 """A consistency group's consistent position from the members' snapshot summaries
 (kafka_iceberg/state.py ``group_position``): every member at the snapshot of one group commit, also
-when the members were loaded at different moments."""
+when the members were loaded at different moments or a commit is on some members only."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def test_members_loaded_at_different_moments_are_read_at_one_group_commit():
     assert group_position({"orders": _view(o1, o2), "lines": _view(l1)}) == {"orders": 2, "lines": 11}
     # commit 3 changes lines (-> 21) and orders (-> 12); orders was loaded before it landed
     l3 = _snap(12, 11, 3, {0: 21}, {"orders": 12, "lines": 21})
-    assert group_position({"orders": _view(o1, o2), "lines": _view(l1, l3)}) is None  # load orders again
+    views = {"orders": _view(o1, o2), "lines": _view(l1, l3)}
+    assert group_position(views, fallback=False) is None  # load orders again, or read commit 2 meanwhile:
+    assert group_position(views) == {"orders": 2, "lines": 11}  # the newest commit both members reached
     o3 = _snap(3, 2, 3, {0: 12}, {"orders": 12, "lines": 21})
     assert group_position({"orders": _view(o1, o2, o3), "lines": _view(l1, l3)}) == {"orders": 3, "lines": 12}
 

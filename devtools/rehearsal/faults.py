@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 from kafka_iceberg.batch.context import CRASH_POINTS
 from kafka_iceberg.batch.group_commit import GROUP_CRASH_POINTS
+from kafka_iceberg.batch.group_marker import MARKER_CRASH_POINTS
 
 ENV = "LAKE_CRASH_AT"
 
@@ -24,10 +25,12 @@ def kill_at(point: str) -> Callable[[str], None]:
     """A crash hook that SIGKILLs this process at ``point``.
 
     Raises:
-        ValueError: ``point`` is not one of :data:`CRASH_POINTS` or ``GROUP_CRASH_POINTS`` (a group commit's).
+        ValueError: ``point`` is not one of :data:`CRASH_POINTS`, ``GROUP_CRASH_POINTS`` or
+            ``MARKER_CRASH_POINTS`` (a group commit's, in one transaction or table by table).
     """
-    if point not in CRASH_POINTS + GROUP_CRASH_POINTS:
-        raise ValueError(f"unknown crash point {point!r}; one of {CRASH_POINTS + GROUP_CRASH_POINTS}")
+    points = CRASH_POINTS + GROUP_CRASH_POINTS + MARKER_CRASH_POINTS
+    if point not in points:
+        raise ValueError(f"unknown crash point {point!r}; one of {points}")
 
     def hook(name: str) -> None:
         if name == point:

@@ -1,12 +1,15 @@
 """One micro-batch of a consistency group: every member planned, cut at one source transaction
-boundary, written to its own attempt branch, and published together in one catalog transaction.
+boundary, written to its own attempt branch, and published together in one catalog transaction (JDBC
+catalog) or member by member with a marker tag (other catalogs: :mod:`kafka_iceberg.batch.group_marker`,
+which first completes a group commit a crash left half-published).
 
 recover and plan each member (as :func:`kafka_iceberg.batch.pipeline.run_micro_batch` does) -> read
 the planned ranges' transaction ids and the transaction topic's END events after the group's position
 (driver-side) -> :func:`kafka_iceberg.cdc.transactions.plan_group_cut` -> each member's plan ends at
 the cut and carries the ``kafka.group`` entry -> branch, read, write per member -> one
 :func:`kafka_iceberg.batch.group_commit.commit_group` (each member's ``main`` fast-forwarded to its
-attempt snapshot and its branch dropped; members without records are guards) -> dead-letter
+attempt snapshot and its branch dropped; members without records are guards), or
+:func:`~kafka_iceberg.batch.group_marker.publish_one_by_one` -> dead-letter
 publishes and consumer-group mirrors (noted in a run's :class:`~kafka_iceberg.batch.mirror.GroupMirror`
 for its next flush when one is given, as for one table).
 """
@@ -19,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from kafka_iceberg.batch.commit import _move_ref
 from kafka_iceberg.batch.context import CrashHook, Lake, no_crash
-from kafka_iceberg.batch.group_commit import GroupMember, check_group_catalog, commit_group
+from kafka_iceberg.batch.group_commit import GroupMember, atomic_group_commit, check_group_catalog, commit_group
+from kafka_iceberg.batch.group_marker import finish_group, publish_one_by_one
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, prepare
 from kafka_iceberg.batch.plan import plan_ingest
@@ -33,7 +37,7 @@ from kafka_iceberg.cdc.transactions import GroupCut, change_transaction, parse_e
 from kafka_iceberg.declaration.groups import group_of, source_prefix, transaction_topic
 from kafka_iceberg.errors import ConfigError
 from kafka_iceberg.kafka.admin import KafkaConfig
-from kafka_iceberg.state import group_state, group_summary, valid_through
+from kafka_iceberg.state import KEY_GROUP, group_state, group_summary, valid_through
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +59,21 @@ def run_group_batch(
     commit_id: str,
     is_alive: Callable[[Attempt], bool] | None = None,
     mirror: GroupMirror | None = None,
+    per_table: bool | None = None,
 ) -> GroupBatchResult:
     """Run one micro-batch of the consistency group ``specs`` (one group, one Debezium source).
     ``mirror``: each member's committed offsets go to its next flush instead of the consumer group now.
+    ``per_table``: commit the members one by one with a marker tag
+    (:mod:`~kafka_iceberg.batch.group_marker`; first completing a group commit a crash left half-published)
+    instead of in one catalog transaction; None: where the catalog has no such transaction
+    (:func:`~kafka_iceberg.batch.group_commit.atomic_group_commit`). Tests force it on the JDBC catalog.
 
     Raises:
         ConfigError: ``specs`` are not the members of one consistency group.
-        GroupCommitUnsupportedError: the catalog cannot commit the members in one transaction (not JDBC);
-            raised before anything is written.
+        GroupCommitUnsupportedError: ``per_table`` is False on a catalog without one transaction for the
+            members; raised before anything is written.
         StaleBaseError: a member moved since the plan (nothing of the group published; rerun).
+        LakeError: the per-table path could not complete a half-published group commit.
         What :func:`kafka_iceberg.batch.pipeline.run_batch` raises for one table's phases.
     """
     names = {group_of(s) for s in specs}
@@ -71,8 +81,12 @@ def run_group_batch(
         raise ConfigError(
             f"a group micro-batch needs the tables of one consistency group, got {sorted(map(str, names))}"
         )
-    check_group_catalog(lake.catalog)
+    per_table = not atomic_group_commit(lake.catalog) if per_table is None else per_table
+    if not per_table:
+        check_group_catalog(lake.catalog)
     name, prefix = names.pop(), source_prefix(specs[0].topic)
+    if per_table:  # before recovery drops the dead attempt branches that hold its staged snapshots
+        finish_group(lake, name, [s.identifier for s in specs])
     prepared = {s.identifier: prepare(lake, s, is_alive) for s in specs}
     plans = {s.identifier: plan_ingest(lake, s, prepared[s.identifier][1]) for s in specs}
     records = [_group_record(p) for p in plans.values()]
@@ -90,7 +104,8 @@ def run_group_batch(
     tables = {i: (p.offsets.topic, p.offsets.end_offsets) for i, p in plans.items()}
     extra = group_summary(name, seq, position, tables)
     plans = {i: dataclasses.replace(p, extra_summary={**p.extra_summary, **extra}) for i, p in plans.items()}
-    written = _write_and_commit(lake, specs, plans, commit_id, mirror)
+    marker = (name, json.loads(extra[KEY_GROUP])) if per_table else None
+    written = _write_and_commit(lake, specs, plans, commit_id, mirror, marker)
     snapshots = {i: r.snapshot_id for i, r in written.items()}
     return GroupBatchResult(seq, snapshots, cut, _results(prepared, plans, commit_id, written))
 
@@ -136,11 +151,17 @@ def _group_record(plan: WritePlan) -> dict | None:
 
 
 def _write_and_commit(
-    lake: Lake, specs: Sequence, plans: dict[str, WritePlan], commit_id: str, mirror: GroupMirror | None
+    lake: Lake,
+    specs: Sequence,
+    plans: dict[str, WritePlan],
+    commit_id: str,
+    mirror: GroupMirror | None,
+    marker: tuple[str, dict] | None = None,
 ) -> dict:
     """Branch, read and write every member that has something to commit, then commit the group (the
-    others guard it); then publish dead letters and mirror the offsets (now, or noted in ``mirror``).
-    Returns identifier -> the :class:`BatchResult` of each member written."""
+    others guard it): in one catalog transaction, or with ``marker`` (group name, ``kafka.group`` record)
+    member by member, then the tags; then publish dead letters and mirror the offsets (now, or noted in
+    ``mirror``). Returns identifier -> the :class:`BatchResult` of each member written."""
     import time
 
     branch = attempt_branch(commit_id, int(time.time() * 1000))
@@ -159,7 +180,11 @@ def _write_and_commit(
         written[spec.identifier] = (attempt, batch)
         members.append(_fast_forward(lake.load(spec.identifier), plan, branch, attempt.snapshot_id))
     lake.crash_hook("after_write")
-    commit_group(members, lake.crash_hook)
+    if marker is None:
+        commit_group(members, lake.crash_hook)
+    else:
+        snapshots = {i: attempt.snapshot_id for i, (attempt, _batch) in written.items()}
+        publish_one_by_one(lake, marker[0], members, snapshots, marker[1])
     lake.crash_hook("after_publish")
     results = {}
     for spec in specs:

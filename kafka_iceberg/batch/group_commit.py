@@ -14,7 +14,9 @@ moves it with a compare-and-swap. :func:`commit_group` does the same for several
    committed and the written metadata files are deleted. A crash inside the transaction rolls it back
    (SQLite's journal, PostgreSQL's aborted session).
 
-Readers of the catalog therefore see every member at its new snapshot, or none of them.
+Readers of the catalog therefore see every member at its new snapshot, or none of them. Other
+catalogs (:func:`atomic_group_commit` False) take the per-table path of
+:mod:`kafka_iceberg.batch.group_marker`.
 """
 
 from __future__ import annotations
@@ -121,17 +123,26 @@ def _committed(p: _Prepared):
     return Table(base.name(), p.metadata, p.location, p.io, base.catalog)
 
 
+def atomic_group_commit(catalog) -> bool:
+    """Whether ``catalog`` (a pyiceberg catalog) commits a consistency group's members in one transaction
+    (:func:`commit_group`): a SQL catalog whose database reports updated rows (the JDBC catalog, SQLite or
+    PostgreSQL). Elsewhere (REST, Glue, Hive, Nessie) a group commits member by member with a marker tag
+    (:mod:`kafka_iceberg.batch.group_marker`)."""
+    return _swappable(catalog)
+
+
 def check_group_catalog(catalog) -> None:
-    """Refuse a consistency group on ``catalog`` (a pyiceberg catalog) before anything of it is written.
+    """Refuse the one-transaction group commit on ``catalog`` (a pyiceberg catalog) before anything of it
+    is written.
 
     Raises:
         GroupCommitUnsupportedError: ``catalog`` is not a SQL catalog with row counts (a REST, Hive or
             Glue catalog): its tables can only commit one by one.
     """
-    if not _swappable(catalog):
+    if not atomic_group_commit(catalog):
         raise GroupCommitUnsupportedError(
-            f"catalog {getattr(catalog, 'name', catalog)!r} is not a SQL catalog with row counts: a consistency "
-            "group needs one catalog transaction for its tables; declare them without consistency_group"
+            f"catalog {getattr(catalog, 'name', catalog)!r} is not a SQL catalog with row counts: it cannot "
+            "commit a consistency group's tables in one transaction; commit them one by one with a marker tag"
         )
 
 
@@ -174,4 +185,11 @@ def _swap_all(catalog, prepared: list[_Prepared], crash_hook: Callable[[str], No
         session.commit()
 
 
-__all__ = ["GROUP_CRASH_POINTS", "GroupCommitUnsupportedError", "GroupMember", "check_group_catalog", "commit_group"]
+__all__ = [
+    "GROUP_CRASH_POINTS",
+    "GroupCommitUnsupportedError",
+    "GroupMember",
+    "atomic_group_commit",
+    "check_group_catalog",
+    "commit_group",
+]
