@@ -9,15 +9,22 @@ the tags, then commits what is new; every record is in its table once."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 
 from devtools.demo.data import produce_topics
+from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.group_batch import run_group_batch
-from kafka_iceberg.batch.group_marker import MARKER_CRASH_POINTS, group_tag
+from kafka_iceberg.batch.group_marker import MARKER_CRASH_POINTS, finish_group, group_tag, move_tags
 from kafka_iceberg.batch.pipeline import connect
 from kafka_iceberg.catalog.group_view import read_group
 from kafka_iceberg.catalog.tables import metadata_view
-from kafka_iceberg.state import ancestors, group_record, overlapping_batches
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.errors import LakeError
+from kafka_iceberg.state import ancestors, group_record, group_summary, ingest_summary, overlapping_batches
 from tests.test_group_batch import _change, _end, _rows, _specs
 
 
@@ -113,3 +120,42 @@ def _tags(catalog, tag: str, idents: list[str]) -> dict[str, int | None]:
 def _staged(catalog, ident: str) -> dict:
     view = metadata_view(catalog.load_table(ident))
     return {sid: view.snapshots[sid] for name, sid in view.refs.items() if name.startswith("ingest_")}
+
+
+def _grouped(table, seq: int, offsets: dict[str, int], branch: str = "main") -> None:
+    """Append one row to ``table`` (on ``branch``) as group ``shop``'s commit ``seq``: ``offsets`` is every
+    member's offset of partition 0 then."""
+    ident = ".".join(table.name())
+    summary = ingest_summary(
+        topic=f"topic.{ident}", offsets={0: offsets[ident]}, batch={}, max_timestamps={}, commit_id="c", records=1
+    )
+    members = {i: (f"topic.{i}", {0: o}) for i, o in offsets.items()}
+    summary |= group_summary("shop", seq, {"offsets": {"0": seq}}, members)
+    table.append(pa.table({"id": pa.array([seq], pa.int64())}), snapshot_properties=summary, branch=branch)
+
+
+def test_a_crash_among_the_tag_moves_is_finished_and_a_lost_staged_snapshot_is_named(tmp_path):
+    """Without Spark or Kafka: the per-table path's tag moves and roll-forward on pyiceberg tables."""
+    catalog = SqlCatalog("m", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("shop")
+    a, b = (catalog.create_table(i, Schema(NestedField(1, "id", LongType()))) for i in ("shop.a", "shop.b"))
+    for table in (a, b):
+        _grouped(table, 1, {"shop.a": 1, "shop.b": 1})
+    settings = load_settings(env={"LAKE_HOME": str(tmp_path)})
+    record = group_record(metadata_view(catalog.load_table("shop.a")).snapshots[a.metadata.current_snapshot_id])
+    crashing = Lake(None, settings, None, catalog, _crash_at("group_between_tags"))
+    with pytest.raises(Crash):
+        move_tags(crashing, "shop", record)
+    assert _tags(catalog, "group-shop", ["shop.a", "shop.b"]) == {"shop.a": _main(a), "shop.b": None}
+    lake = Lake(None, settings, None, catalog)
+    assert finish_group(lake, "shop", ["shop.a", "shop.b"]) == 1  # the next micro-batch moves the rest first
+    assert _tags(catalog, "group-shop", ["shop.a", "shop.b"]) == {"shop.a": _main(a), "shop.b": _main(b)}
+
+    _grouped(a, 2, {"shop.a": 2, "shop.b": 2})  # published on a; b's staged write of commit 2 is lost
+    with pytest.raises(LakeError, match=r"table shop\.b: group 'shop' commit 2 is published on other members"):
+        finish_group(lake, "shop", ["shop.a", "shop.b"])
+    assert _tags(catalog, "group-shop", ["shop.a", "shop.b"])["shop.b"] == _main(b)  # no tag moved
+
+
+def _main(table) -> int:
+    return table.refresh().metadata.current_snapshot_id
