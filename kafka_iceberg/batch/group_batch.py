@@ -85,9 +85,8 @@ def run_group_batch(
     if not per_table:
         check_group_catalog(lake.catalog)
     name, prefix = names.pop(), source_prefix(specs[0].topic)
-    if per_table:  # before recovery drops the dead attempt branches that hold its staged snapshots
-        finish_group(lake, name, [s.identifier for s in specs])
-    prepared = {s.identifier: prepare(lake, s, is_alive) for s in specs}
+    views = _finish(lake, specs, name) if per_table else {}
+    prepared = {s.identifier: prepare(lake, s, is_alive, views.get(s.identifier)) for s in specs}
     plans = {s.identifier: plan_ingest(lake, s, prepared[s.identifier][1]) for s in specs}
     records = [_group_record(p) for p in plans.values()]
     last = max((r for r in records if r), key=lambda r: r["seq"], default=None)
@@ -108,6 +107,15 @@ def run_group_batch(
     written = _write_and_commit(lake, specs, plans, commit_id, mirror, marker)
     snapshots = {i: r.snapshot_id for i, r in written.items()}
     return GroupBatchResult(seq, snapshots, cut, _results(prepared, plans, commit_id, written))
+
+
+def _finish(lake: Lake, specs: Sequence, name: str) -> dict:
+    """The per-table path's first step: ensure the members exist, then complete a group commit a crash left
+    on some members only (:func:`~kafka_iceberg.batch.group_marker.finish_group`), before recovery drops
+    the dead attempt branches holding its staged snapshots. Returns identifier -> metadata to recover on."""
+    for spec in specs:
+        lake.ensure_tables(spec)
+    return finish_group(lake, name, [s.identifier for s in specs])
 
 
 def _results(prepared: dict, plans: dict[str, WritePlan], commit_id: str, written: dict) -> dict:

@@ -2,8 +2,9 @@
 transaction (REST, Glue, Hive, Nessie: :func:`kafka_iceberg.batch.group_commit.atomic_group_commit` is
 False), with a marker tag on every member.
 
-1. Before the first publish every member is loaded again: its ``main`` must still be at the planned
-   base (else :class:`~kafka_iceberg.batch.commit.StaleBaseError`, nothing published).
+1. Before the first publish every member is loaded again: its ``main`` must still be where the commit
+   expects it (a member with records: at the planned base; one without: where the write phase loaded it),
+   else :class:`~kafka_iceberg.batch.commit.StaleBaseError` and nothing is published.
 2. :func:`publish_one_by_one` fast-forwards each member's ``main`` to its attempt snapshot and drops the
    attempt branch, one table at a time in identifier order, each with the single-table compare-and-swap
    (:func:`kafka_iceberg.batch.commit.commit`: ``main`` still at the planned base, the branch at the
@@ -82,9 +83,7 @@ def publish_one_by_one(
                 f"this table ({exc}); the group's next micro-batch rolls it forward"
             ) from exc
         published.append(ident)
-    views = {i: metadata_view(t) for i, t in tables.items()}
-    move_tags(lake, name, record, views)
-    return views
+    return move_tags(lake, name, record, {i: metadata_view(t) for i, t in tables.items()})
 
 
 def _at_base(lake: Lake, member: GroupMember):
@@ -110,17 +109,21 @@ def _main(table) -> int | None:
     return None if ref is None else ref.snapshot_id
 
 
-def move_tags(lake: Lake, name: str, record: Mapping, views: Mapping[str, TableMetadataView] | None = None) -> int:
+def move_tags(
+    lake: Lake, name: str, record: Mapping, views: Mapping[str, TableMetadataView] | None = None
+) -> dict[str, TableMetadataView]:
     """Point every member's tag :func:`group_tag` at its snapshot at group commit ``record`` (a
     ``kafka.group`` record), in identifier order; a member without a snapshot yet gets none. ``views``:
-    members' current metadata where known (others are loaded). Returns the number of tags moved.
+    members' current metadata where known (others are loaded). Returns ``views`` and the loaded ones, as
+    of after the tag moves.
 
     Raises:
         LakeError: a member's ``main`` has no snapshot with its offsets in ``record``.
     """
-    tag, moved = group_tag(name), 0
+    tag, moved, out = group_tag(name), 0, dict(views or {})
     for ident in sorted(record["tables"]):
-        view = (views or {}).get(ident) or lake.history(ident)
+        view = out.get(ident) or lake.history(ident)
+        out[ident] = view
         if view.main is None:
             continue
         target = member_snapshot(view.snapshots, view.main, group_offsets(record, ident))
@@ -133,9 +136,10 @@ def move_tags(lake: Lake, name: str, record: Mapping, views: Mapping[str, TableM
             continue
         if moved:
             lake.crash_hook("group_between_tags")
-        _commit(lake, ident, view.table, lambda table, target=target: _tag_update(table, tag, target))
+        committed = _commit(lake, ident, view.table, lambda table, target=target: _tag_update(table, tag, target))
+        out[ident] = metadata_view(committed)
         moved += 1
-    return moved
+    return out
 
 
 def _tag_update(table, tag: str, snapshot_id: int) -> tuple[tuple, tuple]:
@@ -171,29 +175,29 @@ def _commit(lake: Lake, ident: str, table, change: Callable, main_at: int | None
     raise AssertionError("unreachable")
 
 
-def finish_group(lake: Lake, name: str, identifiers: Sequence[str]) -> int | None:
+def finish_group(lake: Lake, name: str, identifiers: Sequence[str]) -> dict[str, TableMetadataView]:
     """Complete the newest group commit of group ``name`` (members ``identifiers``) where a crash left it
     half-published: fast-forward each member short of it to its attempt snapshot of that ``seq`` and move
-    the tags (module docstring). Call it before recovery, which drops dead attempt branches. Returns that
-    ``seq``, or None when no member has a group commit (or a member does not exist yet).
+    the tags (module docstring). Call it before recovery, which drops dead attempt branches. Returns
+    identifier -> each member's metadata as of after it (one load per member; empty when a member does
+    not exist yet).
 
     Raises:
         LakeError: a member's staged snapshot of that ``seq`` is gone, or its ``main`` moved past its base.
     """
     views = {i: lake.find(i) for i in identifiers}
     if any(v is None for v in views.values()):
-        return None
+        return {}
     records = [r for v in views.values() if (r := group_state(v.snapshots, v.main)) and r["name"] == name]
     record = max(records, key=lambda r: r["seq"], default=None)
     if record is None:
-        return None
+        return views
     for ident in sorted(record["tables"]):
         view = views.get(ident) or lake.history(ident)
         wanted = group_offsets(record, ident)
         if member_snapshot(view.snapshots, view.main, wanted) is None and (view.main or any(wanted.values())):
             views[ident] = _roll_forward(lake, name, ident, view, record["seq"])
-    move_tags(lake, name, record, views)
-    return record["seq"]
+    return {i: v for i, v in move_tags(lake, name, record, views).items() if i in views}
 
 
 def _roll_forward(lake: Lake, name: str, ident: str, view: TableMetadataView, seq: int) -> TableMetadataView:

@@ -189,12 +189,16 @@ def _abandon(lake: Lake, spec: TableSpec, branch: str) -> None:
 
 
 def prepare(
-    lake: Lake, spec: TableSpec, is_alive: Callable[[Attempt], bool] | None = None
+    lake: Lake,
+    spec: TableSpec,
+    is_alive: Callable[[Attempt], bool] | None = None,
+    history: TableMetadataView | None = None,
 ) -> tuple[RecoveryReport, TableMetadataView]:
     """Ensure the tables exist (once per process), load the table's and its dead-letter table's
-    history once, and recover; returns the recovery report and the history to plan on."""
+    history once (the table's: ``history`` when the caller loaded it after ensuring), and recover;
+    returns the recovery report and the history to plan on."""
     lake.ensure_tables(spec)
-    history = lake.find(spec.identifier)
+    history = history or lake.find(spec.identifier)
     if history is None:  # dropped since this process created it
         lake.forget_tables(spec)
         lake.ensure_tables(spec)
