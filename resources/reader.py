@@ -151,7 +151,7 @@ class LakeTableReader(ConfigurableResource):
 
         Raises:
             ConfigError: a table does not exist or the tables were never committed as a group.
-            LakeError: no consistent position was found (commits kept landing while loading).
+            LakeError: no group commit is on every member.
         """
         keys = [t if isinstance(t, AssetKey) else identifier_key(t) for t in tables]
         idents = [key_identifier(k) for k in keys]
