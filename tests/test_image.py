@@ -17,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools.rehearsal.deploy_kit import SYSTEM_PYTHON, build_image_tree
+from devtools.rehearsal.deploy_kit import SYSTEM_PYTHON, build_image_tree, image_user_blocked
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -58,18 +57,11 @@ def test_the_dockerfile_copies_what_the_script_builds_and_runs_the_script():
     assert not re.search(r"^COPY .* (\./|/opt/lake)", dockerfile, re.M)
 
 
-def _others_can_read(path: Path) -> bool:
-    """Every directory from / down to ``path`` is searchable by other users (uid 10001 reads through it)."""
-    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
-
-
 @pytest.fixture(scope="module")
 def image_root():
     """The image tree: deploy/build-image.sh run into a directory uid 10001 can enter."""
-    if os.geteuid() == 0 and not _others_can_read(Path(sysconfig.get_path("purelib"))):
-        pytest.skip(
-            "the test venv is in a directory other users cannot enter (e.g. under /root): uid 10001 cannot use it"
-        )
+    if blocked := image_user_blocked():
+        pytest.skip(blocked)
     root = Path(tempfile.mkdtemp(prefix="lake-image-", dir="/tmp"))
     # the locked dependencies (and pip) of this test venv stand in for the image's requirements-runtime.lock
     build_image_tree(root, timeout_s=300)

@@ -67,6 +67,15 @@ def image_env() -> dict[str, str]:
     return {"PATH": "/opt/venv/bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/lake", **env}
 
 
+def image_user_blocked() -> str | None:
+    """Why the image's user (uid 10001) cannot use this venv, whose packages the image tree links to: run as
+    root from a checkout under a directory other users cannot enter (e.g. ``/root``); None when it can."""
+    purelib = Path(sysconfig.get_path("purelib"))
+    if os.geteuid() == 0 and not all(p.stat().st_mode & 0o001 for p in [purelib, *purelib.parents]):
+        return f"{purelib} is in a directory other users cannot enter: uid 10001 (the image's user) cannot use it"
+    return None
+
+
 def build_image_tree(root: Path, timeout_s: float = 600) -> Path:
     """deploy/build-image.sh run into ``root`` (also by tests/test_image.py): first a virtualenv of the
     system's python3.11 at ``/opt/venv`` whose dependencies are this checkout's virtualenv (a ``.pth``
