@@ -125,8 +125,12 @@ def test_fifty_tables_on_four_threads_touch_the_run_state_only_from_the_main_thr
             return (after or 0) + 1, SimpleNamespace(passed=True)
 
         def job(self, spec, kind, started_ms, *, concurrent=False, after, run_id):
+            # only a compaction pauses an upsert table's micro-batches (WorkerChores.paused); an expiry may run
+            # beside them, so it is not counted (counting it failed this test once under load)
+            mark = kind == "compact"
             with lock:
-                compacting.add(spec.identifier)
+                if mark:
+                    compacting.add(spec.identifier)
             time.sleep(0.003)
             with lock:
                 compacting.discard(spec.identifier)
