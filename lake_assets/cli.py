@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -115,14 +116,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the process exit code (see the module docstring)."""
+    """Run one command; returns the process exit code (see the module docstring). From the console
+    (``argv`` None), Ctrl-C ends the process at once with 130 after its one line: the Kafka client's and the
+    catalog's background threads (a connection attempt can wait out librdkafka's 60 s socket timeout) are not
+    awaited."""
     args = parser().parse_args(argv)
     log_warnings_as_lines()
     as_json, debug = getattr(args, "json", False), getattr(args, "debug", False)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
-        return fail(KeyboardInterrupt("interrupted (Ctrl-C)"), INTERRUPTED, as_json, debug)
+        code = fail(KeyboardInterrupt("interrupted (Ctrl-C)"), INTERRUPTED, as_json, debug)
+        if argv is None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback (--debug or the error log has it)
         return fail(exc, exit_code_for(exc), as_json, debug)
 
