@@ -35,10 +35,6 @@ _names = itertools.count()
 # the development defaults (the dev broker, the SQLite catalog under LAKE_HOME, the demo's tables), also
 # in the subprocesses the tests start (an installed package outside LAKE_DEV refuses to load without them)
 os.environ.setdefault("LAKE_DEV", "1")
-# Tests start a hundred short-lived JVMs (Spark in subprocesses, Dagster runs, rehearsal sinks) on 2 cores: the
-# C1 compiler alone and the serial collector cut their start-up CPU, and SparkConf reads spark.* system
-# properties, so the Spark UI no test looks at stays off. `java` reads JDK_JAVA_OPTIONS; benchmarks do not.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dspark.ui.enabled=false")
 
 
 # Modules that take minutes each (Dagster daemons, Spark runs in subprocesses, Debezium, rehearsal scenarios),
