@@ -41,14 +41,13 @@ def dagster_pg_db(postgres_server):
     """The instance's ``storage.postgres.postgres_db`` config for a database of this module's own on the
     session's private PostgreSQL server, spelled as the Helm chart renders it from ``postgresql.*`` values."""
     db_name = new_database(postgres_server, "dagster").rsplit("/", 1)[1]
-    # SQLAlchemy 2.1 maps postgresql:// to psycopg 3; dagster-postgres installs psycopg2 (postgresqlScheme)
+    # no "scheme": the chart's default (postgresqlScheme unset) is a bare postgresql://, psycopg2 under SQLAlchemy 2.0
     return {
         "username": "lake",
         "password": "lakepw",
         "hostname": "127.0.0.1",
         "port": postgres_server.port,
         "db_name": db_name,
-        "scheme": "postgresql+psycopg2",
     }
 
 

@@ -218,9 +218,8 @@ def instance_yaml(pg_port: int, kubeconfig: Path) -> str:
             "db_name": "dagster",
             "port": pg_port,
             "params": {},
-            # the chart's postgresql.postgresqlScheme: run pods open the instance with the lake's image,
-            # whose lock has psycopg2 only, and SQLAlchemy 2.1 maps a bare postgresql:// to psycopg (3)
-            "scheme": "postgresql+psycopg2",
+            # no "scheme", as the chart renders it with postgresql.postgresqlScheme unset: a bare postgresql://,
+            # which SQLAlchemy 2.0 (the lock pins <2.1) opens with psycopg2, the driver dagster-postgres installs
         }
     }
     extra = yaml.safe_load((DEPLOY / "helm" / "instance-values.yaml").read_text())
