@@ -118,8 +118,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see the module docstring). From the console
     (``argv`` None), Ctrl-C ends the process at once with 130 after its one line: the Kafka client's and the
-    catalog's background threads (a connection attempt can wait out librdkafka's 60 s socket timeout) are not
-    awaited."""
+    catalog's background threads are not awaited."""
     args = parser().parse_args(argv)
     log_warnings_as_lines()
     as_json, debug = getattr(args, "json", False), getattr(args, "debug", False)
