@@ -134,3 +134,29 @@ def test_metadata_files_off_the_metadata_log_are_deleted_when_the_table_says_so(
         assert files == logged, "exactly the current metadata.json and the 2 the log keeps remain"
     else:
         assert len(files) == before + 10, "nothing is deleted unless the property is enabled"
+
+
+def test_a_load_reads_only_the_pointer_when_it_names_the_metadata_this_process_holds(table):
+    """kafka_iceberg/catalog/metadata_cache.py: after our commit, the next load is served from the
+    metadata it committed; a commit made elsewhere (pyiceberg's own append) moves the pointer, and the
+    load reads the new metadata.json; a dropped table loads as None."""
+    from kafka_iceberg.catalog.metadata_cache import CACHE
+    from kafka_iceberg.catalog.tables import load_table
+
+    head = table.metadata.current_snapshot_id
+    committed = commit(table, (), (_branch("attempt", head),))
+    loaded = load_table(table.catalog, "db.t")
+    assert loaded.metadata is committed.metadata, "served from what the commit kept, no metadata.json read"
+    assert loaded.metadata_location == committed.metadata_location and loaded.name() == ("db", "t")
+    assert load_table(table.catalog, "db.t").metadata is committed.metadata
+    other = SqlCatalog("lake", **table.catalog.properties).load_table("db.t")  # another process's commit
+    other.append(pa.table({"id": pa.array([7], pa.int64()), "s": ["r7"]}))
+    fresh = load_table(table.catalog, "db.t")
+    assert fresh.metadata_location == other.metadata_location != committed.metadata_location
+    assert fresh.metadata.current_snapshot_id == other.metadata.current_snapshot_id != head
+    assert load_table(table.catalog, "db.t").metadata is fresh.metadata, "the loaded metadata is kept in turn"
+    assert fresh.scan().to_arrow().num_rows == 4, "a cached table reads its data files through its FileIO"
+    CACHE.clear()
+    assert load_table(table.catalog, "db.t").metadata == fresh.metadata
+    table.catalog.drop_table("db.t")
+    assert load_table(table.catalog, "db.t") is None

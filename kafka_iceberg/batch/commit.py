@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Transaction
 
+from kafka_iceberg.catalog.metadata_cache import remember
 from kafka_iceberg.errors import CommitConflictError
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,9 @@ def commit(table, requirements: tuple = (), updates: tuple = ()):
         _delete_quietly(io, location)
         raise
     delete_removed_metadata(io, table.metadata, metadata)
-    return Table(table.name(), metadata, location, io, catalog)
+    committed = Table(table.name(), metadata, location, io, catalog)
+    remember(committed)  # the next load of this table reads only the catalog's pointer
+    return committed
 
 
 def delete_removed_metadata(io, base, committed) -> list[str]:

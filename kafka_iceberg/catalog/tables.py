@@ -19,6 +19,7 @@ from pyiceberg.exceptions import NoSuchTableError, ServerError, ServiceUnavailab
 from pyiceberg.table import Table
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_before_delay, wait_exponential
 
+from kafka_iceberg.catalog import metadata_cache
 from kafka_iceberg.catalog.config import CatalogConfig
 from kafka_iceberg.cdc.upsert import UPSERT_TABLE_PROPERTIES
 from kafka_iceberg.cdc.upsert import prepare_table as prepare_upsert_table
@@ -84,13 +85,14 @@ def is_unavailable_error(exc: BaseException) -> bool:
 
 
 def load_table(catalog: Catalog, identifier: str) -> Table | None:
-    """The table, freshly loaded from the catalog, or ``None`` when it does not exist.
+    """The table as the catalog names it now, or ``None`` when it does not exist. On a SQL catalog a
+    metadata.json this process already parsed is not read again (:mod:`kafka_iceberg.catalog.metadata_cache`).
 
     Raises:
         CatalogUnavailableError: the catalog (database or REST/HTTP server) cannot be queried.
     """
     try:
-        return catalog.load_table(identifier)
+        return metadata_cache.load(catalog, identifier)
     except NoSuchTableError:
         return None
     except Exception as exc:
