@@ -84,7 +84,7 @@ class CommitConflictError(LakeError):
 
 
 class ReadTimeoutError(LakeError):
-    """A Spark task could not read its planned offset range within ``LAKE_READ_TIMEOUT_S``."""
+    """A Spark task could not read its planned offset range within ``read_timeout_s`` (120 s; ``LAKE_DEV_HOOKS``)."""
 
 
 _REMOTE = re.compile(r"kafka_iceberg\.errors\.(\w+): ([^\n]+)")

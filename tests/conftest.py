@@ -145,7 +145,7 @@ def lake_env(lake_home, broker) -> dict[str, str]:
         "KAFKA_BOOTSTRAP_SERVERS": broker,
         "SPARK_MASTER": "local[2]",
         "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
-        "LAKE_READ_TIMEOUT_S": "30",
+        "LAKE_DEV_HOOKS": "read_timeout_s=30",
         "LAKE_KAFKA_TIMEOUT_S": "15",
     }
 

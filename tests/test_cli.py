@@ -114,7 +114,7 @@ def offline_env(tmp_path) -> dict[str, str]:
         "DAGSTER_HOME": str(tmp_path / "dh"),
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{devbroker.free_port()}",
         "LAKE_KAFKA_TIMEOUT_S": "2",
-        "LAKE_CATALOG_RETRY_S": "1",
+        "LAKE_DEV_HOOKS": "catalog_retry_s=1",
     }
 
 
@@ -142,7 +142,7 @@ def test_catalog_down_exits_3_after_warning_of_each_retry(offline_env):
     env = {
         **offline_env,
         "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{port}/lake",
-        "LAKE_CATALOG_RETRY_S": "3",
+        "LAKE_DEV_HOOKS": "catalog_retry_s=3",
     }
     done = lake("status", env=env)
     assert done.returncode == 3 and "Traceback" not in done.stderr
@@ -284,7 +284,7 @@ def test_ctrl_c_exits_130_without_a_traceback(offline_env):
     env = {
         **offline_env,
         "LAKE_CATALOG_URI": f"postgresql://lake:secret@127.0.0.1:{devbroker.free_port()}/lake",
-        "LAKE_CATALOG_RETRY_S": "120",
+        "LAKE_DEV_HOOKS": "catalog_retry_s=120",
         "PYTHONPATH": str(ROOT),
     }
     proc = subprocess.Popen(

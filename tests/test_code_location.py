@@ -2,7 +2,7 @@
 its sensors report the outage.
 
 Both endpoints are loopback ports nobody listens on: a PostgreSQL catalog URI (with a password) and
-a SASL broker (with a password in ``KAFKA_CLIENT_CONFIG``). ``LAKE_CATALOG_RETRY_S`` is 600 s, so
+a SASL broker (with a password in ``KAFKA_CLIENT_CONFIG``). ``catalog_retry_s`` (``LAKE_DEV_HOOKS``) is 600 s, so
 a load that opened the catalog with its retry would hang far past the subprocess timeout.
 """
 
@@ -44,7 +44,7 @@ def unreachable_env(tmp_path, monkeypatch) -> dict[str, str]:
             }
         ),
         "LAKE_CATALOG_URI": f"postgresql://lake:{DB_SECRET}@127.0.0.1:{free_port()}/lake",
-        "LAKE_CATALOG_RETRY_S": "600",
+        "LAKE_DEV_HOOKS": "catalog_retry_s=600",
         "LAKE_KAFKA_TIMEOUT_S": "2",
     }
     (tmp_path / "dagster").mkdir()

@@ -139,7 +139,7 @@ def test_two_workers_ingest_two_tables_in_parallel_within_their_pools(
             "LAKE_CATALOG_URI": catalog_uri,
             "SPARK_MASTER": "local[1]",
             "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "512m"}),
-            "LAKE_READ_TIMEOUT_S": "60",
+            "LAKE_DEV_HOOKS": "read_timeout_s=60",
         }
     )
     settings = load_settings(env=env)

@@ -72,7 +72,10 @@ def test_code_location_loads_with_the_catalog_down(tmp_path):
     closed = free_port()
     proc = _load_code_location(
         _env(
-            tmp_path, tables, LAKE_CATALOG_URI=f"postgresql://lake:x@127.0.0.1:{closed}/lake", LAKE_CATALOG_RETRY_S="0"
+            tmp_path,
+            tables,
+            LAKE_CATALOG_URI=f"postgresql://lake:x@127.0.0.1:{closed}/lake",
+            LAKE_DEV_HOOKS="catalog_retry_s=0",
         )
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from kafka_iceberg.config.models import DevHooks
 from kafka_iceberg.config.settings import (
     expand_env_references,
     load_settings,
@@ -115,26 +116,66 @@ def test_every_variable_is_a_model_field_documented_in_configuration_md():
     from pathlib import Path
 
     groups = _variables()
-    hooks = groups.pop("DevHooks")  # LAKE_DEV-only test hooks: named in the text, not in the table
+    hooks = groups.pop("DevSettings")  # LAKE_DEV_HOOKS, the LAKE_DEV-only test hooks: in the text, not the table
     variables = [v for vs in groups.values() for v in vs]
     assert len(variables) == len(set(variables))
     docs = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
-    assert all(f"`{v}`" in docs for v in hooks), hooks
+    assert hooks == ["LAKE_DEV_HOOKS"] and "`LAKE_DEV_HOOKS`" in docs, hooks
+    assert all(f"`{key}`" in docs for key in DevHooks.model_fields), "each hook's key is named in the text"
     documented = _documented() - {"LAKE_CRASH_AT"}  # the rehearsal's hook, read by devtools only
     assert set(variables) - documented == set(), "in the code, not in docs/configuration.md"
     assert documented - set(variables) == set(), "in docs/configuration.md, read by no model"
 
 
+LAKE_SETTINGS = {
+    "LAKE_HOME",
+    "LAKE_TABLES_FILE",
+    "LAKE_DEFS_MODULE",
+    "LAKE_DEV",
+    "LAKE_CATALOG_NAME",
+    "LAKE_CATALOG_URI",
+    "LAKE_CATALOG_PROPERTIES",
+    "LAKE_CATALOG_SECRETS_DIR",
+    "LAKE_WAREHOUSE",
+    "LAKE_SPARK_CONF",
+    "LAKE_KAFKA_TIMEOUT_S",
+    "LAKE_MAX_RECORDS_PER_TASK",
+    "LAKE_DAGSTER_EXECUTOR",
+    "LAKE_WORKERS",
+    "LAKE_METRICS_PORT",
+    "LAKE_SCHEMA_REGISTRY_URL",
+    "LAKE_SCHEMA_REGISTRY_CONFIG",
+    "LAKE_DEV_HOOKS",
+}
+"""Every LAKE_* variable the product reads (LAKE_CRASH_AT, the rehearsal's, is read by devtools only)."""
+
+
+def _product_lake_names() -> set[str]:
+    """The LAKE_* names in the source of the product packages (string literals and docstrings alike)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names: set[str] = set()
+    for package in ("kafka_iceberg", "lake_assets", "resources", "sensors", "schedules"):
+        for path in (root / package).rglob("*.py"):
+            names |= set(re.findall(r"\bLAKE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    return names - {"LAKE_CRASH_AT", "LAKE_KEYS"}  # the rehearsal's hook; a Python constant (resource keys)
+
+
 def test_the_product_has_at_most_twenty_lake_settings():
-    """LAKE_* variables the models read, the LAKE_DEV-only test hooks included: at most 20 (17 of the product)."""
+    """The LAKE_* variables the models read are exactly :data:`LAKE_SETTINGS`, at most 20 (the LAKE_DEV-only
+    test hooks are the one LAKE_DEV_HOOKS), and the product's source names no other LAKE_* variable."""
     every = {v for vs in _variables().values() for v in vs if v.startswith("LAKE_")}
-    product = every - set(_variables()["DevHooks"])
-    assert len(every) <= 20 and len(product) <= 17, sorted(every)
+    assert every == LAKE_SETTINGS and len(every) <= 20, sorted(every)
+    assert _product_lake_names() <= LAKE_SETTINGS, sorted(_product_lake_names() - LAKE_SETTINGS)
 
 
 def test_dev_hooks_apply_only_under_lake_dev(monkeypatch, tmp_path):
-    env = {"LAKE_ATTEMPT_TIMEOUT_S": "5", "LAKE_READ_TIMEOUT_S": "30", "LAKE_HOME": str(tmp_path)}
-    assert load_settings(env={**env, "LAKE_DEV": "1"}).attempt_timeout_s == 5.0
+    env = {"LAKE_DEV_HOOKS": "attempt_timeout_s=5, read_timeout_s=30", "LAKE_HOME": str(tmp_path)}
+    dev = load_settings(env={**env, "LAKE_DEV": "1"})
+    assert (dev.attempt_timeout_s, dev.read_timeout_s, dev.catalog_retry_s) == (5.0, 30.0, 60.0), "unset keys: default"
+    assert DevHooks(read_timeout_s=30, catalog_retry_s=1.5).env_value() == "read_timeout_s=30,catalog_retry_s=1.5"
     monkeypatch.delenv("LAKE_DEV", raising=False)
     deployed = {
         **env,
@@ -153,7 +194,11 @@ def test_malformed_values_name_their_variable():
             "LAKE_DAGSTER_EXECUTOR must be one of 'in_process', 'multiprocess' or 'k8s', got 'fast'",
         ),
         ({"LAKE_MAX_RECORDS_PER_TASK": "many"}, "LAKE_MAX_RECORDS_PER_TASK must be a whole number, got 'many'"),
-        ({"LAKE_CATALOG_RETRY_S": "-1"}, "LAKE_CATALOG_RETRY_S must not be negative, got '-1'"),
+        ({"LAKE_DEV_HOOKS": "catalog_retry_s=-1"}, "LAKE_DEV_HOOKS catalog_retry_s must not be negative, got '-1'"),
+        ({"LAKE_DEV_HOOKS": "read_timeout_s=soon"}, "LAKE_DEV_HOOKS read_timeout_s must be a number, got 'soon'"),
+        ({"LAKE_DEV_HOOKS": "retry=2"}, "LAKE_DEV_HOOKS has an unknown key 'retry' (known: attempt_timeout_s, "),
+        ({"LAKE_DEV_HOOKS": "read_timeout_s"}, "LAKE_DEV_HOOKS has 'read_timeout_s', not key=seconds"),
+        ({"LAKE_DEV_HOOKS": "read_timeout_s=1,read_timeout_s=2"}, "LAKE_DEV_HOOKS sets 'read_timeout_s' twice"),
         ({"LAKE_SPARK_CONF": "{oops"}, "LAKE_SPARK_CONF must be a JSON object: "),
         ({"LAKE_WORKERS": "300"}, "LAKE_WORKERS must be <= 256, got '300'"),
     ]:

@@ -52,6 +52,7 @@ from devtools.bench.freshness import daemon_env, start_daemon, stop_daemon
 from devtools.bench.many import PARTITIONS, Spread, names, wait_caught_up, write_tables_file
 from devtools.demo import data as demo_data
 from devtools.services import devbroker
+from kafka_iceberg.batch.assign import worker_count
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
@@ -190,25 +191,54 @@ def row(s: dict) -> str:
     return "  ".join(cells)
 
 
-def steady(samples: list[dict]) -> list[dict]:
-    """The ``samples`` taken while the deployment ran its usual number of JVMs (the most common count): a
-    sample taken while a worker run's successor had its JVM up (the handover) is left out of the fits, as a
-    least-squares line through a dozen points would read its memory as a leak. (Other runs, such as the scheduled
-    ``duplicate_free`` full scans, 100 tables' daily crons spread to one about every 15 min, are not counted in
-    the figures at all: :func:`_split`.)"""
+HANDOVER_RATIO = 1.5
+"""A sample whose process count or open file descriptors exceed this multiple of the run's steady level is
+taken during a worker run's handover (:func:`steady`): a second worker run about doubles both."""
+
+
+def _lower_quartile(values: list[float]) -> float:
+    """The value a quarter of the way up ``values`` (sorted): the low end, robust to a single low outlier."""
+    return sorted(values)[len(values) // 4]
+
+
+def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
+    """The ``samples`` taken while exactly the deployment's worker runs were alive, no second one: a sample taken
+    during a worker run's handover (its successor already up, or its predecessor still exiting) is left out of the
+    fits, as a least-squares line through a dozen points would read that run's memory, threads and files as a leak.
+    Two rules, both must hold:
+
+    1. JVMs: each worker run has one Spark driver JVM and no other long-lived process has one, so a steady sample
+       has ``workers`` JVMs (the deployment's worker count; None: the run's most common count). More: a second
+       run's JVM is up; fewer: a run is between its start and its Spark session.
+    2. Processes and open files: a successor's Python process is up some seconds before its JVM, a predecessor's
+       JVM may end before its process, so rule 1 alone misses them. A second run only adds processes and files,
+       so the steady level is the low end: the lower quartile of ``processes`` and of ``fds`` over the samples
+       rule 1 keeps (right while at least a quarter of them are steady). A sample above :data:`HANDOVER_RATIO`
+       times either is out (a second worker run about doubles both: ~370 fds with one worker, ~730 with two on
+       the 100-table soak). A leak stays visible: its samples below 1.5 times the level still carry its slope.
+
+    (Other runs, such as the scheduled ``duplicate_free`` full scans, 100 tables' daily crons spread to one about
+    every 15 min, are not counted in the figures at all: :func:`_split`.)"""
+    if not samples:
+        return []
     counts = [s["jvms"] for s in samples]
-    usual = max(set(counts), key=counts.count)
-    return [s for s in samples if s["jvms"] == usual]
+    usual = workers if workers is not None else max(set(counts), key=counts.count)
+    one_each = [s for s in samples if s["jvms"] == usual]
+    if not one_each:
+        return []
+    procs, fds = (_lower_quartile([s[k] for s in one_each]) for k in ("processes", "fds"))
+    return [s for s in one_each if s["processes"] <= HANDOVER_RATIO * procs and s["fds"] <= HANDOVER_RATIO * fds]
 
 
-def verdicts(samples: list[dict], tables: int) -> list[dict]:
+def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> list[dict]:
     """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``; only
-    :func:`steady` ones), its standard error, its bound and the verdict: ``pass`` when the slope plus twice its
-    standard error is within the bound (shown flat), ``FAIL`` when the slope minus twice its standard error is
-    above it (shown growing), else ``noisy`` (neither shown: a longer run decides); only ``pass`` passes."""
+    :func:`steady` ones; ``workers``: the deployment's worker runs), its standard error, its bound and the verdict:
+    ``pass`` when the slope plus twice its standard error is within the bound (shown flat), ``FAIL`` when the slope
+    minus twice its standard error is above it (shown growing), else ``noisy`` (neither shown: a longer run
+    decides); only ``pass`` passes. Fewer than 3 steady samples: ``too few samples``."""
     end = samples[-1]["minutes"]
-    half = steady([s for s in samples if s["minutes"] >= end / 2])
-    first, last = half[0], half[-1]
+    half = steady([s for s in samples if s["minutes"] >= end / 2], workers)
+    first, last = (half[0], half[-1]) if half else ({"events": 0, "dagster_mib": 0.0},) * 2  # none: too few samples
     events_per_mib = (last["events"] - first["events"]) / max(1e-9, last["dagster_mib"] - first["dagster_mib"])
     out = []
     for b in BOUNDS:
@@ -324,11 +354,12 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
     """Print the slopes, the events per table per hour and the exactly-once check; write ``summary.json``;
     return the summary (``ok``: whether all hold; ``checks``: :func:`verdicts`; ``tallies``: :func:`exactly_once`;
     ``samples``)."""
-    checks = verdicts(samples, args.tables)
+    workers = worker_count(args.tables, settings.catalog.is_sqlite, os.cpu_count())  # daemon_env: LAKE_WORKERS unset
+    checks = verdicts(samples, args.tables, workers)
     say()
     say(
         f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min, {checks[0]['points']} samples "
-        "with the usual number of worker JVMs): least-squares slope per hour (+- its standard error)"
+        f"with {workers} worker run(s), none during a handover): least-squares slope per hour (+- its standard error)"
     )
     for c in checks:
         say(
@@ -348,6 +379,7 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
             say(f"  {identifier}: rows {t:,}, distinct {d:,}, produced {p:,}")
     ok = all(c["ok"] for c in checks) and exact == args.tables and per_table <= EVENTS_GOAL
     summary = {"args": vars(args), "checks": checks, "events_per_table_h": per_table, "exact": exact, "ok": ok}
+    summary["workers"] = workers
     summary.update(commit=args.commit, tallies=tallies)
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     say(f"soak {'PASSED' if ok else 'FAILED'} (commit {summary['commit']}, {samples[-1]['minutes']:.0f} min of load)")

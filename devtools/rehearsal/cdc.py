@@ -205,7 +205,7 @@ def cdc_kills(r: Rehearsal, n: int = 10, planes: int = 500, pause_s: float = 2.0
         cdc_source.run_sql(db, f"INSERT INTO planes (tailnum, seats) VALUES ('{marker}', 0)")
         produced = cdc_demo.wait_for_key(r.lake.bootstrap, topic, marker, timeout_s=600)
         capture.stop()
-        time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
+        time.sleep(5.5)  # older than attempt_timeout_s (Lake.env): any attempt left is dead now
         done = r.lake.catch_up(decl, timeout_s=1800)
         checks["caught up"] = done.returncode == 0
         if done.returncode != 0:

@@ -211,7 +211,7 @@ def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 3.0, lifetime
         if workload.errors:
             r.log(workload.errors[0])
         src.finish(r.lake.bootstrap)
-        time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
+        time.sleep(5.5)  # older than attempt_timeout_s (Lake.env): any attempt left is dead now
         last = start_worker(r.lake, json.dumps(decls), log, idle_s=8)
         checks["final worker caught up"] = last.wait(timeout=1800) == 0
         time.sleep(3 * reader.gap_s + 2 * reader.pause_s)  # the reader sees the final position too

@@ -12,7 +12,7 @@ Four kinds, per table (see docs/operations.md, "What a killed micro-batch leaves
   ``main``: quarantined records of an attempt that never published.
 
 The bound (checked by :meth:`Leaks.beyond_bound`): once every attempt that left something is
-dead (``LAKE_ATTEMPT_TIMEOUT_S`` old, or its Dagster run ended) and one micro-batch of the table
+dead (``attempt_timeout_s`` of ``LAKE_DEV_HOOKS`` old, or its Dagster run ended) and one micro-batch of the table
 has run recovery after that, every count is 0.
 """
 

@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,7 @@ from devtools.services import devbroker
 from kafka_iceberg.batch.context import CRASH_POINTS
 from kafka_iceberg.batch.planning import offset_lag
 from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state
+from kafka_iceberg.config.models import DevHooks
 from kafka_iceberg.config.settings import CHECKOUT, Settings, load_settings
 from kafka_iceberg.declaration.spec import TableSpec, parse_table_spec
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
@@ -274,16 +275,17 @@ class Lake:
     bootstrap: str
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def env(self, **more: str) -> dict[str, str]:
-        """The environment of a sink process (strings only)."""
+    def env(self, hooks: Mapping[str, float] | None = None, **more: str) -> dict[str, str]:
+        """The environment of a sink process (strings only); ``hooks`` override keys of ``LAKE_DEV_HOOKS``
+        (runs are sequential here: an attempt 5 s old is dead; a read task fails after 60 s without progress)."""
+        dev_hooks = DevHooks(**{"attempt_timeout_s": 5, "read_timeout_s": 60, **(hooks or {})})
         return {
             **os.environ,
             "LAKE_HOME": str(self.home),
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "SPARK_MASTER": "local[1]",
             "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
-            "LAKE_ATTEMPT_TIMEOUT_S": "5",  # runs are sequential here: an attempt 5 s old is dead
-            "LAKE_READ_TIMEOUT_S": "60",
+            "LAKE_DEV_HOOKS": dev_hooks.env_value(),
             "LAKE_KAFKA_TIMEOUT_S": "20",
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
@@ -300,9 +302,14 @@ class Lake:
         return KafkaConfig(self.bootstrap, {}, 20.0)
 
     def sink(
-        self, declaration: dict, mode: str = "catch-up", crash_at: str | None = None, **env: str
+        self,
+        declaration: dict,
+        mode: str = "catch-up",
+        crash_at: str | None = None,
+        hooks: Mapping[str, float] | None = None,
+        **env: str,
     ) -> subprocess.Popen:
-        """Start a sink process in its own process group (so it can be killed whole)."""
+        """Start a sink process in its own process group (so it can be killed whole); ``hooks``: see :meth:`env`."""
         more = dict(env)
         if crash_at:
             more["LAKE_CRASH_AT"] = crash_at
@@ -316,16 +323,18 @@ class Lake:
                 mode,
                 f"rehearsal-{uuid.uuid4().hex[:8]}",
             ],
-            env=self.env(**more),
+            env=self.env(hooks, **more),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
             cwd=str(CHECKOUT),
         )
 
-    def catch_up(self, declaration: dict, timeout_s: float = 600, **env: str) -> subprocess.CompletedProcess:
+    def catch_up(
+        self, declaration: dict, timeout_s: float = 600, hooks: Mapping[str, float] | None = None, **env: str
+    ) -> subprocess.CompletedProcess:
         """Run a sink until the table has no lag; returns the finished process (rc 0 = caught up)."""
-        proc = self.sink(declaration, "catch-up", **env)
+        proc = self.sink(declaration, "catch-up", hooks=hooks, **env)
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -587,7 +596,7 @@ class Rehearsal:
     def _final_catch_up(self, decl: dict, checks: dict[str, bool], timeout_s: float = 3600) -> None:
         """Catch the table up after the faults (its seconds are the ``recover s`` column). The budget is
         wide: after 20 kills on a loaded machine the backlog is 100k+ records in bounded micro-batches."""
-        time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
+        time.sleep(5.5)  # older than attempt_timeout_s (Lake.env): any attempt left is dead now
         t0 = time.monotonic()
         done = self.lake.catch_up(decl, timeout_s=timeout_s)
         if done.returncode == 0:
@@ -698,7 +707,7 @@ class Rehearsal:
         traffic = Traffic(self.lake.kafka_config, spec.topic, rate)
         traffic.start()
         time.sleep(3)
-        proc = self.lake.sink(decl, "catch-up", LAKE_READ_TIMEOUT_S="30")
+        proc = self.lake.sink(decl, "catch-up", hooks={"read_timeout_s": 30})
         time.sleep(self.rng.uniform(4.0, 9.0))
         devbroker.stop_kafka(self.lake.broker_dir)
         time.sleep(down_s)
@@ -772,10 +781,10 @@ class Rehearsal:
             conn.close()
 
         results = {}
-        for label, hold_s, budget in (("short lock", short_s, "60"), ("long lock", long_s, "4")):
+        for label, hold_s, budget in (("short lock", short_s, 60), ("long lock", long_s, 4)):
             locker = threading.Thread(target=hold, args=(hold_s, metadata_location()), daemon=True)
             locker.start()
-            done = self.lake.catch_up(decl, LAKE_CATALOG_RETRY_S=budget)
+            done = self.lake.catch_up(decl, hooks={"catalog_retry_s": budget})
             locker.join(240)
             results[label] = done
         traffic.stop()
@@ -835,10 +844,10 @@ class Rehearsal:
                 server.start()
 
             results = {}
-            for label, down, budget in (("short outage", down_s, "90"), ("long outage", long_s, "4")):
+            for label, down, budget in (("short outage", down_s, 90), ("long outage", long_s, 4)):
                 downer = threading.Thread(target=outage, args=(7.0, down), daemon=True)
                 downer.start()
-                results[label] = pg_lake.catch_up(decl, LAKE_CATALOG_RETRY_S=budget)
+                results[label] = pg_lake.catch_up(decl, hooks={"catalog_retry_s": budget})
                 downer.join(120)
             traffic.stop()
             short, long_ = results["short outage"], results["long outage"]

@@ -86,7 +86,7 @@ def worker_kills(r: Rehearsal, tables: int = 3, kills: int = 6, rate: float = 60
         r.log(f"  kill {i + 1}/{kills} of the worker (rc {proc.returncode})")
     for t in traffic:
         t.stop()
-    time.sleep(5.5)  # older than LAKE_ATTEMPT_TIMEOUT_S: any attempt left is dead now
+    time.sleep(5.5)  # older than attempt_timeout_s (Lake.env): any attempt left is dead now
     last = start_worker(r.lake, decls, idle_s=5)  # serves until nothing waits for 5 s, then exits
     caught_up = last.wait(timeout=1800) == 0
     checks = {"final worker caught up": caught_up, "producers delivered everything": not any(t.errors for t in traffic)}

@@ -17,7 +17,7 @@ def table_value_columns(lake: Lake, identifier: str):
     while the catalog is unavailable).
 
     Raises:
-        CatalogUnavailableError: the catalog did not answer within ``LAKE_CATALOG_RETRY_S``.
+        CatalogUnavailableError: the catalog did not answer within ``catalog_retry_s`` (60 s; ``LAKE_DEV_HOOKS``).
     """
     qualified = f"{lake.catalog_name}.{identifier}"
     return lake.retry(

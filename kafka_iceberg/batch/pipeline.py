@@ -68,7 +68,7 @@ def run_batch(
     Raises:
         MalformedRecordError: a bad record under ``bad_records.policy: fail`` (nothing committed).
         CommitConflictError: the target ref moved since the plan (nothing published).
-        CatalogUnavailableError: the catalog stayed locked or unreachable past ``LAKE_CATALOG_RETRY_S``.
+        CatalogUnavailableError: the catalog stayed locked or unreachable past ``catalog_retry_s`` (60 s).
         DataLossError, ReadTimeoutError, BrokerUnavailableError: reading failed.
         LakeError: the batch did not reconcile (nothing published).
     """
@@ -222,7 +222,7 @@ def run_micro_batch(
 
     ``commit_id`` identifies the run in the snapshot summary (the Dagster run id).
     ``is_alive`` decides which leftover attempts are dead (default: older than
-    ``LAKE_ATTEMPT_TIMEOUT_S``). ``crash_hook`` is called at each of :data:`CRASH_POINTS`.
+    ``attempt_timeout_s``, 1 h). ``crash_hook`` is called at each of :data:`CRASH_POINTS`.
     ``mirror``: the committed offsets go to its next flush instead of the consumer group now.
 
     Raises:

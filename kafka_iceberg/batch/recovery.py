@@ -11,7 +11,7 @@ its last step (a crash during recovery is recovered by the next recovery):
 
 1. Find *dead* attempts: attempt branches whose run is no longer alive (the Dagster run
    is not queued or running; outside Dagster, the attempt is older than
-   ``LAKE_ATTEMPT_TIMEOUT_S``).
+   ``attempt_timeout_s``, 1 h).
 2. If there is one, drop the dead branches first: an attempt judged dead that still runs
    can then no longer publish (its publish requires its branch), so it cannot publish a
    snapshot pointing at files step 3 deletes.

@@ -63,7 +63,7 @@ def warm_read_job(lake: Lake, spec: TableSpec, table=None) -> float | None:
     evolve``, a ``key_format``).
 
     Raises:
-        CatalogUnavailableError: the catalog did not answer within ``LAKE_CATALOG_RETRY_S``.
+        CatalogUnavailableError: the catalog did not answer within ``catalog_retry_s`` (60 s; ``LAKE_DEV_HOOKS``).
         Py4JJavaError (Spark's own): the job failed; the caller decides whether that matters.
     """
     if not arrow_parsed(spec):

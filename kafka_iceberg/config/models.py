@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -238,30 +238,64 @@ class RegistrySettings(EnvGroup):
         return _json_object(self.client_config.get_secret_value()) if self.client_config else {}
 
 
-class DevHooks(EnvGroup):
-    """Test and rehearsal hooks, read only under ``LAKE_DEV=1`` (the repository's targets and tests); an
-    installed package uses the defaults, which are constants no deployment tunes. Not product settings."""
+class DevHooks(BaseModel):
+    """Test and rehearsal hooks: the keys of ``LAKE_DEV_HOOKS`` (:class:`DevSettings`), read only under
+    ``LAKE_DEV=1`` (the repository's targets and tests); an installed package uses the defaults, which
+    are constants no deployment tunes. Not product settings. Units: seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     attempt_timeout_s: float = Field(
         3600.0,
         ge=0,
-        validation_alias="LAKE_ATTEMPT_TIMEOUT_S",
-        description="LAKE_ATTEMPT_TIMEOUT_S: (LAKE_DEV only) seconds after which a write attempt outside Dagster "
-        "counts as dead; under Dagster an attempt is dead when its run is no longer queued or running.",
+        description="seconds after which a write attempt outside Dagster counts as dead; under Dagster an "
+        "attempt is dead when its run is no longer queued or running.",
     )
-    read_timeout_s: float = Field(
-        120.0,
-        ge=0,
-        validation_alias="LAKE_READ_TIMEOUT_S",
-        description="LAKE_READ_TIMEOUT_S: (LAKE_DEV only) seconds a read task may go without progress.",
-    )
+    read_timeout_s: float = Field(120.0, ge=0, description="seconds a read task may go without progress.")
     catalog_retry_s: float = Field(
         60.0,
         ge=0,
-        validation_alias="LAKE_CATALOG_RETRY_S",
-        description="LAKE_CATALOG_RETRY_S: (LAKE_DEV only) seconds a transient catalog error (SQLite locked, "
-        "PostgreSQL down) is retried before CatalogUnavailableError; a minute covers a database failover.",
+        description="seconds a transient catalog error (SQLite locked, PostgreSQL down) is retried before "
+        "CatalogUnavailableError; a minute covers a database failover.",
     )
+
+    def env_value(self) -> str:
+        """The ``LAKE_DEV_HOOKS`` value of the hooks set explicitly, e.g. ``read_timeout_s=30,catalog_retry_s=1``."""
+        return ",".join(f"{k}={getattr(self, k):g}" for k in type(self).model_fields if k in self.model_fields_set)
+
+
+def _dev_hooks(value: Any) -> Any:
+    """``key=seconds,key=seconds`` (text) as a dict for :class:`DevHooks`; anything else unchanged.
+
+    Raises:
+        ValueError: an item without ``=``, an unknown or repeated key (naming it).
+    """
+    if not isinstance(value, str):
+        return value
+    hooks: dict[str, str] = {}
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        key, eq, seconds = (part.strip() for part in item.partition("="))
+        if not eq or not key or not seconds:
+            raise ValueError(f"has {item!r}, not key=seconds (items separated by commas)")
+        if key not in DevHooks.model_fields:
+            raise ValueError(f"has an unknown key {key!r} (known: {', '.join(DevHooks.model_fields)})")
+        if key in hooks:
+            raise ValueError(f"sets {key!r} twice")
+        hooks[key] = seconds
+    return hooks
+
+
+class DevSettings(EnvGroup):
+    """The one variable of the LAKE_DEV-only hooks (:class:`DevHooks`)."""
+
+    hooks: Annotated[DevHooks, NoDecode] = Field(
+        default_factory=DevHooks,
+        validation_alias="LAKE_DEV_HOOKS",
+        description="LAKE_DEV_HOOKS: (LAKE_DEV only) test hooks as key=seconds items separated by commas, "
+        "keys attempt_timeout_s, read_timeout_s, catalog_retry_s (DevHooks); unset keys keep their defaults.",
+    )
+
+    v_hooks = field_validator("hooks", mode="before")(_dev_hooks)
 
 
 ORPHAN_CLOCK_SKEW_S = 1.0
@@ -275,6 +309,7 @@ __all__ = [
     "DEFAULT_SLACK_TIMEOUT_S",
     "DEFAULT_UI_URL",
     "DevHooks",
+    "DevSettings",
     "EnvGroup",
     "ORPHAN_CLOCK_SKEW_S",
     "RegistrySettings",

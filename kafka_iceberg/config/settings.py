@@ -44,6 +44,7 @@ from kafka_iceberg.config.models import (
     DEFAULT_SLACK_TIMEOUT_S,
     ORPHAN_CLOCK_SKEW_S,
     DevHooks,
+    DevSettings,
     EnvGroup,
     RegistrySettings,
     RuntimeSettings,
@@ -104,8 +105,9 @@ def _group(group: type[EnvGroup], env: Mapping[str, str]):
     """The settings group ``group`` from the variables of ``env`` (empty values already removed).
 
     Raises:
-        ConfigError: a value the group rejects, naming the variable, e.g.
-            ``LAKE_KAFKA_TIMEOUT_S must be a number, got 'soon'``.
+        ConfigError: a value the group rejects, naming the variable (and the key, inside a variable of
+            key=value items), e.g. ``LAKE_KAFKA_TIMEOUT_S must be a number, got 'soon'`` or
+            ``LAKE_DEV_HOOKS catalog_retry_s must not be negative, got '-1'``.
     """
     try:
         return group(**_MappingSource(group, env)())
@@ -113,6 +115,8 @@ def _group(group: type[EnvGroup], env: Mapping[str, str]):
         err = exc.errors()[0]
         var = str(err["loc"][0]) if err["loc"] else group.__name__
         shown = "a value not shown (it may hold a secret)" if var in NEVER_SHOWN else repr(env.get(var))
+        if len(err["loc"]) > 1 and var not in NEVER_SHOWN:  # one key of a key=value variable
+            var, shown = " ".join(map(str, err["loc"])), repr(err["input"])
         raise ConfigError(f"{var} {_problem(err)}, got {shown}") from exc
 
 
@@ -271,7 +275,7 @@ def _build_settings(env: dict[str, str], from_process: bool) -> Settings:
     dev = run.dev or dev_defaults()
     lake_home = (run.lake_home or CHECKOUT / ".lake").resolve()
     bootstrap, catalog = _deployment_choices(run, env, dev, lake_home)
-    hooks = _group(DevHooks, env) if dev else DevHooks()  # constants outside LAKE_DEV
+    hooks = _group(DevSettings, env).hooks if dev else DevHooks()  # constants outside LAKE_DEV
     slack = slack_settings(env)
     return Settings(
         lake_home=lake_home,

@@ -135,7 +135,7 @@ def run_replay(
             in its attempt branches; in Dagster the run id, so ingestion's liveness check sees
             the replay's attempts as alive while its run is.
         is_alive: which leftover attempts on a new target table are dead (default: older than
-            ``LAKE_ATTEMPT_TIMEOUT_S``); they are recovered before the replay continues.
+            ``attempt_timeout_s``, 1 h); they are recovered before the replay continues.
         declared: identifiers of declared tables, which a new replay table may not take.
         progress: called with one line per committed micro-batch (default: the module logger).
 
