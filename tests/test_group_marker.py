@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from dagster import Definitions
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
@@ -34,7 +35,8 @@ from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import parse_declarations
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.ops.rota import run_job
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.schedules import all_schedules
 from kafka_iceberg.state import ancestors, group_record, group_summary, ingest_summary, overlapping_batches
 from tests.test_group_batch import COLUMNS, _change, _end, _rows, _specs
 
@@ -177,7 +179,7 @@ def _main(table) -> int:
 def test_a_compaction_of_the_member_a_crash_left_short_first_rolls_the_group_forward(spark, settings, catalog, unique):
     """Five group commits on both members (five small data files each), then commit 6 published on
     ``lines`` and staged on an attempt branch of ``orders`` (a crash between the publishes). The scheduled
-    compaction of ``orders`` rolls it forward before ``rewrite_data_files`` commits; the group's next
+    compaction job of ``orders`` (``run_job``) rolls it forward before ``rewrite_data_files`` commits; the group's next
     micro-batch (``finish_group``) then only moves the tags, and every record is read once."""
     entries = [
         {"name": f"{unique}_{t}", "identifier": f"test.{unique}_{t}", "topic": f"{unique}.public.{t}",
@@ -198,16 +200,16 @@ def test_a_compaction_of_the_member_a_crash_left_short_first_rolls_the_group_for
     staged = _staged(catalog, orders)
     assert [group_record(s)["seq"] for s in staged.values()] == [6]
 
-    lake = Lake(spark, settings, None, catalog)
-    view = lambda: metadata_view(catalog.load_table(orders))  # noqa: E731
-    done = run_job(spark, settings.catalog.name, specs[1], "compact", view, lake=lake, members=[lines, orders])
-    assert (done.files_before, done.files_after) == (6, 1)  # commit 6's data file is compacted too
-    compacted = view()
+    done = _run_job(settings, specs, f"compact_{unique}_orders")  # workers=0: the scheduled compaction
+    assert (done["data_files_before"], done["data_files_after"]) == (6, 1)  # commit 6's data file is compacted too
+    compacted = metadata_view(catalog.load_table(orders))
     assert compacted.snapshots[compacted.main].summary["operation"] == "replace"
     assert set(staged) <= {s.snapshot_id for s in ancestors(compacted.snapshots, compacted.main)}
     assert _staged(catalog, orders) == {} and _main_seqs(catalog, orders)[0] == 6
 
-    finished = finish_group(lake, "shop", [lines, orders])  # the group's next micro-batch does this first
+    finished = finish_group(
+        Lake(spark, settings, None, catalog), "shop", [lines, orders]
+    )  # the group's next micro-batch does this first
     mains = {lines: _main(a), orders: compacted.main}
     assert {i: v.refs["group-shop"] for i, v in finished.items()} == mains
     assert {i: sid for i, (_t, sid) in read_group(catalog, [lines, orders]).items()} == mains
@@ -216,3 +218,16 @@ def test_a_compaction_of_the_member_a_crash_left_short_first_rolls_the_group_for
         assert sorted(r["id"] for r in rows) == [1, 2, 3, 4, 5, 6]  # every record once
         chain = ancestors(metadata_view(catalog.load_table(ident)).snapshots, mains[ident])
         assert overlapping_batches(chain) == [] and sum(int(s.summary.get("kafka.records", 0)) for s in chain) == 6
+
+
+def _run_job(settings, specs, name: str) -> dict:
+    """Run the scheduled maintenance job ``name`` of ``specs``' location (no worker runs) in process; returns
+    its observation's metadata."""
+    schedules = [s for s in all_schedules(specs, sqlite_catalog=True) if s.job.name == name]
+    result = Definitions(schedules=schedules, resources=default_resources(settings)).resolve_job_def(name)
+    result = result.execute_in_process()
+    assert result.success
+    (seen,) = [
+        e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
+    ]
+    return {k: v.value for k, v in seen.metadata.items()}
