@@ -38,9 +38,11 @@ from typing import TYPE_CHECKING
 from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
 from pyiceberg.exceptions import CommitFailedException
 
+from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.config.settings import Settings
+from kafka_iceberg.declaration.groups import group_of, groups
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.chore_alerts import ChoreAlerts, worker_alert
@@ -110,7 +112,7 @@ class WorkerChores:
     Thread contract: every method is called from the op's main thread, which alone reads and replaces
     :attr:`tables` (one :class:`~kafka_iceberg.ops.chore_state.TableChores` per table), :attr:`running`
     and the rota. The background thread runs :meth:`job` or :meth:`evaluate` with the values it needs as
-    arguments and reads only ``env``. Use it as a context manager (or call :meth:`close`): its thread is
+    arguments and reads only ``env`` and :attr:`members` (never changed). Use it as a context manager (or call :meth:`close`): its thread is
     shut down at the end."""
 
     def __init__(
@@ -123,6 +125,7 @@ class WorkerChores:
     ):
         self.context, self.rota, self.env, self.clock = context, rota, env, clock
         self.tables: dict[str, TableChores] = {s.identifier: TableChores(s) for s in specs}
+        self.members = {n: tuple(s.identifier for s in m) for n, m in groups(specs).items()}  # group -> identifiers
         self.running: Chore | None = None
         self._tickets = 0  # commits noted so far: they order the tables (see chore_state)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
@@ -310,7 +313,8 @@ class WorkerChores:
     ):
         """Run the maintenance job ``kind`` on ``spec``'s table (:func:`kafka_iceberg.ops.rota.run_job`;
         an expiry keeps what the next check of run ``run_id``'s rows after snapshot ``after`` reads, and
-        :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more) and record that it ran
+        :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more; a group member's compaction first
+        completes its group, :attr:`members`) and record that it ran
         at ``started_ms`` (ms since epoch; when the table's own commits refuse that record three times,
         the result's output says ``last_run_not_recorded``, and the rota of a later run may run the job
         again at its next tick). ``concurrent``: the table's micro-batches commit meanwhile (a compaction
@@ -332,7 +336,8 @@ class WorkerChores:
                 str(CONCURRENT_COMMIT_RETRIES),
                 unless_set=True,
             )
-        result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep)
+        lake, members = Lake(env.spark, env.settings, None, env.catalog), self.members.get(group_of(spec), ())
+        result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep, lake=lake, members=members)
         try:
             record_run(env.catalog, spec.identifier, kind, started_ms)
         except CommitFailedException as exc:  # the job committed; only its time is not recorded

@@ -7,6 +7,9 @@ maintenance run is tagged ``lake/maintenance: <kind>``; dagster.yaml's run-queue
 table's micro-batch (on SQLite, alongside any commit).
 """
 
+import dataclasses
+from collections.abc import Sequence
+
 from dagster import (
     AssetObservation,
     DefaultScheduleStatus,
@@ -16,8 +19,11 @@ from dagster import (
     op,
 )
 
+from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.config.run_pods import run_pod_tags
+from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.groups import group_of
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import RUN_RETRY_TAGS, table_key, table_pool
 from kafka_iceberg.ops.rota import KINDS, record_run, run_job
@@ -29,7 +35,17 @@ MAINTENANCE_TAG = "lake/maintenance"
 ``concurrency.runs.tag_concurrency_limits`` bounds the runs carrying it (all kinds together)."""
 
 
-def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool, keys: ResourceKeys = LAKE_KEYS):
+def _group_lake(spark, catalog, spec: TableSpec) -> Lake | None:
+    """The connections a consistency group member's compaction completes its group with (None for other
+    tables): ``spark``, the process's settings with ``catalog``'s (a catalog resource) and its catalog."""
+    if group_of(spec) is None:
+        return None
+    return Lake(spark, dataclasses.replace(load_settings(), catalog=catalog.catalog_settings()), None, catalog.load())
+
+
+def _maintenance_job(
+    spec: TableSpec, kind: str, sqlite_catalog: bool, keys: ResourceKeys = LAKE_KEYS, members: Sequence[str] = ()
+):
     @op(
         name=f"{kind}_{spec.name}_op",
         pool=table_pool(spec, sqlite_catalog),
@@ -43,6 +59,8 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool, keys: Res
             spec,
             kind,
             lambda: metadata_view(load_table(catalog.load(), spec.identifier)),
+            lake=_group_lake(pyspark.spark_session, catalog, spec),
+            members=members,
         )
         context.log.info(
             f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after}, "
@@ -64,16 +82,21 @@ def _maintenance_job(spec: TableSpec, kind: str, sqlite_catalog: bool, keys: Res
 
 
 def maintenance_schedules(
-    spec: TableSpec, sqlite_catalog: bool, crons: dict[str, str] | None = None, keys: ResourceKeys = LAKE_KEYS
+    spec: TableSpec,
+    sqlite_catalog: bool,
+    crons: dict[str, str] | None = None,
+    keys: ResourceKeys = LAKE_KEYS,
+    members: Sequence[str] = (),
 ) -> list[ScheduleDefinition]:
     """The table's three maintenance schedules (running by default, UTC). ``crons``: job kind -> cron,
     from :func:`kafka_iceberg.ops.spread.maintenance_crons` over all the location's tables (default:
-    spread among this table alone); ``keys``: the lake's resource keys."""
+    spread among this table alone); ``keys``: the lake's resource keys; ``members``: the identifiers of
+    the table's consistency group (its compaction first completes the group: :func:`~kafka_iceberg.ops.rota.run_job`)."""
     crons = crons or maintenance_crons([spec])[spec.identifier]
     return [
         ScheduleDefinition(
             name=f"{kind}_{spec.name}_schedule",
-            job=_maintenance_job(spec, kind, sqlite_catalog, keys),
+            job=_maintenance_job(spec, kind, sqlite_catalog, keys, members),
             cron_schedule=crons[kind],
             execution_timezone="UTC",
             default_status=DefaultScheduleStatus.RUNNING,

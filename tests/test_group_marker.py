@@ -5,12 +5,15 @@ JDBC catalog (``per_table=True``) with real Spark, the dev broker and Debezium-s
 A crash between the members' publishes leaves one member at the new group commit: readers (``read_group``,
 the ``group-shop`` tags) still see the previous one; the next micro-batch first rolls the other member
 forward to its staged snapshot (recovery treats every attempt as dead and must not drop it first), moves
-the tags, then commits what is new; every record is in its table once."""
+the tags, then commits what is new; every record is in its table once. A compaction of the member left
+short (the maintenance entry point, ``run_job``) first rolls it forward: compacted before, its ``main``
+would no longer lead to its staged snapshot and the group could not be completed."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from dagster import Definitions
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
@@ -18,14 +21,24 @@ from pyiceberg.types import LongType, NestedField
 from devtools.demo.data import produce_topics
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.group_batch import run_group_batch
-from kafka_iceberg.batch.group_marker import MARKER_CRASH_POINTS, finish_group, group_tag, move_tags
+from kafka_iceberg.batch.group_marker import (
+    MARKER_CRASH_POINTS,
+    finish_group,
+    group_tag,
+    move_tags,
+    roll_forward_group,
+)
 from kafka_iceberg.batch.pipeline import connect
+from kafka_iceberg.batch.recovery import attempt_branch
 from kafka_iceberg.catalog.group_view import read_group
 from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.spec import parse_declarations
 from kafka_iceberg.errors import LakeError
+from kafka_iceberg.resources import default_resources
+from kafka_iceberg.schedules import all_schedules
 from kafka_iceberg.state import ancestors, group_record, group_summary, ingest_summary, overlapping_batches
-from tests.test_group_batch import _change, _end, _rows, _specs
+from tests.test_group_batch import COLUMNS, _change, _end, _rows, _specs
 
 
 class Crash(Exception):
@@ -155,8 +168,66 @@ def test_a_crash_among_the_tag_moves_is_finished_and_a_lost_staged_snapshot_is_n
     _grouped(a, 2, {"shop.a": 2, "shop.b": 2})  # published on a; b's staged write of commit 2 is lost
     with pytest.raises(LakeError, match=r"table shop\.b: group 'shop' commit 2 is published on other members"):
         finish_group(lake, "shop", ["shop.a", "shop.b"])
+    assert roll_forward_group(lake, "shop", ["shop.a", "shop.b"]) == []  # a compaction leaves it to the group
     assert _tags(catalog, "group-shop", ["shop.a", "shop.b"])["shop.b"] == _main(b)  # no tag moved
 
 
 def _main(table) -> int:
     return table.refresh().metadata.current_snapshot_id
+
+
+def test_a_compaction_of_the_member_a_crash_left_short_first_rolls_the_group_forward(spark, settings, catalog, unique):
+    """Five group commits on both members (five small data files each), then commit 6 published on
+    ``lines`` and staged on an attempt branch of ``orders`` (a crash between the publishes). The scheduled
+    compaction job of ``orders`` (``run_job``) rolls it forward before ``rewrite_data_files`` commits; the group's next
+    micro-batch (``finish_group``) then only moves the tags, and every record is read once."""
+    entries = [
+        {"name": f"{unique}_{t}", "identifier": f"test.{unique}_{t}", "topic": f"{unique}.public.{t}",
+         "schema": COLUMNS, "mode": "upsert", "key": ["id"], "cdc": "debezium", "consistency_group": "shop"}
+        for t in ("lines", "orders")
+    ]  # fmt: skip
+    specs = parse_declarations({"tables": entries}, "tables.yaml")
+    lines, orders = (s.identifier for s in specs)
+    catalog.create_namespace_if_not_exists("test")
+    a, b = (catalog.create_table(i, Schema(NestedField(1, "id", LongType()))) for i in (lines, orders))
+    for seq in range(1, 6):
+        for table in (a, b):
+            _grouped(table, seq, {lines: seq, orders: seq})
+    _grouped(a, 6, {lines: 6, orders: 6})  # published on lines
+    branch = attempt_branch("mark-6", 1)
+    b.manage_snapshots().create_branch(_main(b), branch).commit()
+    _grouped(b, 6, {lines: 6, orders: 6}, branch=branch)  # staged on orders, not published
+    staged = _staged(catalog, orders)
+    assert [group_record(s)["seq"] for s in staged.values()] == [6]
+
+    done = _run_job(settings, specs, f"compact_{unique}_orders")  # workers=0: the scheduled compaction
+    assert (done["data_files_before"], done["data_files_after"]) == (6, 1)  # commit 6's data file is compacted too
+    compacted = metadata_view(catalog.load_table(orders))
+    assert compacted.snapshots[compacted.main].summary["operation"] == "replace"
+    assert set(staged) <= {s.snapshot_id for s in ancestors(compacted.snapshots, compacted.main)}
+    assert _staged(catalog, orders) == {} and _main_seqs(catalog, orders)[0] == 6
+
+    finished = finish_group(
+        Lake(spark, settings, None, catalog), "shop", [lines, orders]
+    )  # the group's next micro-batch does this first
+    mains = {lines: _main(a), orders: compacted.main}
+    assert {i: v.refs["group-shop"] for i, v in finished.items()} == mains
+    assert {i: sid for i, (_t, sid) in read_group(catalog, [lines, orders]).items()} == mains
+    for ident in (lines, orders):
+        rows = spark.table(f"{settings.catalog.name}.{ident}").collect()
+        assert sorted(r["id"] for r in rows) == [1, 2, 3, 4, 5, 6]  # every record once
+        chain = ancestors(metadata_view(catalog.load_table(ident)).snapshots, mains[ident])
+        assert overlapping_batches(chain) == [] and sum(int(s.summary.get("kafka.records", 0)) for s in chain) == 6
+
+
+def _run_job(settings, specs, name: str) -> dict:
+    """Run the scheduled maintenance job ``name`` of ``specs``' location (no worker runs) in process; returns
+    its observation's metadata."""
+    schedules = [s for s in all_schedules(specs, sqlite_catalog=True) if s.job.name == name]
+    result = Definitions(schedules=schedules, resources=default_resources(settings)).resolve_job_def(name)
+    result = result.execute_in_process()
+    assert result.success
+    (seen,) = [
+        e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
+    ]
+    return {k: v.value for k, v in seen.metadata.items()}

@@ -18,7 +18,9 @@ tags and :func:`kafka_iceberg.catalog.group_view.read_group` (the newest ``seq``
 show ``seq - 1``. The group's next micro-batch calls :func:`finish_group` before recovery drops dead attempt
 branches: each member short of the newest record is fast-forwarded to its attempt snapshot of that
 ``seq`` (roll-forward: a published member cannot be taken back), then the tags move. A crash among the tag
-moves is finished the same way.
+moves is finished the same way. A compaction of a member first rolls the group forward
+(:func:`roll_forward_group`, from :func:`kafka_iceberg.ops.rota.run_job`): once its ``replace`` snapshot is
+on a short member's ``main``, that ``main`` can no longer be fast-forwarded to the staged snapshot.
 """
 
 from __future__ import annotations
@@ -95,18 +97,13 @@ def _at_base(lake: Lake, member: GroupMember):
     fresh = lake.load(member.identifier)
     for requirement in member.requirements:
         requirement.validate(fresh.metadata)
-    base, now = _main(member.table), _main(fresh)
+    base, now = metadata_view(member.table).main, metadata_view(fresh).main
     if base != now:
         raise StaleBaseError(
             f"table {member.identifier}: main moved from snapshot {base} to {now} since the group micro-batch was "
             "planned; no table of the group was published; rerun"
         )
     return fresh
-
-
-def _main(table) -> int | None:
-    ref = table.metadata.refs.get("main")
-    return None if ref is None else ref.snapshot_id
 
 
 def move_tags(
@@ -163,7 +160,7 @@ def _commit(lake: Lake, ident: str, table, change: Callable, main_at: int | None
 
     def landed():
         fresh = lake.load(ident)
-        return fresh if main_at is not None and _main(fresh) == main_at else None
+        return fresh if main_at is not None and metadata_view(fresh).main == main_at else None
 
     for n in range(_TRIES):
         base = table if n == 0 else lake.load(ident)
@@ -177,27 +174,58 @@ def _commit(lake: Lake, ident: str, table, change: Callable, main_at: int | None
 
 def finish_group(lake: Lake, name: str, identifiers: Sequence[str]) -> dict[str, TableMetadataView]:
     """Complete the newest group commit of group ``name`` (members ``identifiers``) where a crash left it
-    half-published: fast-forward each member short of it to its attempt snapshot of that ``seq`` and move
-    the tags (module docstring). Call it before recovery, which drops dead attempt branches. Returns
-    identifier -> each member's metadata as of after it (one load per member; empty when a member does
-    not exist yet).
+    half-published: fast-forward each member short of it to its attempt snapshot of that ``seq``
+    (:func:`roll_forward_group`) and move the tags (module docstring). Call it before recovery, which drops
+    dead attempt branches. Returns identifier -> each member's metadata as of after it (one load per
+    member; empty when a member does not exist yet).
 
     Raises:
         LakeError: a member's staged snapshot of that ``seq`` is gone, or its ``main`` moved past its base.
     """
-    views = {i: lake.find(i) for i in identifiers}
+    views, record = _rolled_forward(lake, name, identifiers)
+    if record is None:
+        return views
+    return {i: v for i, v in move_tags(lake, name, record, views).items() if i in views}
+
+
+def roll_forward_group(lake: Lake, name: str, identifiers: Sequence[str]) -> list[str]:
+    """The roll-forward of :func:`finish_group` without the tag moves, for a commit on a member's ``main``
+    that is not the group's (a compaction: after it, ``main`` is no ancestor of the staged snapshot and the
+    group could not be completed). A member short of the newest record without a staged snapshot of it (on a
+    catalog that commits the group in one transaction, never half-published: none) is left to the group's
+    next micro-batch, which names it. Returns the identifiers rolled forward (that micro-batch moves the tags).
+
+    Raises:
+        LakeError: a member's ``main`` is not an ancestor of its staged snapshot (as :func:`finish_group`).
+        CatalogUnavailableError: the catalog stayed unavailable.
+    """
+    before = {i: lake.find(i) for i in identifiers}
+    after, _record = _rolled_forward(lake, name, identifiers, before, staged_only=True)
+    return sorted(i for i, v in after.items() if i not in before or v.main != before[i].main)
+
+
+def _rolled_forward(
+    lake: Lake, name: str, identifiers: Sequence[str], views: dict | None = None, staged_only: bool = False
+) -> tuple[dict[str, TableMetadataView], Mapping | None]:
+    """(identifier -> metadata after the roll-forward, the newest ``kafka.group`` record of group ``name``
+    on any member or None); ``views``: the members' metadata if already loaded; ``staged_only``: skip a short
+    member without a staged snapshot. Empty when a member does not exist yet. Raises what
+    :func:`_roll_forward` raises."""
+    views = dict(views) if views is not None else {i: lake.find(i) for i in identifiers}
     if any(v is None for v in views.values()):
-        return {}
+        return {}, None
     records = [r for v in views.values() if (r := group_state(v.snapshots, v.main)) and r["name"] == name]
     record = max(records, key=lambda r: r["seq"], default=None)
     if record is None:
-        return views
+        return views, None
     for ident in sorted(record["tables"]):
         view = views.get(ident) or lake.history(ident)
         wanted = group_offsets(record, ident)
         if member_snapshot(view.snapshots, view.main, wanted) is None and (view.main or any(wanted.values())):
+            if staged_only and not _staged(view, name, record["seq"]):
+                continue
             views[ident] = _roll_forward(lake, name, ident, view, record["seq"])
-    return {i: v for i, v in move_tags(lake, name, record, views).items() if i in views}
+    return views, record
 
 
 def _roll_forward(lake: Lake, name: str, ident: str, view: TableMetadataView, seq: int) -> TableMetadataView:
@@ -209,13 +237,7 @@ def _roll_forward(lake: Lake, name: str, ident: str, view: TableMetadataView, se
     """
     from pyiceberg.table.update import AssertRefSnapshotId
 
-    staged = [
-        (branch, sid)
-        for branch, sid in sorted(view.refs.items())
-        if parse_attempt(branch) is not None
-        and (r := group_record(view.snapshots[sid])) is not None
-        and (r["name"], r["seq"]) == (name, seq)
-    ]
+    staged = _staged(view, name, seq)
     if not staged:
         raise LakeError(
             f"table {ident}: group {name!r} commit {seq} is published on other members, but no attempt branch of "
@@ -240,4 +262,15 @@ def _roll_forward(lake: Lake, name: str, ident: str, view: TableMetadataView, se
     return metadata_view(committed)
 
 
-__all__ = ["MARKER_CRASH_POINTS", "finish_group", "group_tag", "move_tags", "publish_one_by_one"]
+def _staged(view: TableMetadataView, name: str, seq: int) -> list[tuple[str, int]]:
+    """(attempt branch, snapshot id) of every attempt branch of ``view`` holding group ``name``'s commit ``seq``."""
+    return [
+        (branch, sid)
+        for branch, sid in sorted(view.refs.items())
+        if parse_attempt(branch) is not None
+        and (r := group_record(view.snapshots[sid])) is not None
+        and (r["name"], r["seq"]) == (name, seq)
+    ]
+
+
+__all__ = ["MARKER_CRASH_POINTS", "finish_group", "group_tag", "move_tags", "publish_one_by_one", "roll_forward_group"]

@@ -11,15 +11,18 @@ any worker a table moves to, knows it; a table without it counts from its first 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from croniter import croniter
 from pyiceberg.exceptions import CommitFailedException
 
+from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.group_marker import roll_forward_group
 from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.cdc import tombstones
+from kafka_iceberg.declaration.groups import group_of
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.ops import maintenance
 from kafka_iceberg.ops.maintenance import MaintenanceResult
@@ -91,18 +94,29 @@ def run_job(
     kind: str,
     view: Callable[[], TableMetadataView],
     keep: Callable[[TableMetadataView], int] = lambda view: 0,
+    *,
+    lake: Lake | None = None,
+    members: Sequence[str] = (),
 ) -> MaintenanceResult:
     """Run the maintenance job ``kind`` (one of :data:`KINDS`) on ``spec``'s table through Iceberg's
     Spark procedures (:mod:`kafka_iceberg.ops.maintenance`); ``view()`` gives the table's
     :class:`~kafka_iceberg.catalog.tables.TableMetadataView` (snapshot expiry keeps the ingest state,
     and the newest ``keep(view)`` snapshots of ``main``; past ``max_snapshots`` it expires by count).
+    A compaction of a consistency group member first rolls forward a group commit a crash left
+    half-published (:func:`~kafka_iceberg.batch.group_marker.roll_forward_group` on ``lake``, over
+    ``members``: the identifiers of the group's declared members).
 
     Raises:
-        ValueError: an unknown ``kind``.
+        ValueError: an unknown ``kind``; a group member's compaction without ``lake``.
+        LakeError, CatalogUnavailableError: that roll-forward failed (nothing compacted).
         Any error of the procedure (Py4J / Spark), unchanged.
     """
     policy = spec.maintenance
     if kind == "compact":
+        if (group := group_of(spec)) is not None:
+            if lake is None:
+                raise ValueError(f"table {spec.identifier}: compacting a consistency group member needs a Lake")
+            roll_forward_group(lake, group, sorted({*members, spec.identifier}))
         result = maintenance.compact(spark, catalog_name, spec.identifier, policy.target_file_size_bytes)
         return with_tombstones(spark, catalog_name, spec, kind, result)
     if kind == "expire_snapshots":
