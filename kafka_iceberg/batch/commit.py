@@ -13,8 +13,7 @@ writes the new metadata.json, and moves the pointer only while it still names th
 Java's JDBC catalogs make. A stale base fails that swap (:class:`StaleBaseError`); the caller
 loads the table and commits again, so a commit never lands on metadata it did not validate.
 
-Other catalogs (REST, Glue, Hive) apply a commit on their side; there :func:`commit` is
-``Catalog.commit_table``.
+Other catalogs (REST, Glue, Hive) apply a commit on their side; there :func:`commit` is ``Catalog.commit_table``.
 
 Written for pyiceberg :data:`WRITTEN_FOR` (it wraps private pyiceberg code):
 tests/test_commit_differential.py pins that version and compares these commits with pyiceberg's own.
@@ -100,9 +99,7 @@ def commit(table, requirements: tuple = (), updates: tuple = ()):
         _delete_quietly(io, location)
         raise
     delete_removed_metadata(io, table.metadata, metadata)
-    committed = Table(table.name(), metadata, location, io, catalog)
-    remember(committed)  # the next load of this table reads only the catalog's pointer
-    return committed
+    return remember(Table(table.name(), metadata, location, io, catalog))  # the next load reads only the pointer
 
 
 def delete_removed_metadata(io, base, committed) -> list[str]:

@@ -68,11 +68,12 @@ def _key(catalog, identifier) -> tuple:
     return (catalog.name, catalog.properties.get("uri"), name)
 
 
-def remember(table) -> None:
-    """Keep a pyiceberg ``Table`` this process loaded or committed (its metadata at its location); a no-op
-    outside SQL catalogs."""
+def remember(table):
+    """Keep a pyiceberg ``Table`` this process loaded or committed (its metadata at its location; a no-op
+    outside SQL catalogs); returns ``table``."""
     if _sql_catalog(table.catalog) is not None:
         CACHE.put(_key(table.catalog, table.name()), table.metadata_location, table.metadata)
+    return table
 
 
 def _location(catalog, identifier: str) -> str | None:
