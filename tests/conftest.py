@@ -38,30 +38,34 @@ os.environ.setdefault("LAKE_DEV", "1")
 
 
 # Modules that take minutes each (Dagster daemons, Spark runs in subprocesses, Debezium, rehearsal scenarios),
-# longest first: under pytest-xdist (make test: -n 2 --dist loadfile --no-loadscope-reorder) they are handed
-# out first, so no worker starts one of them while the other has run out of work. Update from --durations.
+# longest first (by the "slowest 15 modules" summary of full make test runs on 2026-11-28): under pytest-xdist
+# (make test: -n 2 --dist loadfile --no-loadscope-reorder) they are handed out first, so no worker starts one of
+# them while the other has run out of work. Update from that summary.
 SLOW_MODULES = (
-    "test_pools_postgres.py",
     "test_rehearsal.py",
-    "test_rehearsal_storage.py",
-    "test_rehearsal_acl.py",
     "test_ui_browser.py",
     "test_cdc.py",
-    "test_cli.py",
-    "test_leaks.py",
-    "test_component.py",
-    "test_dg_dev.py",
-    "test_compaction_concurrency.py",
-    "test_rehearsal_workers.py",
+    "test_rehearsal_storage.py",
     "test_rehearsal_cdc.py",
-    "test_rehearsal_dagster.py",
-    "test_liveness.py",
+    "test_leaks.py",
     "test_write_path.py",
+    "test_pools_postgres.py",
+    "test_rehearsal_workers.py",
+    "test_cli.py",
+    "test_rehearsal_acl.py",
+    "test_bad_records.py",
+    "test_maintenance.py",
+    "test_spark_cluster.py",
+    "test_rehearsal_dagster.py",
+    "test_replay.py",
+    "test_s3_warehouse.py",
+    "test_dg_dev.py",
+    "test_liveness.py",
+    "test_component.py",
+    "test_compaction_concurrency.py",
     "test_backfill.py",
     "test_worker.py",
     "test_dagster_postgres.py",
-    "test_spark_cluster.py",
-    "test_s3_warehouse.py",
     "test_formats_keys.py",
     "test_snapshot_ceiling.py",
 )

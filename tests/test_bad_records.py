@@ -219,7 +219,7 @@ def _hold_catalog_lock(path: str, seconds: float, locked: threading.Event) -> No
     conn.close()
 
 
-@pytest.mark.parametrize("hold_s, budget_s, succeeds", [(12, 60, True), (40, 4, False)])
+@pytest.mark.parametrize("hold_s, budget_s, succeeds", [(12, 60, True), (20, 4, False)])
 def test_a_locked_sqlite_catalog_is_retried_with_backoff_then_fails_clearly(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory, hold_s, budget_s, succeeds
 ):
