@@ -19,7 +19,7 @@ from kafka_iceberg.batch.recovery import Attempt
 from kafka_iceberg.batch.worker import Clock, Latest, RunsInProgress, TableState, Worker, WorkerPorts, next_tables
 from kafka_iceberg.formats import decode
 from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores
-from kafka_iceberg.ops.chore_state import TRIM_CHECK_S, TableChores, after_commit, next_chore
+from kafka_iceberg.ops.chore_state import CHECK_SPACING_S, TRIM_CHECK_S, TableChores, after_commit, next_chore
 from kafka_iceberg.ops.maintenance import MaintenanceResult
 from kafka_iceberg.ops.rota import MaintenanceRota
 from tests.helpers import make_spec
@@ -218,6 +218,14 @@ def test_the_next_table_and_the_next_chore_are_pure_functions_of_the_state_and_t
     assert next_chore(started, None, 100.0, idle=False) is None, f"one expiry by count per {TRIM_CHECK_S} s"
     later = 99.0 + TRIM_CHECK_S
     assert next_chore(started, None, later, idle=False) == ("check", a.identifier, "duplicate_free"), "check stale"
+    # under load, one run starts a check at most every CHECK_SPACING_S, whichever table it was
+    spaced = {
+        b.identifier: replace(tables[b.identifier], pending_since=0.0),  # pending 400 s, never checked: ready
+        c.identifier: replace(tables[c.identifier], checked_s=400.0 - CHECK_SPACING_S + 1),  # c's check just started
+    }
+    assert next_chore(spaced, None, 400.0, idle=False) is None, "a check started under CHECK_SPACING_S ago"
+    assert next_chore(spaced, None, 400.0, idle=True) == ("check", b.identifier, "duplicate_free"), "idle: no spacing"
+    assert next_chore(spaced, None, 401.0, idle=False) == ("check", b.identifier, "duplicate_free")
     assert tables == frozen, "the states are values: nothing changed them"
 
 

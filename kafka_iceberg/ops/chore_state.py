@@ -38,6 +38,11 @@ CHECK_EVERY_S = 300.0
 """Seconds between two ``duplicate_free`` checks of one table within a worker run (as often as a
 sensor-launched run of the table would check it, at the end of its budget)."""
 
+CHECK_SPACING_S = 6.0
+"""Seconds between the starts of two ``duplicate_free`` checks of one worker run while some table has records
+waiting: a run serving many tables spreads its checks (100 tables: each every 10 min at most) instead of
+running them back to back, which took a core's Spark JVM from the micro-batches for a minute every 5 min."""
+
 TRIM_CHECK_S = 30.0
 """Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
 expired without another one first (the expiry keeps the snapshots committed after its start); and the
@@ -157,7 +162,8 @@ def next_chore(
     (the rota's due job, :meth:`kafka_iceberg.ops.rota.MaintenanceRota.next_due`); else for a job past
     its ceiling (:func:`over_ceiling`), ``("trim", identifier, kind)``, or first the table's pending
     check, ``("check", identifier, CHECK)``, before an expiry when no check of it started within
-    :data:`TRIM_CHECK_S`; else the first pending check that is ready (:func:`check_ready`). ``idle``: no
+    :data:`TRIM_CHECK_S`; else the first pending check that is ready (:func:`check_ready`), unless not ``idle``
+    and a check started within :data:`CHECK_SPACING_S`. ``idle``: no
     table has records waiting; ``busy``: tables whose micro-batch runs meanwhile (their jobs wait)."""
     if due is not None:
         return ("maintain", *due)
@@ -169,6 +175,9 @@ def next_chore(
         if kind == "expire_snapshots" and state.pending_since is not None and stale:
             return ("check", identifier, CHECK)
         return ("trim", identifier, kind)
+    last = max((t.checked_s for t in tables.values() if t.checked_s is not None), default=None)
+    if not idle and last is not None and now_s - last < CHECK_SPACING_S:
+        return None
     ready = [t for t in pending_checks(tables) if check_ready(t, now_s, idle)]
     return ("check", ready[0].spec.identifier, CHECK) if ready else None
 
@@ -177,6 +186,7 @@ __all__ = [
     "CEILING_JOBS",
     "CHECK",
     "CHECK_EVERY_S",
+    "CHECK_SPACING_S",
     "TRIM_CHECK_S",
     "Ceiling",
     "Chore",
