@@ -14,7 +14,8 @@ while the run serves, and once more at its end, so each check reads a bounded nu
 While the run serves, a check reads in a background thread (one at a time, on the same Spark session)
 and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
 check starts while no table has records waiting, or once it has been pending :data:`CHECK_EVERY_S`
-while some table always has: a backlog is drained before its checks compete with it for the cores.
+while some table always has (then at most one every :data:`CHECK_SPACING_S`): a backlog is drained before
+its checks compete with it for the cores.
 Scheduled maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
 micro-batch runs meanwhile in another thread of the worker.
 
@@ -52,6 +53,7 @@ from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.chore_state import (
     CHECK,
     CHECK_EVERY_S,
+    CHECK_SPACING_S,
     TRIM_CHECK_S,
     Chore,
     TableChores,
@@ -381,6 +383,7 @@ class WorkerChores:
 
 __all__ = [
     "CHECK_EVERY_S",
+    "CHECK_SPACING_S",
     "CONCURRENT_COMMIT_RETRIES",
     "TRIM_CHECK_S",
     "Chore",

@@ -65,11 +65,12 @@ def merged_ranges(snapshots: list[SnapshotInfo]) -> dict[int, list[tuple[int, in
     return out
 
 
-def _inside(part: str, off: str, ranges: dict[int, list[tuple[int, int]]]) -> str:
-    terms = [
-        f"(`{part}` = {p} AND `{off}` >= {s} AND `{off}` < {e})" for p, rs in sorted(ranges.items()) for s, e in rs
-    ]
-    return " OR ".join(terms) or "FALSE"
+_RANGES_DDL = "p INT, s BIGINT, e BIGINT"
+
+
+def _range_rows(ranges: dict[int, list[tuple[int, int]]]) -> list[tuple[int, int, int]]:
+    """(partition, start, end) rows of :func:`merged_ranges` (disjoint: a row of the table matches one at most)."""
+    return [(p, s, e) for p, rs in sorted(ranges.items()) for s, e in rs]
 
 
 def duplicate_free_since(
@@ -98,11 +99,16 @@ def duplicate_free_since(
         .select(part, off)
     )
     rows.createOrReplaceTempView("_duplicate_free_since")
+    spark.createDataFrame(_range_rows(merged_ranges(scope)), _RANGES_DDL).createOrReplaceTempView("_batch_ranges")
+    # the ranges are rows of a joined relation, not literals of the query: every check compiles the same
+    # generated code (Spark caches it), where literal ranges made Janino and the JIT compile each check anew
     total, outside, distinct = spark.sql(
-        f"SELECT count(*), coalesce(sum(CASE WHEN {_inside(part, off, merged_ranges(scope))} THEN 0 ELSE 1 END), 0), "
-        f"count(DISTINCT `{part}`, `{off}`) FROM _duplicate_free_since"
+        f"SELECT count(*), coalesce(sum(CASE WHEN r.p IS NULL THEN 1 ELSE 0 END), 0), count(DISTINCT d.`{part}`, "
+        f"d.`{off}`) FROM _duplicate_free_since d LEFT JOIN _batch_ranges r "
+        f"ON d.`{part}` = r.p AND d.`{off}` >= r.s AND d.`{off}` < r.e"
     ).collect()[0]
     spark.catalog.dropTempView("_duplicate_free_since")
+    spark.catalog.dropTempView("_batch_ranges")
     return {
         "snapshots_examined": len(history),
         "snapshots_scanned": len(scope),
