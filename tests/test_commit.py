@@ -160,3 +160,14 @@ def test_a_load_reads_only_the_pointer_when_it_names_the_metadata_this_process_h
     assert load_table(table.catalog, "db.t").metadata == fresh.metadata
     table.catalog.drop_table("db.t")
     assert load_table(table.catalog, "db.t") is None
+
+
+def test_the_kept_metadata_hold_a_bounded_number_of_snapshots(table):
+    from kafka_iceberg.catalog.metadata_cache import MetadataCache
+
+    cache = MetadataCache(max_snapshots=8)  # the table holds 3 snapshots: an entry counts 4
+    assert cache.put(("a",), "a1", table.metadata) and cache.put(("b",), "b1", table.metadata)
+    assert not cache.put(("c",), "c1", table.metadata), "a third would pass the bound: not kept"
+    assert cache.get(("c",), "c1") is None and cache.get(("a",), "a1") is table.metadata
+    assert cache.put(("a",), "a2", table.metadata), "a table's newer metadata replaces its entry"
+    assert cache.get(("a",), "a1") is None and cache.get(("a",), "a2") is table.metadata

@@ -14,43 +14,46 @@ Other catalogs (REST, Glue, Hive) always load through ``Catalog.load_table``.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
-MAX_TABLES = 1024
-"""Tables whose last metadata a process keeps (least recently used dropped first): one entry per table."""
+MAX_SNAPSHOTS = 20_000
+"""Snapshots the kept metadata may hold in all (parsed, a snapshot with its summary takes 2-6 KB: at most
+about 120 MB): 100 tables of 200 snapshots, or 20 of 1,000. A table that does not fit is loaded in full."""
 
 
 class MetadataCache:
     """Per table (catalog name, catalog uri, identifier): the location of the metadata.json last loaded or
-    committed by this process and its parsed pyiceberg ``TableMetadata``. Thread-safe; at most
-    ``max_tables`` entries."""
+    committed by this process and its parsed pyiceberg ``TableMetadata``. Thread-safe; the entries hold at
+    most ``max_snapshots`` snapshots: a table's entry that would pass it is not kept (no eviction, so tables
+    loaded in turn never push each other out)."""
 
-    def __init__(self, max_tables: int = MAX_TABLES):
-        self._entries: OrderedDict[tuple, tuple[str, object]] = OrderedDict()
+    def __init__(self, max_snapshots: int = MAX_SNAPSHOTS):
+        self._entries: dict[tuple, tuple[str, object, int]] = {}
         self._lock = threading.Lock()
-        self._max = max_tables
+        self._max, self._held = max_snapshots, 0
 
     def get(self, key: tuple, location: str):
         """The metadata kept for ``key`` if it was read from ``location``, else None."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry[0] != location:
-                return None
-            self._entries.move_to_end(key)
-            return entry[1]
+            return entry[1] if entry is not None and entry[0] == location else None
 
-    def put(self, key: tuple, location: str, metadata) -> None:
-        """Keep ``metadata`` as ``key``'s content at ``location`` (replacing an older entry)."""
+    def put(self, key: tuple, location: str, metadata) -> bool:
+        """Keep ``metadata`` (pyiceberg ``TableMetadata``) as ``key``'s content at ``location``, replacing an
+        older entry; returns False when it would pass ``max_snapshots`` (then ``key`` has no entry)."""
+        size = len(metadata.snapshots) + 1
         with self._lock:
-            self._entries[key] = (location, metadata)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+            old = self._entries.pop(key, None)
+            self._held -= old[2] if old is not None else 0
+            if self._held + size > self._max:
+                return False
+            self._entries[key], self._held = (location, metadata, size), self._held + size
+            return True
 
     def clear(self) -> None:
         """Forget every table."""
         with self._lock:
             self._entries.clear()
+            self._held = 0
 
 
 CACHE = MetadataCache()
