@@ -43,7 +43,7 @@ from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.config.settings import Settings
-from kafka_iceberg.declaration.groups import group_of, groups
+from kafka_iceberg.declaration.groups import group_of, member_identifiers
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.chore_alerts import ChoreAlerts, worker_alert
@@ -127,7 +127,7 @@ class WorkerChores:
     ):
         self.context, self.rota, self.env, self.clock = context, rota, env, clock
         self.tables: dict[str, TableChores] = {s.identifier: TableChores(s) for s in specs}
-        self.members = {n: tuple(s.identifier for s in m) for n, m in groups(specs).items()}  # group -> identifiers
+        self.members = member_identifiers(specs)  # group -> identifiers
         self.running: Chore | None = None
         self._tickets = 0  # commits noted so far: they order the tables (see chore_state)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")

@@ -14,7 +14,7 @@ limit on the ``lake/maintenance`` run tag (dagster.yaml) bounds how many of thes
 
 from __future__ import annotations
 
-from kafka_iceberg.declaration.groups import group_of, groups
+from kafka_iceberg.declaration.groups import group_of, member_identifiers
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 from kafka_iceberg.schedules.checks import full_check_schedule
@@ -27,7 +27,7 @@ def all_schedules(specs, sqlite_catalog: bool = True, workers: int = 0, keys: Re
     schedules: the worker runs do the maintenance of their tables (:mod:`kafka_iceberg.ops.rota`).
     ``keys``: the lake's resource keys."""
     crons = maintenance_crons(specs)
-    members = {n: [s.identifier for s in m] for n, m in groups(specs).items()}
+    members = member_identifiers(specs)
     return [
         sched
         for spec in specs
@@ -36,7 +36,7 @@ def all_schedules(specs, sqlite_catalog: bool = True, workers: int = 0, keys: Re
                 []
                 if workers
                 else maintenance_schedules(
-                    spec, sqlite_catalog, crons[spec.identifier], keys, members.get(group_of(spec), [])
+                    spec, sqlite_catalog, crons[spec.identifier], keys, members.get(group_of(spec), ())
                 )
             ),
             full_check_schedule(spec, crons[spec.identifier]["full_check"]),

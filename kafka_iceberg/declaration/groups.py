@@ -37,6 +37,11 @@ def groups(specs: Sequence) -> dict[str, list]:
     return out
 
 
+def member_identifiers(specs: Sequence) -> dict[str, tuple[str, ...]]:
+    """Group name -> the identifiers of its member tables, in declaration order (:func:`groups`)."""
+    return {name: tuple(s.identifier for s in members) for name, members in groups(specs).items()}
+
+
 def assignment_units(specs: Sequence) -> list[list]:
     """``specs`` as the units a worker assignment deals out, sorted by their first identifier: each
     consistency group's members together (one worker serves a group), every other table alone."""
@@ -58,4 +63,12 @@ def check_groups(specs: Sequence, where: str) -> None:
             )
 
 
-__all__ = ["assignment_units", "check_groups", "group_of", "groups", "source_prefix", "transaction_topic"]
+__all__ = [
+    "assignment_units",
+    "check_groups",
+    "group_of",
+    "groups",
+    "member_identifiers",
+    "source_prefix",
+    "transaction_topic",
+]
