@@ -25,10 +25,9 @@ launched by hand or by a backfill serves one round: one micro-batch per table wi
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
+from contextlib import closing
 
 from dagster import (
     AssetMaterialization,
@@ -53,6 +52,7 @@ from kafka_iceberg.batch.worker import Latest, RunsInProgress, Worker, WorkerPor
 from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
+from kafka_iceberg.kafka.admin import KafkaMetadata
 from kafka_iceberg.lake_assets.tables import materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import (
     BUDGET_S,
@@ -68,8 +68,9 @@ from kafka_iceberg.lake_assets.vocabulary import (
 from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for
 from kafka_iceberg.ops import metrics
 from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG
+from kafka_iceberg.ops.niceness import lower_cpu_priority
 from kafka_iceberg.ops.spread import maintenance_crons
-from kafka_iceberg.resources import LAKE_KEYS, KafkaResource, ResourceKeys, settings_for
+from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, settings_for
 
 IDLE_S = 60.0
 """Seconds a worker run with no records waiting for any of its tables polls before it ends."""
@@ -105,41 +106,6 @@ def pool_waiting(context, pool: str) -> bool:
     if not storage.supports_global_concurrency_limits:
         return False
     return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
-
-
-def _descendants(root: int, proc: Path) -> list[int]:
-    """``root`` and the pids of every process below it, from ``proc``'s ``<pid>/stat`` files (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def lower_cpu_priority(niceness: int, proc: Path = Path("/proc")) -> int:
-    """Raise the nice value of every thread of this process and of its descendants (the Spark JVM, its
-    Python workers) to ``niceness`` at least; Linux keeps it per thread, and threads started later inherit it.
-    Returns the number of threads changed (0 without ``/proc``, or with ``niceness`` 0). Never raises: a
-    thread that ended or that is not this user's is skipped."""
-    changed = 0
-    for pid in _descendants(os.getpid(), proc) if proc.is_dir() and niceness > 0 else []:
-        for task in (proc / str(pid) / "task").glob("[0-9]*"):
-            try:
-                tid = int(task.name)
-                if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
-                    os.setpriority(os.PRIO_PROCESS, tid, niceness)
-                    changed += 1
-            except OSError:
-                continue
-    return changed
 
 
 def report_every_s(spec: TableSpec) -> float:
@@ -229,12 +195,12 @@ def _batch_runner(run_id: str, env: ChoreEnv, metadata, alive: Latest, mirror: G
 
 
 def _worker_for(
-    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, env: ChoreEnv, kafka: KafkaResource
+    context: OpExecutionContext, specs: list[TableSpec], crons: dict, pool: str, env: ChoreEnv, metadata: KafkaMetadata
 ) -> tuple[Worker, WorkerChores, Callable[[], None]]:
     """The worker loop over ``specs`` inside an op, its chores (maintenance under the spread ``crons``,
     checks) between micro-batches, and the function that reports the commits not yet reported; the caller
-    runs the first, closes the second and calls the third however the run ends."""
-    metadata, tags = kafka.metadata(), dict(context.run.tags)
+    runs the first, closes the second and ``metadata`` (its pooled readers) and calls the third however it ends."""
+    tags = dict(context.run.tags)
     tables = {s.identifier: load_table(env.catalog, s.identifier) for s in specs}  # once: state and last maintenance
     states = {i: table_state(t) for i, t in tables.items()}
     committed = {i: state.offsets for i, state in states.items()}  # replaced on each commit, on the main thread
@@ -353,9 +319,10 @@ def worker_job(
     def _serve_op(context) -> dict:  # OpExecutionContext (not annotated: annotations are strings here)
         pyspark, kafka, catalog, slack = keys.of(context, "pyspark", "kafka", "catalog", "slack")
         env = ChoreEnv.of(pyspark.spark_session, kafka, catalog, slack)
-        worker, chores, report_rest = _worker_for(context, specs, crons, pool, env, kafka)
-        # the metrics endpoint lives while the op serves; the chores' thread is shut down however the op ends
-        with metrics.serve(env.settings.stream.metrics_port) as port, chores:
+        metadata = kafka.metadata(reader_pool=True)  # the range reads keep their consumers while the op serves
+        worker, chores, report_rest = _worker_for(context, specs, crons, pool, env, metadata)
+        # the metrics endpoint lives while the op serves; the chores' thread and the consumers close however it ends
+        with metrics.serve(env.settings.stream.metrics_port) as port, chores, closing(metadata):
             context.log.info(f"{name}: Prometheus metrics on port {port}" if port else f"{name}: no metrics port")
             try:
                 served = worker.run()
@@ -392,7 +359,6 @@ __all__ = [
     "coalesced_metadata",
     "report_every_s",
     "at_most_every",
-    "lower_cpu_priority",
     "pool_waiting",
     "run_budget_s",
     "worker_job",

@@ -100,9 +100,10 @@ class KafkaResource(ConfigurableResource):
         """The connection settings as a :class:`KafkaConfig`."""
         return KafkaConfig(self.bootstrap_servers, json.loads(self.client_config_json or "{}"), self.timeout_s)
 
-    def metadata(self) -> KafkaMetadata:
-        """An admin-API client for watermarks and consumer-group offsets."""
-        return KafkaMetadata(self.config())
+    def metadata(self, reader_pool: bool = False) -> KafkaMetadata:
+        """An admin-API client for watermarks and consumer-group offsets; with ``reader_pool``, its range
+        reads keep their consumers between micro-batches until :meth:`KafkaMetadata.close`."""
+        return KafkaMetadata(self.config(), reader_pool)
 
 
 def settings_for(kafka: KafkaResource, catalog: IcebergCatalogResource) -> Settings:

@@ -3,13 +3,16 @@ its ends (inside one fetch, on a transaction marker), with headers as lists and 
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import Producer
 
+from kafka_iceberg.errors import ReadTimeoutError
+from kafka_iceberg.kafka.consumers import ConsumerPool
 from kafka_iceberg.kafka.reader import read_range
 
 
-def _read(kafka_config, topic: str, start: int, end: int):
-    batches = list(read_range(kafka_config.client_conf(), "t", topic, 0, start, end, 30))
+def _read(kafka_config, topic: str, start: int, end: int, consumers=None, partition: int = 0):
+    batches = list(read_range(kafka_config.client_conf(), "t", topic, partition, start, end, 30, consumers))
     rows = [r for b in batches for r in b.to_pylist()]
     return rows
 
@@ -73,7 +76,7 @@ def test_the_consumer_is_closed_before_the_last_batch_reaches_the_caller(
             producer.poll(0)
     assert producer.flush(30) == 0
     states: list[str] = []
-    real = reader._consumer
+    real = reader.new_consumer
 
     class Watched:
         def __init__(self, consumer):
@@ -88,7 +91,7 @@ def test_the_consumer_is_closed_before_the_last_batch_reaches_the_caller(
             states.append("closed")
             return self.consumer.close()
 
-    monkeypatch.setattr(reader, "_consumer", lambda conf, table: Watched(real(conf, table)))
+    monkeypatch.setattr(reader, "new_consumer", lambda conf, table: Watched(real(conf, table)))
     monkeypatch.setattr(reader, "_CHUNK", 5000)  # a batch after each consume call
     seen = []
     for batch in read_range(kafka_config.client_conf(), "t", topic, 0, 0, 25_000, 30):
@@ -97,3 +100,87 @@ def test_the_consumer_is_closed_before_the_last_batch_reaches_the_caller(
     assert seen[-1][1] == "closed", seen
     assert [s for _, s in seen[:-1]] == ["open"] * (len(seen) - 1), "the range goes on after an earlier batch"
     assert states == ["open", "closed"]
+
+
+def test_a_pooled_consumer_reads_range_after_range_and_is_closed_when_a_read_fails(
+    kafka_config, unique, topic_factory, monkeypatch
+):
+    """One consumer of the pool reads ranges of both partitions in turn, again after a range that ended on
+    a transaction marker (the end-of-partition event comes again), and exactly their records each time;
+    a read that fails closes its consumer instead of giving it back."""
+    import kafka_iceberg.kafka.consumers as consumers
+
+    topic = topic_factory(unique, partitions=2)
+    producer = Producer(kafka_config.client_conf(**{"transactional.id": f"tx-{unique}"}))
+    producer.init_transactions(30)
+    for partition in (0, 1):
+        producer.begin_transaction()
+        for n in range(20):
+            producer.produce(topic, value=f"p{partition}v{n}".encode(), partition=partition)
+        producer.flush(30)
+        producer.commit_transaction(30)  # offset 20 of the partition is the commit marker
+    made, closed = [], []
+    real = consumers.new_consumer
+
+    def counted(conf, table):
+        consumer = real(conf, table)
+        made.append(consumer)
+        return consumer
+
+    monkeypatch.setattr(consumers, "new_consumer", counted)
+    pool = ConsumerPool(kafka_config.client_conf())
+    for partition, start, end in ((0, 0, 5), (1, 3, 21), (0, 5, 21), (0, 5, 21), (1, 0, 1), (0, 20, 21)):
+        rows = _read(kafka_config, topic, start, end, pool, partition)
+        expected = [n for n in range(start, min(end, 20))]
+        assert [r["offset"] for r in rows] == expected, (partition, start, end)
+        assert [r["value"] for r in rows] == [f"p{partition}v{n}".encode() for n in expected]
+        assert all(r["partition"] == partition for r in rows)
+    assert len(made) == 1, "one consumer served every range"
+    assert pool.idle_count_locked() == 1
+
+    class Closing:
+        def __init__(self, consumer):
+            self.consumer = consumer
+
+        def __getattr__(self, name):
+            return getattr(self.consumer, name)
+
+        def close(self):
+            closed.append(self)
+            self.consumer.close()
+
+    pool._idle["t"] = [Closing(pool.take("t"))]
+    with pytest.raises(ReadTimeoutError):  # offsets 21.. do not exist yet: no progress for 2 s
+        list(read_range(kafka_config.client_conf(), "t", topic, 0, 21, 40, 2, pool))
+    assert len(closed) == 1 and pool.idle_count_locked() == 0, "the failed read's consumer is closed"
+    _read(kafka_config, topic, 0, 2, pool)
+    assert len(made) == 2 and pool.idle_count_locked() == 1
+    pool.close()
+    assert pool.idle_count_locked() == 0
+
+
+def test_the_pool_keeps_at_most_its_bound_closing_the_least_recently_returned(kafka_config):
+    """Past ``max_idle`` the consumer returned longest ago is closed; after close() a returned one is closed."""
+
+    class Fake:
+        def __init__(self, name):
+            self.name, self.closed, self.unassigned = name, False, 0
+
+        def unassign(self):
+            self.unassigned += 1
+
+        def close(self):
+            self.closed = True
+
+    pool = ConsumerPool(kafka_config.client_conf(), max_idle=2)
+    a, b, c = Fake("a"), Fake("b"), Fake("c")
+    pool.give_back("t1", a)
+    pool.give_back("t2", b)
+    pool.give_back("t3", c)
+    assert a.closed and not b.closed and not c.closed and pool.idle_count_locked() == 2
+    assert pool.take("t2") is b and pool.take("t3") is c and pool.idle_count_locked() == 0
+    pool.give_back("t2", b)
+    pool.close()
+    assert b.closed
+    pool.give_back("t3", c)
+    assert c.closed and c.unassigned == 2 and pool.idle_count_locked() == 0

@@ -572,7 +572,7 @@ def test_the_check_op_lowers_the_priority_of_its_process_tree(tmp_path):
     # in a process of its own: nobody may lower a nice value again, and pytest must keep its priority
     script = """
 import os, subprocess, sys, threading, time
-from kafka_iceberg.lake_assets.worker import lower_cpu_priority
+from kafka_iceberg.ops.niceness import lower_cpu_priority
 code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); print('ready', flush=True); time.sleep(30)"
 child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline().strip() == "ready"  # its second thread runs

@@ -147,7 +147,7 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
         DataLossError, ReadTimeoutError, BrokerUnavailableError: as the read task would.
     """
     stats, written = _Collected(), _Collected()
-    reader = _task_reader(lake, spec.identifier, parser, stats, writer, written)
+    reader = _task_reader(lake, spec.identifier, parser, stats, writer, written, lake.kafka.readers)
 
     def read(pieces: list) -> int:  # one read task's pieces; the leftover records it output
         ranges = [dict(zip(RANGE_SCHEMA.names, row)) for row in pieces]
@@ -295,10 +295,11 @@ def _range_pieces(lake: Lake, offsets: BatchPlan) -> list[tuple[str, int, int, i
     ]
 
 
-def _task_reader(lake: Lake, table: str, parser, stats, writer, written):
-    """:func:`make_task_reader` with this lake's Kafka client configuration and read timeout."""
+def _task_reader(lake: Lake, table: str, parser, stats, writer, written, consumers=None):
+    """:func:`make_task_reader` with this lake's Kafka client configuration and read timeout; ``consumers``
+    (the driver's reads only: a Spark task cannot take a pool along) keeps their consumers."""
     return make_task_reader(
-        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written
+        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written, consumers
     )
 
 

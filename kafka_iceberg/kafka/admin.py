@@ -28,6 +28,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_de
 from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.config.models import RuntimeSettings
 from kafka_iceberg.errors import BrokerUnavailableError, NotAuthorizedError, TopicNotFoundError
+from kafka_iceberg.kafka.consumers import ConsumerPool
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +97,21 @@ class KafkaMetadata:
     """Read-only cluster metadata plus consumer-group offset commits, for one cluster.
 
     All methods raise :class:`BrokerUnavailableError` when the cluster does not answer within
-    ``config.timeout_s`` seconds, and :class:`TopicNotFoundError` for a missing topic.
+    ``config.timeout_s`` seconds, and :class:`TopicNotFoundError` for a missing topic. With
+    ``reader_pool``, ``readers`` is the :class:`~kafka_iceberg.kafka.consumers.ConsumerPool` the driver's
+    range reads keep their consumers in (a long-lived process: a worker run), closed by :meth:`close`;
+    else None (a consumer per range).
     """
 
-    def __init__(self, config: KafkaConfig):
+    def __init__(self, config: KafkaConfig, reader_pool: bool = False):
         self.config = config
         self.admin = AdminClient(config.client_conf())
+        self.readers = ConsumerPool(config.client_conf()) if reader_pool else None
+
+    def close(self) -> None:
+        """Close the pooled consumers (``readers``), if any; the admin client needs no closing. Idempotent."""
+        if self.readers is not None:
+            self.readers.close()
 
     def _wait(self, futures: Mapping, what: str) -> dict:
         out = {}

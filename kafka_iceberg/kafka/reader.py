@@ -22,6 +22,7 @@ import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
 from kafka_iceberg.errors import DataLossError, NotAuthorizedError, ReadTimeoutError
+from kafka_iceberg.kafka.consumers import ConsumerPool, new_consumer
 
 RAW_SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, "
@@ -62,13 +63,22 @@ def _batch(topic, partition, offsets, timestamps, keys, values, headers: pa.Arra
 
 
 def read_range(
-    conf: Mapping[str, object], table: str, topic: str, partition: int, start: int, end: int, timeout_s: float
+    conf: Mapping[str, object],
+    table: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    timeout_s: float,
+    consumers: ConsumerPool | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield every record of ``topic``/``partition`` with ``start <= offset < end`` as Arrow batches.
 
     ``conf`` is a librdkafka consumer configuration (bootstrap servers and security); a
     ``group.id`` is set but never joined or committed. Records arrive in offset order, in batches of
-    about ``_CHUNK`` records; the consumer is closed before the last batch is yielded.
+    about ``_CHUNK`` records. The consumer is new, or taken from ``consumers`` and given back once the
+    range is read (closed instead if the read failed); either way its fetches stop before the last batch
+    is yielded.
 
     Raises:
         DataLossError: ``start`` (or a later offset of the range) no longer exists in the log.
@@ -79,8 +89,8 @@ def read_range(
 
     if end <= start:
         return
-    consumer = _consumer(conf, table)
-    chunk = _Chunk()
+    consumer = consumers.take(table) if consumers is not None else new_consumer(conf, table)
+    chunk, read = _Chunk(), False
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         position = start  # the next offset this task expects
@@ -100,35 +110,16 @@ def read_range(
                 )
             if not done and len(chunk.offsets) >= _CHUNK:
                 yield chunk.batch(topic, partition)
+        read = True
     finally:
-        # closed before the last batch goes to the caller: a consumer left open while the caller parses
-        # and writes that batch keeps fetching past the range (at the log end, empty fetches in a loop)
-        consumer.close()
+        # released before the last batch goes to the caller: a consumer left assigned while the caller
+        # parses and writes that batch keeps fetching past the range (at the log end, empty fetches in a loop)
+        if read and consumers is not None:
+            consumers.give_back(table, consumer)
+        else:
+            consumer.close()
     if chunk.offsets:
         yield chunk.batch(topic, partition)
-
-
-def _consumer(conf: Mapping[str, object], table: str):
-    from confluent_kafka import Consumer
-
-    return Consumer(
-        {
-            # tunable through KAFKA_CLIENT_CONFIG
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 16 * 1024 * 1024,
-            # a broker that ignores the fetch limits (the dev broker does) can answer with more
-            # than librdkafka's 100 MB default response size
-            "receive.message.max.bytes": 512 * 1024 * 1024,
-            **conf,
-            # what exactly-once reading depends on: not tunable
-            "group.id": f"lake-reader.{table}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",
-            "isolation.level": "read_committed",
-        }
-    )
 
 
 class _Chunk:
@@ -186,13 +177,16 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
     """
     from confluent_kafka import KafkaError, KafkaException
 
-    if msgs and not any(map(_ERROR, msgs)):  # records only (a KafkaError is truthy): the common case
-        return _take_records(msgs, end, position, chunk)
+    partition = where[2]
+    if msgs and not any(map(_ERROR, msgs)) and _current(msgs[0], partition, position) and _current(msgs[-1], partition):
+        return _take_records(msgs, end, position, chunk)  # records of this read only: the common case
     transient = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
     good: list = []
     try:
         for m in msgs:
             err = m.error()
+            if (m.partition() if m.partition() is not None else -1) not in (partition, -1):
+                continue  # left from an earlier read of a pooled consumer (-1, None: not of a partition)
             if err is not None:
                 code = err.code()
                 if code == KafkaError._PARTITION_EOF:
@@ -212,6 +206,8 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
                 # no-progress deadline of read_range bounds how long we wait for it
                 continue
             off = m.offset()
+            if off < position:  # already taken (librdkafka drops outdated fetches: never seen)
+                continue
             if off >= end:
                 return position, True
             good.append(m)
@@ -221,6 +217,12 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
         return position, False
     finally:
         chunk.extend(good)  # the records taken before a return or an error
+
+
+def _current(msg, partition: int, position: int = -1) -> bool:
+    """Whether ``msg`` (a record) is of ``partition`` at ``position`` or later: a pooled consumer's
+    earlier read left nothing behind."""
+    return msg.partition() == partition and msg.offset() >= position
 
 
 def _take_records(msgs: list, end: int, position: int, chunk: _Chunk) -> tuple[int, bool]:
@@ -238,7 +240,14 @@ def _take_records(msgs: list, end: int, position: int, chunk: _Chunk) -> tuple[i
 
 
 def make_task_reader(
-    conf: Mapping[str, object], table: str, timeout_s: float, parser=None, stats=None, writer=None, written=None
+    conf: Mapping[str, object],
+    table: str,
+    timeout_s: float,
+    parser=None,
+    stats=None,
+    writer=None,
+    written=None,
+    consumers: ConsumerPool | None = None,
 ):
     """Build the ``mapInArrow`` function: input batches of (topic, partition, start, end)
     rows, output batches in :data:`RAW_SCHEMA_DDL`; with ``parser`` (a
@@ -248,7 +257,8 @@ def make_task_reader(
     With ``writer`` (a :class:`kafka_iceberg.batch.files.FileWriter`; needs ``parser``) the
     records pyarrow claimed are written as data files in the task instead of being output, and
     the task adds ``{(partition, start) of its first piece: [DataFile, ...]}`` to ``written``
-    (an accumulator of :class:`PieceStatsParam`)."""
+    (an accumulator of :class:`PieceStatsParam`). ``consumers``: the driver's pool
+    (:func:`read_range`), never in a Spark task."""
     conf = dict(conf)
 
     def read_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -257,7 +267,8 @@ def make_task_reader(
             for row in batch.to_pylist():
                 first = first or (row["partition"], row["start"])
                 tally = PieceStats(row["partition"])
-                for raw in read_range(conf, table, row["topic"], row["partition"], row["start"], row["end"], timeout_s):
+                ranged = (row["topic"], row["partition"], row["start"], row["end"])
+                for raw in read_range(conf, table, *ranged, timeout_s, consumers):
                     out = raw if parser is None else parser.parse_batch(raw)
                     tally.add(out)
                     out = out if sink is None else sink.take(out)
