@@ -219,6 +219,36 @@ def test_one_config_drives_pyiceberg_and_spark(spark, tmp_path, unique):
     assert catalog.load_table("db.events").scan().to_arrow().num_rows == 9
 
 
+def test_a_sqlite_catalog_commits_beside_an_open_reader_and_spark(spark, tmp_path, unique):
+    """The product's SQLite catalog is in WAL mode (``synchronous=NORMAL``): pyiceberg commits while another
+    connection holds a read transaction (in rollback-journal mode the commit waits out SQLite's busy
+    timeout and fails with "database is locked"), and Spark's JDBC catalog commits on the same file."""
+    import sqlite3
+
+    from kafka_iceberg.catalog.tables import load_catalog
+
+    db = tmp_path / "catalog.db"
+    props = {"type": "sql", "uri": f"sqlite:///{db}", "warehouse": f"file://{tmp_path}/wh"}
+    cat = CatalogConfig(f"wal_{unique}", props).to_catalog_settings()
+    assert cat.is_sqlite
+    catalog = load_catalog(cat)
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.events", schema=pa.schema([pa.field("id", pa.int64())]))
+    with catalog.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    reader = sqlite3.connect(db, timeout=1, isolation_level=None)
+    assert reader.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM iceberg_tables").fetchone() == (1,)  # a read transaction, held
+    table.append(pa.table({"id": pa.array(range(7), pa.int64())}))
+    reader.execute("COMMIT")
+    reader.close()
+    for key, value in cat.config.spark_properties().items():
+        spark.conf.set(key, value)
+    spark.sql(f"INSERT INTO {cat.name}.db.events VALUES (7), (8)")
+    assert catalog.load_table("db.events").scan().to_arrow().num_rows == 9
+
+
 @pytest.mark.parametrize("uri", ["sqlite:////data/lake/catalog.db", "postgresql://lake:pw@db.svc:5432/iceberg"])
 def test_legacy_uri_config_gives_todays_spark_settings(uri):
     """``LAKE_CATALOG_URI`` alone yields a config whose Spark settings equal kafka_iceberg.catalog.spark.catalog_conf's,

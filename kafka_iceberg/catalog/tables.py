@@ -65,11 +65,29 @@ def load_catalog(cat: CatalogSettings, retry_s: float = 0.0) -> Catalog:
         Path(cat.warehouse[len("file://") :]).mkdir(parents=True, exist_ok=True)
     cfg = catalog_config(cat)
     try:
-        return cfg.load()
+        catalog = cfg.load()
     except Exception as exc:  # sqlalchemy.exc.OperationalError, requests' ConnectionError, HTTP 5xx and friends
         raise CatalogUnavailableError(
             f"cannot open Iceberg catalog {cat.name} at {_no_password(cfg.properties.get('uri', cfg.type))}: {exc}"
         ) from exc
+    if cat.is_sqlite and getattr(catalog, "engine", None) is not None:
+        from sqlalchemy import event
+
+        event.listen(catalog.engine, "connect", _sqlite_wal)
+        catalog.engine.dispose()  # the connections pyiceberg opened at its start reconnect with it
+    return catalog
+
+
+def _sqlite_wal(dbapi_connection, _record) -> None:
+    """On each connection to a SQLite catalog: write-ahead logging (readers, such as sensors and Spark's JDBC
+    reads, no longer block the one committer, nor it them; persistent in the file) with
+    ``synchronous=NORMAL``: a commit no longer waits for an fsync, only a checkpoint does. A killed
+    process loses no commit; a power loss may lose the newest, and the table then re-reads their offsets
+    from Kafka (its data files become orphans). Local disks only: WAL needs shared memory between processes."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def _no_password(uri: str) -> str:
