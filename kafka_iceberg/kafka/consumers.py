@@ -77,8 +77,15 @@ class ConsumerPool:
 
     def give_back(self, table: str, consumer) -> None:
         """Unassign ``consumer`` (a reader of ``table`` that read its range to the end) and keep it; closed
-        instead when the pool is closed, and the least recently returned is closed past :data:`MAX_IDLE`."""
-        consumer.unassign()
+        instead when the pool is closed or the unassign fails (the range was read: never an error of the read),
+        and the least recently returned is closed past :data:`MAX_IDLE`."""
+        from confluent_kafka import KafkaException
+
+        try:
+            consumer.unassign()
+        except KafkaException:
+            consumer.close()
+            return
         evicted = []
         with self._lock:
             if self._closed:
