@@ -149,7 +149,7 @@ def test_a_pooled_consumer_reads_range_after_range_and_is_closed_when_a_read_fai
             closed.append(self)
             self.consumer.close()
 
-    pool._idle["t"] = [Closing(pool.take("t"))]
+    pool.give_back("t", Closing(pool.take("t")))
     with pytest.raises(ReadTimeoutError):  # offsets 21.. do not exist yet: no progress for 2 s
         list(read_range(kafka_config.client_conf(), "t", topic, 0, 21, 40, 2, pool))
     assert len(closed) == 1 and pool.idle_count_locked() == 0, "the failed read's consumer is closed"

@@ -185,8 +185,8 @@ def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[i
     try:
         for m in msgs:
             err = m.error()
-            if (m.partition() if m.partition() is not None else -1) not in (partition, -1):
-                continue  # left from an earlier read of a pooled consumer (-1, None: not of a partition)
+            if m.partition() not in (partition, None, -1):  # None, -1: an event of no partition
+                continue  # left from an earlier read of a pooled consumer
             if err is not None:
                 code = err.code()
                 if code == KafkaError._PARTITION_EOF:
