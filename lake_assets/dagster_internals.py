@@ -6,14 +6,15 @@ has no public API: ``AssetGraphSubset`` (the argument of the public
 (the run tag naming a run's backfill); and, for alerts on a change of an asset check's status, the
 check's execution history (:func:`completed_check_executions`: the event log storage's
 ``get_asset_check_execution_history`` and ``AssetCheckExecutionRecordStatus``, which Dagster 1.13
-does not export).
+does not export); and, for a worker's hand-over, whether the run queue holds a queued run back for a
+pool (:func:`held_back_for_pool`: ``DagsterRun.run_op_concurrency``, which Dagster 1.13 does not document).
 
 Written for the Dagster series :data:`WRITTEN_FOR` and checked unchanged in the releases of
 :data:`CHECKED`; ``tests/test_layout.py`` pins the series, so a minor upgrade fails there first and this
 module is checked against the new release.
 """
 
-from dagster import AssetCheckKey, DagsterInstance
+from dagster import AssetCheckKey, DagsterInstance, DagsterRun
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -38,6 +39,16 @@ def completed_check_executions(instance: DagsterInstance, check_key: AssetCheckK
     return [(r.run_id, r.status == AssetCheckExecutionRecordStatus.SUCCEEDED) for r in records]
 
 
+def held_back_for_pool(run: DagsterRun, pool: str) -> bool:
+    """Whether the run queue holds the queued ``run`` back while ``pool`` has no free slot: each of its first
+    steps is in a pool and ``pool`` is one of them. Dagster's queue (``run_queue.block_op_concurrency_limited_runs``,
+    on by default, pools counted per op) starts such a run only once a slot is free, so its step never waits in
+    the pool where :meth:`get_concurrency_info` would show it. ``tests/test_worker.py`` pins this against Dagster's
+    own judgement (``GlobalOpConcurrencyLimitsCounter.is_blocked``)."""
+    needs = run.run_op_concurrency
+    return needs is not None and not needs.has_unconstrained_root_nodes and pool in needs.root_key_counts
+
+
 __all__ = [
     "BACKFILL_ID_TAG",
     "AssetGraphSubset",
@@ -47,5 +58,6 @@ __all__ = [
     "PartitionBackfill",
     "WRITTEN_FOR",
     "completed_check_executions",
+    "held_back_for_pool",
     "make_new_backfill_id",
 ]

@@ -11,9 +11,9 @@ that table's asset, at most one per table per :data:`~kafka_iceberg.batch.coales
 offsets every :data:`GROUP_MIRROR_S` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
 its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
 ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
-outside the pool and at a lower CPU priority. It hands over only when another run's step waits for its
-pool: its warm successor, launched near the end of its budget
-(:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a maintenance run; past its budget it serves on
+outside the pool and at a lower CPU priority. It hands over only when another run waits for its pool
+(:func:`pool_waiting`): its warm successor, launched near the end of its budget
+(:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), a maintenance run, or a backfill's run; past its budget it serves on
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
 logged and set aside; the others keep committing; the run then fails naming it (Slack: once per failure
 episode, :mod:`kafka_iceberg.sensors.alerts`).
@@ -53,6 +53,7 @@ from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.kafka.admin import KafkaMetadata
+from kafka_iceberg.lake_assets.dagster_internals import held_back_for_pool
 from kafka_iceberg.lake_assets.tables import materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import (
     BUDGET_S,
@@ -99,13 +100,22 @@ def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable
     return throttled
 
 
+QUEUED_LOOKED_AT = 200
+"""Newest queued runs :func:`pool_waiting` looks at (a queue is rarely longer; older ones are seen as newer start)."""
+
+
 def pool_waiting(context, pool: str) -> bool:
-    """Whether another run's step waits inside its run for a slot of ``pool`` (Dagster's pool
-    concurrency info; False on a storage without pools)."""
+    """Whether another run waits for a slot of ``pool``: a step inside its run (Dagster's pool concurrency
+    info), or a queued run that Dagster's run queue starts only once the slot is free (a backfill's, the UI's or
+    ``ingest_all``'s micro-batch run on a SQLite catalog; :func:`held_back_for_pool`). Reads the instance: two
+    queries. False on a storage without pools."""
     storage = context.instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return False
-    return bool(storage.get_concurrency_info(pool).pending_run_ids - {context.run_id})
+    if storage.get_concurrency_info(pool).pending_run_ids - {context.run_id}:
+        return True
+    queued = context.instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=QUEUED_LOOKED_AT)
+    return any(held_back_for_pool(run, pool) for run in queued if run.run_id != context.run_id)
 
 
 def report_every_s(spec: TableSpec) -> float:

@@ -643,3 +643,52 @@ def test_the_group_mirror_commits_the_latest_offsets_of_each_group_when_due_and_
     assert kafka.group_offsets(a, topic) == {0: 5, 1: 4}
     mirror.flush(final=True)
     assert kafka.group_offsets(a, topic) == {0: 9, 1: 8}
+
+
+def _queued(instance, job_def) -> object:
+    """A run of ``job_def`` queued as Dagster's QueuedRunCoordinator queues it (the enqueue event; a queued
+    run needs a code location origin, here one in process)."""
+    from dagster import DagsterEvent
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    location = InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file=__file__))
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), job_def.name)
+    run = instance.create_run_for_job(job_def, remote_job_origin=origin)
+    instance.report_dagster_event(DagsterEvent.job_enqueue(run), run_id=run.run_id)
+    return instance.get_run_by_id(run.run_id)
+
+
+def test_the_worker_hands_over_to_a_run_the_run_queue_holds_back_for_its_pool(lake_env):
+    """On a SQLite catalog a table's micro-batch run (a backfill's, the UI's) needs the worker's pool. Dagster's
+    run queue does not start it while the worker holds the slot, so it never waits inside the pool; the worker
+    hands over to it all the same. A queued worker run (its ``warm`` op is outside the pool) is no reason."""
+    from dagster import instance_for_test
+    from dagster._core.op_concurrency_limits_counter import GlobalOpConcurrencyLimitsCounter
+
+    from kafka_iceberg.lake_assets.dagster_internals import held_back_for_pool
+    from kafka_iceberg.lake_assets.vocabulary import SQLITE_POOL
+    from kafka_iceberg.lake_assets.worker import pool_waiting
+
+    spec = make_spec("handover", "handover_topic")
+    defs = build_definitions(load_settings(env=lake_env), [spec])  # SQLite catalog: one worker, one pool
+    with instance_for_test(overrides={"concurrency": {"pools": {"default_limit": 1}}}) as instance:
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(SQLITE_POOL)
+        worker = SimpleNamespace(instance=instance, run_id="the-serving-worker-run")
+        assert storage.claim_concurrency_slot(SQLITE_POOL, worker.run_id, "serve").is_claimed
+        assert not pool_waiting(worker, SQLITE_POOL), "nothing queued, nothing pending"
+
+        successor = _queued(instance, defs.resolve_job_def("lake_worker_0"))
+        assert not pool_waiting(worker, SQLITE_POOL), "a queued worker run starts outside the pool"
+        micro_batch = _queued(instance, defs.resolve_implicit_job_def_def_for_assets([table_key(spec)]))
+        assert pool_waiting(worker, SQLITE_POOL)
+        assert not pool_waiting(worker, "lake/table/another"), "held back for another pool"
+
+        # the judgement is Dagster's: its run queue holds back the micro-batch run, not the worker run
+        queued = [successor, micro_batch]
+        counter = GlobalOpConcurrencyLimitsCounter(
+            instance, queued, [], concurrency_keys=storage.get_concurrency_keys(), pool_limits=storage.get_pool_limits()
+        )
+        assert [counter.is_blocked(r) for r in queued] == [held_back_for_pool(r, SQLITE_POOL) for r in queued]
+        assert [held_back_for_pool(r, SQLITE_POOL) for r in queued] == [False, True]
