@@ -5,8 +5,10 @@ daemon) leaves its run STARTED and its step's slot in the table's concurrency po
 next run of the table would wait on the pool forever. Without the daemon nothing frees it.
 
 Every run of this code location is tagged, before its first step claims a pool slot, with the
-host name and pid of its run worker and that process's start time (:data:`HOST_TAG`,
-:data:`PID_TAG`, :data:`START_TAG`; set by :func:`liveness_executor`). :func:`reap_dead_runs`
+host name and pid of its run worker, that process's start time and the run's own id (:data:`HOST_TAG`,
+:data:`PID_TAG`, :data:`START_TAG`, :data:`RUN_TAG`; set by :func:`liveness_executor`). A retry or a
+re-execution starts with a copy of its parent's tags: until its own worker tags it, it counts as
+untagged (:func:`has_own_worker_tags`), never as a run whose worker died. :func:`reap_dead_runs`
 then
 
 * marks failed (``report_run_failed``) every STARTING or STARTED run tagged with *this* host
@@ -46,6 +48,9 @@ PID_TAG = "lake/worker-pid"
 START_TAG = "lake/worker-start"
 """Run tag: start time of that process (clock ticks since boot, from ``/proc/<pid>/stat``; empty
 where there is no ``/proc``), so a reused pid is not taken for the dead worker."""
+RUN_TAG = "lake/worker-run"
+"""Run tag: the id of the run the liveness tags were written for. Dagster's run retries and re-executions
+copy the parent run's tags; a retry must not be taken for its dead parent."""
 
 CHECK_INTERVAL_S = 10.0
 """Seconds between two liveness checks while a run executes."""
@@ -71,10 +76,18 @@ def process_start_time(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def worker_tags(pid: int | None = None) -> dict[str, str]:
-    """The liveness tags of process ``pid`` (default: this process) on this host."""
+def worker_tags(pid: int | None = None, run_id: str = "") -> dict[str, str]:
+    """The liveness tags of process ``pid`` (default: this process) on this host, for run ``run_id``
+    (:data:`RUN_TAG`; without one, the tags count as the run's own wherever they are found)."""
     pid = pid or os.getpid()
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: process_start_time(pid)}
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: process_start_time(pid)}
+    return {**tags, RUN_TAG: run_id} if run_id else tags
+
+
+def has_own_worker_tags(run: DagsterRun) -> bool:
+    """Whether ``run`` carries liveness tags written for it, not a copy of its parent's (a retry, a
+    re-execution) from before its own worker tagged it."""
+    return HOST_TAG in run.tags and PID_TAG in run.tags and run.tags.get(RUN_TAG, run.run_id) == run.run_id
 
 
 def worker_alive(tags: dict[str, str]) -> bool:
@@ -123,14 +136,15 @@ def reap_untagged_runs(
     instance: DagsterInstance, exclude_run_id: str | None = None, grace_s: float = UNTAGGED_GRACE_S
 ) -> list[str]:
     """Mark failed the runs of this code location that stayed NOT_STARTED or STARTED for ``grace_s``
-    seconds (since their last status change) without liveness tags, and free any slot they hold.
+    seconds (since their last status change) without liveness tags of their own (:func:`has_own_worker_tags`),
+    and free any slot they hold.
     Never touches ``exclude_run_id``. Returns their run ids; reads and writes the instance only."""
     before = datetime.now(timezone.utc) - timedelta(seconds=grace_s)
     filters = RunsFilter(statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTED], updated_before=before)
     reaped: list[str] = []
     for record in instance.get_run_records(filters=filters):
         run = record.dagster_run
-        if run.run_id == exclude_run_id or HOST_TAG in run.tags or not _ours(run):
+        if run.run_id == exclude_run_id or has_own_worker_tags(run) or not _ours(run):
             continue
         reaped.append(
             _fail(
@@ -154,7 +168,7 @@ def reap_dead_runs(instance: DagsterInstance, exclude_run_id: str | None = None)
     host = socket.gethostname()
     reaped: list[str] = []
     for run in instance.get_runs(filters=RunsFilter(statuses=RUNNING, tags={HOST_TAG: host})):
-        if run.run_id == exclude_run_id or PID_TAG not in run.tags or worker_alive(dict(run.tags)):
+        if run.run_id == exclude_run_id or not has_own_worker_tags(run) or worker_alive(dict(run.tags)):
             continue
         reaped.append(
             _fail(
@@ -222,7 +236,7 @@ class _LivenessExecutor(Executor):
 
     def execute(self, plan_context, execution_plan):
         instance, run_id = plan_context.instance, plan_context.run_id
-        instance.add_run_tags(run_id, worker_tags())
+        instance.add_run_tags(run_id, worker_tags(run_id=run_id))
         watch = LivenessWatch(instance, run_id, on_error=lambda exc: plan_context.log.warning(f"liveness check: {exc}"))
         for dead in watch.check():
             plan_context.log.warning(
@@ -251,8 +265,10 @@ __all__ = [
     "HOST_TAG",
     "LivenessWatch",
     "PID_TAG",
+    "RUN_TAG",
     "START_TAG",
     "UNTAGGED_GRACE_S",
+    "has_own_worker_tags",
     "liveness_executor",
     "process_start_time",
     "reap_dead_runs",

@@ -29,6 +29,7 @@ from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.lake_assets.liveness import (
     HOST_TAG,
     PID_TAG,
+    RUN_TAG,
     START_TAG,
     reap_dead_runs,
     reap_untagged_runs,
@@ -221,6 +222,37 @@ def test_untagged_runs_of_this_code_location_count_as_dead_after_the_grace(tmp_p
         }
         holders = {s.run_id for s in instance.event_log_storage.get_concurrency_info("liveness_pool").claimed_slots}
         assert table_run not in holders and {starting, tagged} <= holders
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_retry_with_its_dead_parents_tags_is_not_taken_for_its_parent(tmp_path):
+    """Dagster's run retries copy the parent run's tags: a retry of a killed run starts with the dead worker's
+    liveness tags. Until its own worker tags it, the retry counts as untagged (reaped only after the grace),
+    never as a run whose worker died; once tagged for itself it is judged by its own worker."""
+    _, instance = _instance(tmp_path)
+    instance.event_log_storage.set_concurrency_slots("liveness_pool", 10)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        parent = str(uuid.uuid4())
+        inherited = {TABLE_TAG: "demo.flights", **worker_tags(live.pid, run_id=parent), PID_TAG: str(dead.pid)}
+        retry = _run(instance, DagsterRunStatus.STARTED, inherited)
+        assert inherited[RUN_TAG] == parent != retry
+        assert reap_dead_runs(instance) == [], "the dead pid is its parent's worker, not its own"
+        assert instance.get_run_by_id(retry).status == DagsterRunStatus.STARTED
+
+        instance.add_run_tags(retry, worker_tags(live.pid, run_id=retry))  # its own worker starts
+        time.sleep(0.05)
+        assert reap_untagged_runs(instance, grace_s=0) == [] and reap_dead_runs(instance) == []
+        instance.add_run_tags(retry, {PID_TAG: str(dead.pid)})  # ... and dies
+        assert reap_dead_runs(instance) == [retry]
+
+        orphan = _run(instance, DagsterRunStatus.STARTED, inherited)  # a retry whose worker never tagged it
+        time.sleep(0.05)
+        assert reap_untagged_runs(instance, grace_s=0) == [orphan]
     finally:
         live.kill()
         live.wait()
