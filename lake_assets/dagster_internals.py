@@ -49,6 +49,13 @@ def held_back_for_pool(run: DagsterRun, pool: str) -> bool:
     return needs is not None and not needs.has_unconstrained_root_nodes and pool in needs.root_key_counts
 
 
+def first_steps_need_pool(run: DagsterRun, pool: str) -> bool:
+    """Whether a first step of ``run`` is in ``pool``: while such a run is STARTING, Dagster's queue counts a
+    slot of ``pool`` as taken by it (``GlobalOpConcurrencyLimitsCounter``), whoever holds the slot."""
+    needs = run.run_op_concurrency
+    return needs is not None and pool in needs.root_key_counts
+
+
 __all__ = [
     "BACKFILL_ID_TAG",
     "AssetGraphSubset",
@@ -58,6 +65,7 @@ __all__ = [
     "PartitionBackfill",
     "WRITTEN_FOR",
     "completed_check_executions",
+    "first_steps_need_pool",
     "held_back_for_pool",
     "make_new_backfill_id",
 ]

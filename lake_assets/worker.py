@@ -53,7 +53,7 @@ from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.config.run_pods import run_pod_tags
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.kafka.admin import KafkaMetadata
-from kafka_iceberg.lake_assets.dagster_internals import held_back_for_pool
+from kafka_iceberg.lake_assets.dagster_internals import first_steps_need_pool, held_back_for_pool
 from kafka_iceberg.lake_assets.tables import materialization_metadata
 from kafka_iceberg.lake_assets.vocabulary import (
     BUDGET_S,
@@ -101,21 +101,26 @@ def at_most_every(seconds: float, predicate: Callable[[], bool], clock: Callable
 
 
 QUEUED_LOOKED_AT = 200
-"""Newest queued runs :func:`pool_waiting` looks at (a queue is rarely longer; older ones are seen as newer start)."""
+"""Newest queued or starting runs :func:`pool_waiting` looks at (a queue is rarely longer; older ones are seen as
+newer ones start)."""
 
 
 def pool_waiting(context, pool: str) -> bool:
     """Whether another run waits for a slot of ``pool``: a step inside its run (Dagster's pool concurrency
     info), or a queued run that Dagster's run queue starts only once the slot is free (a backfill's, the UI's or
-    ``ingest_all``'s micro-batch run on a SQLite catalog; :func:`held_back_for_pool`). Reads the instance: two
-    queries. False on a storage without pools."""
+    ``ingest_all``'s micro-batch run on a SQLite catalog; :func:`held_back_for_pool`), unless a STARTING run holds
+    the queue back for that pool (one whose worker died: run monitoring fails it), which a hand-over would not
+    change. Reads the instance: two queries. False on a storage without pools."""
     storage = context.instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return False
     if storage.get_concurrency_info(pool).pending_run_ids - {context.run_id}:
         return True
-    queued = context.instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.QUEUED]), limit=QUEUED_LOOKED_AT)
-    return any(held_back_for_pool(run, pool) for run in queued if run.run_id != context.run_id)
+    flt = RunsFilter(statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING])
+    others = [r for r in context.instance.get_runs(filters=flt, limit=QUEUED_LOOKED_AT) if r.run_id != context.run_id]
+    if any(r.status == DagsterRunStatus.STARTING and first_steps_need_pool(r, pool) for r in others):
+        return False
+    return any(r.status == DagsterRunStatus.QUEUED and held_back_for_pool(r, pool) for r in others)
 
 
 def report_every_s(spec: TableSpec) -> float:

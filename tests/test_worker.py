@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from types import SimpleNamespace
 
-from dagster import DagsterEventType, DagsterInstance, build_sensor_context
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, build_sensor_context
 
 from devtools import duck
 from devtools.demo.data import produce
@@ -645,9 +645,9 @@ def test_the_group_mirror_commits_the_latest_offsets_of_each_group_when_due_and_
     assert kafka.group_offsets(a, topic) == {0: 9, 1: 8}
 
 
-def _queued(instance, job_def) -> object:
+def _queued(instance, job_def, starting: bool = False) -> object:
     """A run of ``job_def`` queued as Dagster's QueuedRunCoordinator queues it (the enqueue event; a queued
-    run needs a code location origin, here one in process)."""
+    run needs a code location origin, here one in process); with ``starting``, then dequeued and launched."""
     from dagster import DagsterEvent
     from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
@@ -656,6 +656,9 @@ def _queued(instance, job_def) -> object:
     origin = RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), job_def.name)
     run = instance.create_run_for_job(job_def, remote_job_origin=origin)
     instance.report_dagster_event(DagsterEvent.job_enqueue(run), run_id=run.run_id)
+    if starting:
+        launched = DagsterEvent(event_type_value=DagsterEventType.RUN_STARTING.value, job_name=run.job_name)
+        instance.report_dagster_event(launched, run_id=run.run_id)  # as instance.launch_run reports it
     return instance.get_run_by_id(run.run_id)
 
 
@@ -684,6 +687,11 @@ def test_the_worker_hands_over_to_a_run_the_run_queue_holds_back_for_its_pool(la
         micro_batch = _queued(instance, defs.resolve_implicit_job_def_def_for_assets([table_key(spec)]))
         assert pool_waiting(worker, SQLITE_POOL)
         assert not pool_waiting(worker, "lake/table/another"), "held back for another pool"
+        zombie = _queued(instance, defs.resolve_implicit_job_def_def_for_assets([table_key(spec)]), starting=True)
+        assert zombie.status == DagsterRunStatus.STARTING
+        assert not pool_waiting(worker, SQLITE_POOL), "a STARTING run holds the queue back, not the worker"
+        instance.report_run_failed(zombie, "its worker died")  # what run monitoring does
+        assert pool_waiting(worker, SQLITE_POOL)
 
         # the judgement is Dagster's: its run queue holds back the micro-batch run, not the worker run
         queued = [successor, micro_batch]
