@@ -60,10 +60,6 @@ def not_authorized(what: str, err: object) -> NotAuthorizedError | None:
     )
 
 
-ADMIN_WAIT_GRACE_S = 5.0
-"""Seconds an admin request's future is waited for past its ``request_timeout``, by which librdkafka has ended it."""
-
-
 def _leader_moved(exc: BaseException) -> KafkaError | None:
     """The Kafka error of a :class:`BrokerUnavailableError` raised because a partition's leader moved, else None."""
     if not isinstance(exc, BrokerUnavailableError) or not isinstance(exc.__cause__, KafkaException):
@@ -118,19 +114,12 @@ class KafkaMetadata:
             self.readers.close()
 
     def _wait(self, futures: Mapping, what: str) -> dict:
-        """The results of admin requests made with ``request_timeout=config.timeout_s``. librdkafka ends each
-        request itself at that timeout (then ``_TIMED_OUT``); this waits :data:`ADMIN_WAIT_GRACE_S` longer, so
-        no request is left in flight when the caller gives up (destroying a client with one in flight can
-        abort the process inside librdkafka 2.16: ``Assertion eonce->refcnt > 0``, docs/operations.md)."""
         out = {}
-        no_answer = f"{what}: no answer from {self.config.bootstrap_servers} within {self.config.timeout_s:.0f} s"
         for key, fut in futures.items():
             try:
-                out[key] = fut.result(timeout=self.config.timeout_s + ADMIN_WAIT_GRACE_S)
+                out[key] = fut.result(timeout=self.config.timeout_s)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
-                    raise BrokerUnavailableError(no_answer) from exc
                 if isinstance(err, KafkaError) and err.code() in (
                     KafkaError.UNKNOWN_TOPIC_OR_PART,
                     KafkaError._UNKNOWN_TOPIC,
@@ -144,7 +133,9 @@ class KafkaMetadata:
                     raise refused from exc
                 raise BrokerUnavailableError(f"{what} failed against {self.config.bootstrap_servers}: {exc}") from exc
             except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError on 3.11
-                raise BrokerUnavailableError(no_answer) from exc
+                raise BrokerUnavailableError(
+                    f"{what}: no answer from {self.config.bootstrap_servers} within {self.config.timeout_s:.0f} s"
+                ) from exc
         return out
 
     def partitions(self, topic: str) -> list[int]:
