@@ -39,21 +39,20 @@ def completed_check_executions(instance: DagsterInstance, check_key: AssetCheckK
     return [(r.run_id, r.status == AssetCheckExecutionRecordStatus.SUCCEEDED) for r in records]
 
 
+def first_steps_need_pool(run: DagsterRun, pool: str) -> bool:
+    """Whether a first step of ``run`` is in ``pool``: while such a run is STARTING, Dagster's queue counts a
+    slot of ``pool`` as taken by it (``GlobalOpConcurrencyLimitsCounter``), whoever holds the slot."""
+    needs = run.run_op_concurrency
+    return needs is not None and pool in needs.root_key_counts
+
+
 def held_back_for_pool(run: DagsterRun, pool: str) -> bool:
     """Whether the run queue holds the queued ``run`` back while ``pool`` has no free slot: each of its first
     steps is in a pool and ``pool`` is one of them. Dagster's queue (``run_queue.block_op_concurrency_limited_runs``,
     on by default, pools counted per op) starts such a run only once a slot is free, so its step never waits in
     the pool where :meth:`get_concurrency_info` would show it. ``tests/test_worker.py`` pins this against Dagster's
     own judgement (``GlobalOpConcurrencyLimitsCounter.is_blocked``)."""
-    needs = run.run_op_concurrency
-    return needs is not None and not needs.has_unconstrained_root_nodes and pool in needs.root_key_counts
-
-
-def first_steps_need_pool(run: DagsterRun, pool: str) -> bool:
-    """Whether a first step of ``run`` is in ``pool``: while such a run is STARTING, Dagster's queue counts a
-    slot of ``pool`` as taken by it (``GlobalOpConcurrencyLimitsCounter``), whoever holds the slot."""
-    needs = run.run_op_concurrency
-    return needs is not None and pool in needs.root_key_counts
+    return first_steps_need_pool(run, pool) and not run.run_op_concurrency.has_unconstrained_root_nodes
 
 
 __all__ = [
