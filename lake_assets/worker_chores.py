@@ -9,7 +9,9 @@ once per failure episode (:mod:`kafka_iceberg.lake_assets.chore_alerts`), and no
 cron's next tick. A check is logged as the table's
 ``duplicate_free`` check evaluation over the rows this run's commits added since its previous check
 (the run id is their commit id): a table that committed is checked at most every :data:`CHECK_EVERY_S`
-while the run serves, and once more at its end, so each check reads a bounded number of rows.
+while the run serves, and once more at its end, so each check reads a bounded number of rows. The
+evaluations and the observations of jobs by count reach the event log at most once per table and
+:data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` (:mod:`kafka_iceberg.lake_assets.chore_reports`).
 
 While the run serves, a check reads in a background thread (one at a time, on the same Spark session)
 and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
@@ -36,19 +38,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
+from dagster import OpExecutionContext
 from pyiceberg.exceptions import CommitFailedException
 
+from kafka_iceberg.batch.coalesce import Throttle
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.groups import group_of, member_identifiers
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.check_alerts import alert_check
 from kafka_iceberg.lake_assets.chore_alerts import ChoreAlerts, worker_alert
-from kafka_iceberg.lake_assets.tables import check_result
-from kafka_iceberg.lake_assets.vocabulary import table_key
+from kafka_iceberg.lake_assets.chore_reports import ChoreReports
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.chore_state import (
     CHECK,
@@ -132,6 +133,7 @@ class WorkerChores:
         self._tickets = 0  # commits noted so far: they order the tables (see chore_state)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-chore")
         self.alerts = ChoreAlerts(context, env.catalog, env.slack)  # one post per failure episode
+        self.reports = ChoreReports(context, env.slack, Throttle(clock=clock.now))
 
     def __enter__(self) -> WorkerChores:
         return self
@@ -206,6 +208,7 @@ class WorkerChores:
                 self.context.log.info(f"{identifier}: {what} still running at the end of serving, not awaited")
             self.running = None
         self._collect()
+        self.reports.drain()
         return {t.spec.identifier: t.checked_after for t in pending_checks(self.tables)}
 
     def finish(self) -> None:
@@ -214,6 +217,7 @@ class WorkerChores:
         while pending := pending_checks(self.tables):
             self._start_check(pending[0].spec.identifier)
             self._collect()
+        self.reports.drain()
 
     def paused(self) -> frozenset:
         """The tables whose micro-batches wait (``WorkerPorts.paused``): an upsert table while it is compacted
@@ -259,7 +263,7 @@ class WorkerChores:
         self.running, spec = None, self.tables[identifier].spec
         if what != CHECK:
             try:
-                self.observe(spec, future.result())
+                self.observe(spec, future.result(), routine=True)
             except Exception as exc:  # noqa: BLE001 - the next commit past the ceiling tries again
                 self._alert(spec, what, exc)
                 return
@@ -346,13 +350,10 @@ class WorkerChores:
             result.output["last_run_not_recorded"] = str(exc)
         return result
 
-    def observe(self, spec: TableSpec, result) -> None:
-        """Log a maintenance job's ``MaintenanceResult`` as an ``AssetObservation`` of ``spec``'s table."""
-        self.context.log.info(
-            f"{spec.identifier} {result.procedure}: files {result.files_before} -> {result.files_after} "
-            f"in {result.seconds:.1f} s"
-        )
-        self.context.log_event(AssetObservation(asset_key=table_key(spec), metadata=result.as_metadata()))
+    def observe(self, spec: TableSpec, result, routine: bool = False) -> None:
+        """Report a maintenance job's ``MaintenanceResult`` as an ``AssetObservation`` of ``spec``'s table;
+        a ``routine`` one (by count) at most once per interval (:class:`ChoreReports`)."""
+        self.reports.maintenance(spec, result, routine)
 
     def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, checks.CheckOutcome]:
         """(main's snapshot id, the ``duplicate_free`` outcome) of ``spec``'s table over the rows run
@@ -366,19 +367,9 @@ class WorkerChores:
         return view.main, outcome
 
     def report(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
-        """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation; alert on a change of status."""
-        alert_check(self.context, self.env.slack, spec, CHECK, outcome, "ERROR")
-        result = check_result(outcome, AssetCheckSeverity.ERROR)
-        self.context.log_event(
-            AssetCheckEvaluation(
-                asset_key=table_key(spec),
-                check_name="duplicate_free",
-                passed=result.passed,
-                metadata=result.metadata,
-                severity=result.severity,
-                description=result.description,
-            )
-        )
+        """Report ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation (a pass at most once per
+        interval, :class:`ChoreReports`); alert on a change of status."""
+        self.reports.check(spec, outcome)
 
 
 __all__ = [

@@ -10,7 +10,7 @@ import time
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools.demo.data import produce
-from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, Coalescer, merge
+from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, REPORT_EVERY_S, Coalescer, Throttle, merge
 from kafka_iceberg.batch.types import BatchResult
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.lake_assets.vocabulary import BUDGET_TAG, table_key
@@ -146,3 +146,21 @@ def test_a_table_that_stops_committing_alerts_once_and_once_more_when_it_recover
     assert "no commit for 121 s > max_interval + grace = 120 s" in slack.alerts[0].summary
     assert slack.alerts[0].source == "sensor lake_workers"
     assert report_stops({}, [(spec, 5, None)], last_ms, slack) == [], "a table that never committed is not judged"
+
+
+def test_routine_chore_reports_come_once_per_interval_and_a_failed_check_at_once():
+    now = [0.0]
+    throttle = Throttle(clock=lambda: now[0])
+    out = []
+    for i in range(3600):  # an hour of a table expired every 10 s and checked before each expiry
+        now[0] = float(i)
+        if i % 10 == 0:
+            out += [("expire", due) for due in [throttle.add(("t", "expire"), i)] if due]
+            out += [("check", due) for due in [throttle.add(("t", "check"), i, urgent=i == 1850)] if due]
+    out += [(k[1], due) for k, due in throttle.drain().items()]
+    per_kind = {kind: [d for k, d in out if k == kind] for kind in ("expire", "check")}
+    assert len(per_kind["expire"]) == 1 + 3600 // REPORT_EVERY_S, "the first at once, then one an interval"
+    assert (1850, 5) in per_kind["check"], "a failure at once, standing for the checks since 1800 s"
+    assert sum(n for _, n in per_kind["expire"]) == 360 and sum(n for _, n in per_kind["check"]) == 360
+    assert per_kind["expire"][-1] == (3590, per_kind["expire"][-1][1]), "the latest job, when the run stops"
+    assert throttle.drain() == {}

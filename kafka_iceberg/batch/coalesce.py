@@ -6,15 +6,17 @@ event log grow by thousands of events per table per hour (docs/operations.md#the
 merged into one ``BatchResult``: offset ranges joined, counts summed, the state of the last commit) at
 most once per ``every_s`` seconds per table: a table's first commit at once, the next ones when the
 interval since its last report passed, at the next commit or the next :meth:`Coalescer.due`. The Iceberg
-snapshots stay the truth; the report carries the first and last snapshot ids it covers. Plain Python.
+snapshots stay the truth; the report carries the first and last snapshot ids it covers. A
+:class:`Throttle` does the same for the routine chores' reports (the latest one, with a count). Plain Python.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from kafka_iceberg.batch.types import BatchResult
 
@@ -22,6 +24,14 @@ MATERIALIZE_EVERY_S = 60.0
 """Seconds between two reports (``AssetMaterialization`` s) of one table's commits by a worker run, at
 most; a table whose freshness allows less (``freshness.max_snapshot_age`` under two minutes) is reported
 every half of it."""
+
+REPORT_EVERY_S = 300.0
+"""Seconds between two reports of one table's routine chores by a worker run, at most: its passing
+``duplicate_free`` evaluations and its expiries and compactions by count, whose number follows the commit
+rate (a table past ``max_snapshots`` at several commits a second is expired every minute or two). A failed
+check is reported at once. With :data:`MATERIALIZE_EVERY_S`, a table adds at most about 110 events an hour."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -105,4 +115,33 @@ class Coalescer:
         return merge(self.held.pop(identifier))
 
 
-__all__ = ["MATERIALIZE_EVERY_S", "Coalesced", "Coalescer", "merge"]
+class Throttle(Generic[T]):
+    """Per key (say, a table and a chore), the latest item not reported yet and how many items it stands for,
+    handed out at most once per ``every_s`` seconds (``clock``: monotonic seconds): a key's first item at
+    once, the next when the interval since its last report passed, or at once when it is ``urgent`` (a
+    failed check). An item held back is replaced by the next one; :meth:`drain` hands out the held ones
+    (the run stops serving). Not thread-safe: call it from one thread."""
+
+    def __init__(self, every_s: float = REPORT_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self.held: dict[Hashable, tuple[T, int]] = {}  # key -> (latest item, items since the last report)
+        self.reported: dict[Hashable, float] = {}  # key -> clock of its last report
+
+    def add(self, key: Hashable, item: T, urgent: bool = False) -> tuple[T, int] | None:
+        """Hold ``item``; returns (it, how many items it reports, itself included) when it is due, else None."""
+        self.held[key] = (item, self.held.get(key, (item, 0))[1] + 1)
+        last = self.reported.get(key)
+        if urgent or last is None or self.clock() - last >= self.every_s:
+            self.reported[key] = self.clock()
+            return self.held.pop(key)
+        return None
+
+    def drain(self) -> dict[Hashable, tuple[T, int]]:
+        """Every held item with its count, to report now; nothing is held afterwards."""
+        out, self.held = self.held, {}
+        now = self.clock()
+        self.reported.update({k: now for k in out})
+        return out
+
+
+__all__ = ["MATERIALIZE_EVERY_S", "REPORT_EVERY_S", "Coalesced", "Coalescer", "Throttle", "merge"]
