@@ -1,7 +1,7 @@
 """Kafka cluster metadata through confluent-kafka's AdminClient.
 
-Watermarks, timestamp lookups and consumer-group offsets all go through the admin API
-(``list_offsets``, ``describe_topics``, ``alter_consumer_group_offsets``). High watermarks
+Watermarks and timestamp lookups go through the admin API (``list_offsets``, ``describe_topics``);
+consumer-group offsets through a consumer of the group (:mod:`kafka_iceberg.kafka.groups`). High watermarks
 are read with ``read_committed`` isolation, so "high" is the last stable offset: records
 of open transactions are never planned.
 """
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -255,7 +254,8 @@ class KafkaMetadata:
         return found
 
     def commit_group_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-        """Set consumer group ``group``'s committed offsets on ``topic`` to ``offsets``.
+        """Set consumer group ``group``'s committed offsets on ``topic`` to ``offsets``
+        (:func:`kafka_iceberg.kafka.groups.commit_offsets`, not the admin API).
 
         Mirrors the table's committed offsets so standard lag tools (kafka-consumer-groups,
         Burrow, kafka-lag-exporter) see them. The table stays the source of truth.
@@ -265,36 +265,22 @@ class KafkaMetadata:
                 the group has active members, which the broker does not allow).
             NotAuthorizedError: the group's ACL does not allow it.
         """
-        request = [
-            ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
-        ]
-        try:
-            futures = self.admin.alter_consumer_group_offsets(request, request_timeout=self.config.timeout_s)
-        except KafkaException as exc:
-            raise BrokerUnavailableError(f"commit offsets of group {group}: {exc}") from exc
-        what = f"commit offsets of group {group} on topic {topic}"
-        for result in self._wait(futures, what).values():  # a refused partition is not a failed future
-            for tp in result.topic_partitions:
-                if tp.error is not None:
-                    raise not_authorized(what, tp.error) or BrokerUnavailableError(
-                        f"{what}: partition {tp.partition}: {tp.error}"
-                    )
+        from kafka_iceberg.kafka.groups import commit_offsets
+
+        commit_offsets(self.config, group, topic, offsets)
 
     def group_offsets(self, group: str, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
-        """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent).
+        """Consumer group ``group``'s committed offsets on ``topic`` (partitions without one are absent;
+        :func:`kafka_iceberg.kafka.groups.committed_offsets`, not the admin API).
 
         Asks for ``topic``'s partitions by name (default: all of them, one metadata request), not
         for "every partition of the group": brokers that do not implement the all-partitions form
         (librdkafka's mock cluster) would otherwise answer with no offsets at all.
         """
+        from kafka_iceberg.kafka.groups import committed_offsets
+
         partitions = self.partitions(topic) if partitions is None else partitions
-        wanted = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
-        try:
-            futures = self.admin.list_consumer_group_offsets([wanted], request_timeout=self.config.timeout_s)
-        except KafkaException as exc:
-            raise BrokerUnavailableError(f"list offsets of group {group}: {exc}") from exc
-        result = self._wait(futures, f"list offsets of group {group}")[group]
-        return {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic and tp.offset >= 0}
+        return committed_offsets(self.config, group, topic, partitions)
 
     def retention_ms(self, topic: str) -> int:
         """The topic's ``retention.ms`` (ms; ``-1`` means records never expire by time).
