@@ -19,7 +19,7 @@ from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.tables import read_state
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import parse_table_spec
-from kafka_iceberg.errors import LakeError
+from kafka_iceberg.errors import BrokerUnavailableError, LakeError
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
 
 
@@ -57,6 +57,39 @@ def test_watermarks_are_asked_again_while_leaders_move(cluster, unique, caplog):
         mover.stop()
     assert mover.rounds and mover.replacements and not mover.errors
     assert any("a partition leader moved" in r.getMessage() for r in caplog.records), "no request hit a moved leader"
+
+
+def test_the_group_mirror_commits_while_brokers_are_replaced_and_fails_cleanly_without_a_broker(cluster, unique):
+    """Through a consumer of the group (kafka_iceberg/kafka/groups.py): each commit while every broker in turn
+    goes down either lands or raises BrokerUnavailableError within its timeout, and the group takes the next
+    commit once they are back (through the admin API, the leader_moves rehearsal aborted inside librdkafka,
+    and here the commit after the replacements timed out). Without any broker both calls fail cleanly."""
+    topic = f"events.{unique}"
+    cluster.create_topic(topic, 3, 3)
+    kafka = KafkaMetadata(KafkaConfig(cluster.bootstrap_servers, {}, 2))
+    mover = LeaderMover(cluster, topic, 3, interval_s=0.1, replace_every=2, detect_s=0.2, down_s=0.8)
+    mover.start()
+    landed, refused, offset, t0 = 0, 0, 0, time.monotonic()
+    try:
+        while time.monotonic() - t0 < 60 and (time.monotonic() - t0 < 8 or len(mover.replacements) < 4):
+            offset += 1
+            try:
+                kafka.commit_group_offsets(f"g.{unique}", topic, {0: offset, 1: offset})
+                landed += 1
+            except BrokerUnavailableError:
+                refused += 1
+    finally:
+        mover.stop()
+    assert len(mover.replacements) >= 4 and not mover.errors
+    assert landed > 0 and landed + refused == offset
+    kafka.commit_group_offsets(f"g.{unique}", topic, {0: offset + 1, 1: offset + 1})
+    assert kafka.group_offsets(f"g.{unique}", topic, [0, 1, 2]) == {0: offset + 1, 1: offset + 1}
+
+    gone = KafkaMetadata(KafkaConfig("127.0.0.1:1", {"log_level": 0}, 2))
+    with pytest.raises(BrokerUnavailableError, match="within 2 s"):
+        gone.commit_group_offsets("g", topic, {0: 5})
+    with pytest.raises(BrokerUnavailableError, match="within 2 s"):
+        gone.group_offsets("g", topic, [0])
 
 
 def test_a_micro_batch_while_every_leader_moves_and_a_broker_is_replaced(spark, lake_env, catalog, cluster, unique):

@@ -21,10 +21,12 @@ from kafka_iceberg.kafka.admin import not_authorized
 
 
 def _consumer(config, group: str, **extra: object) -> Consumer:
-    """A consumer of ``group`` on ``config``'s cluster (a ``KafkaConfig``) that commits only when asked, with
-    requests bounded by ``config.timeout_s`` (so that closing it never waits longer for one in flight)."""
+    """A consumer of ``group`` on ``config``'s cluster (a ``KafkaConfig``) that commits only when asked. Its
+    requests, and a commit's wait for the group's coordinator (``session.timeout.ms``), are bounded by
+    ``config.timeout_s``, so a commit is answered within it and closing never waits for one in flight."""
+    ms = max(1000, int(config.timeout_s * 1000))
     conf = {"group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False}
-    conf["socket.timeout.ms"] = max(1000, int(config.timeout_s * 1000))
+    conf.update({"socket.timeout.ms": ms, "session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 3)})
     return Consumer(config.client_conf(**conf, **extra))
 
 
@@ -48,7 +50,7 @@ def commit_offsets(config, group: str, topic: str, offsets: Mapping[int, int]) -
     consumer = _consumer(config, group, on_commit=lambda err, parts: answers.append((err, parts)))
     try:
         consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=True)
-        deadline = time.monotonic() + config.timeout_s
+        deadline = time.monotonic() + config.timeout_s + 5.0  # answered within timeout_s (_consumer)
         while not answers and time.monotonic() < deadline:
             consumer.poll(0.1)  # serves the commit's callback
     except KafkaException as exc:
@@ -60,6 +62,10 @@ def commit_offsets(config, group: str, topic: str, offsets: Mapping[int, int]) -
             f"{what}: no answer from {config.bootstrap_servers} within {config.timeout_s:.0f} s"
         )
     err, parts = answers[0]
+    if isinstance(err, KafkaError) and err.code() == KafkaError._WAIT_COORD:
+        raise BrokerUnavailableError(
+            f"{what}: no coordinator of the group answered on {config.bootstrap_servers} within {config.timeout_s:.0f} s"
+        )
     if err is not None:
         raise _refused(what, err)
     for tp in parts:  # a refused partition is not a failed commit
