@@ -26,8 +26,10 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_de
 
 from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.config.models import RuntimeSettings
-from kafka_iceberg.errors import BrokerUnavailableError, NotAuthorizedError, TopicNotFoundError
+from kafka_iceberg.errors import BrokerUnavailableError, TopicNotFoundError
+from kafka_iceberg.kafka.acl import not_authorized
 from kafka_iceberg.kafka.consumers import ConsumerPool
+from kafka_iceberg.kafka.groups import commit_offsets, committed_offsets
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +41,6 @@ LEADER_MOVED = (
     KafkaError._NOENT,  # librdkafka: "Failed to query partition leaders: No leaders found" (none elected yet)
 )
 """ListOffsets errors that mean "the partition's leader is moving, ask its new leader": sent again."""
-
-NOT_AUTHORIZED = {
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
-    KafkaError.GROUP_AUTHORIZATION_FAILED: "consumer group",
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
-}
-"""Kafka error codes of a refused ACL -> what the ACL is on (raised as :class:`NotAuthorizedError`)."""
-
-
-def not_authorized(what: str, err: object) -> NotAuthorizedError | None:
-    """The :class:`NotAuthorizedError` of a librdkafka ``KafkaError`` that is an ACL refusal, else None.
-    ``what`` names the operation and the topic or group, e.g. ``list offsets of topic orders``."""
-    if not isinstance(err, KafkaError) or err.code() not in NOT_AUTHORIZED:
-        return None
-    return NotAuthorizedError(
-        f"{what}: not authorized ({err.name()}): the client's principal lacks the {NOT_AUTHORIZED[err.code()]} "
-        "ACL; nothing was committed; grant it and the next micro-batch continues"
-    )
 
 
 def _leader_moved(exc: BaseException) -> KafkaError | None:
@@ -265,8 +249,6 @@ class KafkaMetadata:
                 the group has active members, which the broker does not allow).
             NotAuthorizedError: the group's ACL does not allow it.
         """
-        from kafka_iceberg.kafka.groups import commit_offsets
-
         commit_offsets(self.config, group, topic, offsets)
 
     def group_offsets(self, group: str, topic: str, partitions: list[int] | None = None) -> dict[int, int]:
@@ -277,8 +259,6 @@ class KafkaMetadata:
         for "every partition of the group": brokers that do not implement the all-partitions form
         (librdkafka's mock cluster) would otherwise answer with no offsets at all.
         """
-        from kafka_iceberg.kafka.groups import committed_offsets
-
         partitions = self.partitions(topic) if partitions is None else partitions
         return committed_offsets(self.config, group, topic, partitions)
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_iceberg.errors import BrokerUnavailableError
-from kafka_iceberg.kafka.admin import not_authorized
+from kafka_iceberg.kafka.acl import not_authorized
 
 
 def _consumer(config, group: str, **extra: object) -> Consumer:
