@@ -78,8 +78,10 @@ IDLE_S = 60.0
 THREADS = 2
 """Micro-batches of different tables one worker run runs at once, in threads of its one process and
 Spark session: one table's read (librdkafka, pyarrow, the JVM) overlaps another's commit."""
-GROUP_MIRROR_S = 10.0
-"""Seconds between a worker run's consumer-group offset commits (and all of them when it stops serving)."""
+GROUP_MIRROR_S = 30.0
+"""Seconds between a worker run's consumer-group offset commits (and all of them when it stops serving): a
+commit per group costs a consumer's connection (:mod:`kafka_iceberg.kafka.groups`); Kafka Connect's
+``offset.flush.interval.ms`` is 60 s."""
 CHECK_NICENESS = 10
 """The nice value of a sensor-launched worker run's process tree (its Spark JVM included) for its last
 checks, so its successor serving on the same host gets the cores first."""

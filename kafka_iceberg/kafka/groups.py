@@ -11,7 +11,6 @@ consumer's commit path has no such wait.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -38,7 +37,8 @@ def _refused(what: str, err: object) -> Exception:
 
 def commit_offsets(config, group: str, topic: str, offsets: Mapping[int, int]) -> None:
     """Set ``group``'s committed offsets on ``topic`` to ``offsets`` (partition -> offset), waiting at most
-    ``config.timeout_s`` seconds for the coordinator's answer.
+    ``config.timeout_s`` seconds for the coordinator's answer (about 8 ms on librdkafka's mock cluster,
+    against 0.4 ms through the admin API: a consumer's connection and coordinator lookup each time).
 
     Raises:
         BrokerUnavailableError: no answer in time, or the broker refused (for example because the group
@@ -46,29 +46,21 @@ def commit_offsets(config, group: str, topic: str, offsets: Mapping[int, int]) -
         NotAuthorizedError: the group's or the topic's ACL does not allow it.
     """
     what = f"commit offsets of group {group} on topic {topic}"
-    answers: list[tuple[object, list[TopicPartition]]] = []
-    consumer = _consumer(config, group, on_commit=lambda err, parts: answers.append((err, parts)))
+    consumer = _consumer(config, group)
     try:
-        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=True)
-        deadline = time.monotonic() + config.timeout_s + 5.0  # answered within timeout_s (_consumer)
-        while not answers and time.monotonic() < deadline:
-            consumer.poll(0.1)  # serves the commit's callback
+        parts = consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False
+        )
     except KafkaException as exc:
-        raise _refused(what, exc.args[0] if exc.args else exc) from exc
+        err = exc.args[0] if exc.args else exc
+        if isinstance(err, KafkaError) and err.code() in (KafkaError._WAIT_COORD, KafkaError._TIMED_OUT):
+            raise BrokerUnavailableError(
+                f"{what}: no coordinator of the group answered on {config.bootstrap_servers} within {config.timeout_s:.0f} s"
+            ) from exc
+        raise _refused(what, err) from exc
     finally:
         consumer.close()
-    if not answers:
-        raise BrokerUnavailableError(
-            f"{what}: no answer from {config.bootstrap_servers} within {config.timeout_s:.0f} s"
-        )
-    err, parts = answers[0]
-    if isinstance(err, KafkaError) and err.code() == KafkaError._WAIT_COORD:
-        raise BrokerUnavailableError(
-            f"{what}: no coordinator of the group answered on {config.bootstrap_servers} within {config.timeout_s:.0f} s"
-        )
-    if err is not None:
-        raise _refused(what, err)
-    for tp in parts:  # a refused partition is not a failed commit
+    for tp in parts or []:  # a refused partition is not a failed commit
         if tp.error is not None:
             raise _refused(f"{what}: partition {tp.partition}", tp.error)
 
