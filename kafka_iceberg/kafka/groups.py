@@ -19,14 +19,14 @@ from kafka_iceberg.errors import BrokerUnavailableError
 from kafka_iceberg.kafka.acl import not_authorized
 
 
-def _consumer(config, group: str, **extra: object) -> Consumer:
+def _consumer(config, group: str) -> Consumer:
     """A consumer of ``group`` on ``config``'s cluster (a ``KafkaConfig``) that commits only when asked. Its
     requests, and a commit's wait for the group's coordinator (``session.timeout.ms``), are bounded by
     ``config.timeout_s``, so a commit is answered within it and closing never waits for one in flight."""
     ms = max(1000, int(config.timeout_s * 1000))
     conf = {"group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False}
     conf.update({"socket.timeout.ms": ms, "session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 3)})
-    return Consumer(config.client_conf(**conf, **extra))
+    return Consumer(config.client_conf(**conf))
 
 
 def _refused(what: str, err: object) -> Exception:
