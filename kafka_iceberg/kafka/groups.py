@@ -35,6 +35,17 @@ def _refused(what: str, err: object) -> Exception:
     return not_authorized(what, err) or BrokerUnavailableError(f"{what}: {err}")
 
 
+def _failed(config, what: str, exc: KafkaException) -> Exception:
+    """The error to raise for a commit or a fetch that raised ``exc``: no answer within ``config.timeout_s``
+    (no coordinator found, or the request timed out), an ACL refusal, or another refusal."""
+    err = exc.args[0] if exc.args else exc
+    if isinstance(err, KafkaError) and err.code() in (KafkaError._WAIT_COORD, KafkaError._TIMED_OUT):
+        return BrokerUnavailableError(
+            f"{what}: no answer from the group's coordinator on {config.bootstrap_servers} within {config.timeout_s:.0f} s"
+        )
+    return _refused(what, err)
+
+
 def commit_offsets(config, group: str, topic: str, offsets: Mapping[int, int]) -> None:
     """Set ``group``'s committed offsets on ``topic`` to ``offsets`` (partition -> offset), waiting at most
     ``config.timeout_s`` seconds for the coordinator's answer (about 8 ms on librdkafka's mock cluster,
@@ -52,12 +63,7 @@ def commit_offsets(config, group: str, topic: str, offsets: Mapping[int, int]) -
             offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False
         )
     except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        if isinstance(err, KafkaError) and err.code() in (KafkaError._WAIT_COORD, KafkaError._TIMED_OUT):
-            raise BrokerUnavailableError(
-                f"{what}: no coordinator of the group answered on {config.bootstrap_servers} within {config.timeout_s:.0f} s"
-            ) from exc
-        raise _refused(what, err) from exc
+        raise _failed(config, what, exc) from exc
     finally:
         consumer.close()
     for tp in parts or []:  # a refused partition is not a failed commit
@@ -74,12 +80,7 @@ def committed_offsets(config, group: str, topic: str, partitions: list[int]) -> 
     try:
         found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=config.timeout_s)
     except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        if isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
-            raise BrokerUnavailableError(
-                f"{what}: no answer from {config.bootstrap_servers} within {config.timeout_s:.0f} s"
-            ) from exc
-        raise _refused(what, err) from exc
+        raise _failed(config, what, exc) from exc
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in found if tp.error is None and tp.offset >= 0}
