@@ -6,9 +6,9 @@ The routine ones follow the commit rate: a table past ``maintenance.max_snapshot
 every minute or two at a few commits a second. They are reported through a
 :class:`~kafka_iceberg.batch.coalesce.Throttle`, at most once per
 :data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` per table and kind: the latest result, with ``jobs`` or
-``checks`` saying how many it stands for. A failed check is reported at once, and what is held is reported
-when the run stops serving (:meth:`ChoreReports.drain`). Scheduled maintenance (by cron) is always reported.
-Called from the op's main thread only.
+``checks`` saying how many it stands for. A failed check, and the next pass, are reported at once; what is
+held is reported when the run stops serving (:meth:`ChoreReports.drain`). Scheduled maintenance (by cron)
+is always reported. Called from the op's main thread only.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class ChoreReports:
     def __init__(self, context: OpExecutionContext, slack: LakeSlackResource | None, throttle: Throttle):
         self.context, self.slack, self.throttle = context, slack, throttle
         self.specs: dict[str, TableSpec] = {}
+        self.failing: dict[str, bool] = {}  # identifier -> whether its last reported check failed
 
     def maintenance(self, spec: TableSpec, result, routine: bool = True) -> None:
         """Report a maintenance job's ``MaintenanceResult`` on ``spec``'s table: ``routine`` (by count, not
@@ -46,17 +47,20 @@ class ChoreReports:
 
     def check(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Report a ``duplicate_free`` outcome of ``spec``'s table: a pass at most once per interval, a
-        failure at once."""
+        failure at once, and the first pass after a failure at once."""
         self.specs[spec.identifier] = spec
-        due = self.throttle.add((spec.identifier, CHECK), outcome, urgent=not outcome.passed)
+        urgent = not outcome.passed or self.failing.get(spec.identifier, False)
+        due = self.throttle.add((spec.identifier, CHECK), outcome, urgent=urgent)
         if due is not None:
             self.evaluate(spec, *due)
 
     def drain(self) -> None:
         """Report every result held back (the run stops serving)."""
         for (identifier, kind), (item, n) in self.throttle.drain().items():
-            spec = self.specs[identifier]
-            self.evaluate(spec, item, n) if kind == CHECK else self.observe(spec, item, n)
+            if kind == CHECK:
+                self.evaluate(self.specs[identifier], item, n)
+            else:
+                self.observe(self.specs[identifier], item, n)
 
     def observe(self, spec: TableSpec, result, jobs: int = 1) -> None:
         """Log ``result`` as an ``AssetObservation`` of ``spec``'s table, standing for ``jobs`` jobs of its kind."""
@@ -70,6 +74,7 @@ class ChoreReports:
     def evaluate(self, spec: TableSpec, outcome: checks.CheckOutcome, n: int = 1) -> None:
         """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation, standing for ``n`` checks (the
         earlier ones passed); alert on a change of status."""
+        self.failing[spec.identifier] = not outcome.passed
         if self.slack is not None:
             alert_check(self.context, self.slack, spec, CHECK, outcome, "ERROR")
         result = check_result(replace(outcome, figures={**outcome.figures, "checks": n}), AssetCheckSeverity.ERROR)

@@ -6,6 +6,7 @@ many micro-batches on a real Dagster instance, real Spark, the real catalog and 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
@@ -13,8 +14,10 @@ from devtools.demo.data import produce
 from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, REPORT_EVERY_S, Coalescer, Throttle, merge
 from kafka_iceberg.batch.types import BatchResult
 from kafka_iceberg.catalog.tables import load_catalog
+from kafka_iceberg.lake_assets.chore_reports import ChoreReports
 from kafka_iceberg.lake_assets.vocabulary import BUDGET_TAG, table_key
 from kafka_iceberg.lake_assets.worker import report_every_s, worker_job
+from kafka_iceberg.ops.checks import CheckOutcome
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import OBSERVE_EVERY_S, should_observe
@@ -164,3 +167,21 @@ def test_routine_chore_reports_come_once_per_interval_and_a_failed_check_at_once
     assert sum(n for _, n in per_kind["expire"]) == 360 and sum(n for _, n in per_kind["check"]) == 360
     assert per_kind["expire"][-1] == (3590, per_kind["expire"][-1][1]), "the latest job, when the run stops"
     assert throttle.drain() == {}
+
+
+def test_a_worker_reports_a_failed_check_and_the_recovery_at_once_and_passes_once_per_interval():
+    now, events = [0.0], []
+    log = SimpleNamespace(info=lambda m: None)
+    reports = ChoreReports(SimpleNamespace(log=log, log_event=events.append), None, Throttle(clock=lambda: now[0]))
+    spec = make_spec("t", "t")
+
+    def check(at: float, passed: bool) -> None:
+        now[0] = at
+        reports.check(spec, CheckOutcome(passed, f"at {at}", {"rows": 1}))
+
+    for at, passed in [(0, True), (10, True), (20, False), (30, True), (40, True), (50, True)]:
+        check(at, passed)
+    seen = [(e.passed, e.metadata["checks"].value, e.description) for e in events]
+    assert seen == [(True, 1, "at 0"), (False, 2, "at 20"), (True, 1, "at 30")], "a pass held, a failure, the recovery"
+    reports.drain()
+    assert [(e.passed, e.metadata["checks"].value) for e in events[3:]] == [(True, 2)], "the held passes at the end"
