@@ -8,8 +8,8 @@ table under ``maintenance.max_snapshots`` plus the commits of one round of the w
 table past its ceiling is checked, then expired, one table at a time: :data:`CHORE_ROUND_COMMITS`) and the
 commits that race an expiry; its metadata files under ``write.metadata.previous-versions-max`` + 1 (plus
 the same race); the catalog's ``iceberg_tables`` rows unchanged over the load; and at most
-:data:`~devtools.bench.soak.EVENTS_GOAL` Dagster events per table per hour over the second half. Registered in :data:`devtools.rehearsal.run.SCENARIO_MODULES` (``make rehearse
-REHEARSE_ARGS="--only soak"``).
+:data:`~devtools.bench.soak.EVENTS_GOAL` Dagster events per table per hour over the second half.
+Registered in :data:`devtools.rehearsal.run.SCENARIO_MODULES` (``make rehearse REHEARSE_ARGS="--only soak"``).
 """
 
 from __future__ import annotations
