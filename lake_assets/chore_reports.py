@@ -37,7 +37,7 @@ class ChoreReports:
         self.specs: dict[str, TableSpec] = {}
         self.failing: dict[str, bool] = {}  # identifier -> whether its last reported check failed
 
-    def maintenance(self, spec: TableSpec, result, routine: bool = True) -> None:
+    def maintenance(self, spec: TableSpec, result, routine: bool) -> None:
         """Report a maintenance job's ``MaintenanceResult`` on ``spec``'s table: ``routine`` (by count, not
         by cron) ones at most once per interval."""
         self.specs[spec.identifier] = spec
