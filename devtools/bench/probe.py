@@ -2,7 +2,7 @@
 
 - :func:`processes`: every process of a process session (the deployment's: daemon, code server, run
   workers, their Spark JVMs), from ``/proc``: resident memory (bytes), threads, open file descriptors;
-- :func:`jvm_live_heap`: the old generation of a JVM right after a full collection (``jcmd PID GC.run``, then
+- :func:`jvm_heap`: the old generation of a JVM right after a full collection (``jcmd PID GC.run``, then
   ``jstat -gc PID``: ``OU``, bytes): the full collection leaves every live object there, while eden fills
   again within milliseconds under load, so old-generation used is the live set, not the collector's sawtooth;
 - :func:`table_files`: per table, the snapshots of its metadata (pyiceberg) and the ``*.metadata.json``
@@ -108,18 +108,33 @@ def _name(cmd: list[bytes], fallback: str) -> str:
     return prog
 
 
-def jvm_live_heap(pid: int, timeout_s: float = 30.0) -> int | None:
-    """Bytes of old generation used by JVM ``pid`` after a full collection (module docstring); None when ``jcmd`` or
-    ``jstat`` is missing, fails or takes longer than ``timeout_s``."""
+def jvm_heap(pid: int, timeout_s: float = 30.0) -> tuple[int, int] | None:
+    """(bytes of old generation used, bytes of heap committed) of JVM ``pid`` after a full collection (module
+    docstring); None when ``jcmd`` or ``jstat`` is missing, fails or takes longer than ``timeout_s``. The
+    committed heap is what the collector chose to keep: it follows the live set by a factor (G1 shrinks it
+    after a full collection to ``MaxHeapFreeRatio``), so the resident memory apart from it is what a leak
+    outside the heap would raise."""
     try:
         subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=timeout_s, check=True)
         lines = subprocess.run(
             ["jstat", "-gc", str(pid)], capture_output=True, text=True, timeout=timeout_s, check=True
         ).stdout.split("\n")
         row = dict(zip(lines[0].split(), lines[1].split()))
-        return int(float(row["OU"]) * 1024)
+        committed = sum(float(row.get(k, 0)) for k in ("S0C", "S1C", "EC", "OC"))
+        return int(float(row["OU"]) * 1024), int(committed * 1024)
     except (OSError, subprocess.SubprocessError, KeyError, IndexError, ValueError):
         return None
+
+
+def age_s(pid: int) -> float | None:
+    """Seconds since process ``pid`` started (``/proc/PID/stat`` start time against ``/proc/uptime``); None
+    when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def table_files(catalog, identifiers: list[str]) -> dict[str, tuple[int, int]]:

@@ -110,8 +110,11 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
     procs, others = _split(
         probe.processes(sid, runs)
     )  # threads and fds before the full collections (which start cleanup threads)
-    heaps = [probe.jvm_live_heap(p["pid"]) for p in procs if p["name"] == "java"]
+    heaps = [probe.jvm_heap(p["pid"]) for p in procs if p["name"] == "java"]
     after = _split(probe.processes(sid, runs))[0] if heaps else procs  # RSS after them: the JVMs' heaps shrunk alike
+    live = [h[0] for h in heaps if h is not None]
+    committed = sum(h[1] for h in heaps if h is not None) / MIB
+    ages = [probe.age_s(pid) for pid, job in runs.items() if job.startswith(WORKER_JOB_PREFIX)]
     files = probe.table_files(load_catalog(settings.catalog), identifiers)
     snaps = [s for s, _ in files.values()] or [0]
     metas = [m for _, m in files.values()] or [0]
@@ -124,10 +127,13 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
         "other_runs": sorted({p["job"] for p in others}),
         "other_runs_rss_mib": sum(p["rss"] for p in others) / MIB,
         "rss_mib": sum(p["rss"] for p in after) / MIB,
+        "rss_native_mib": sum(p["rss"] for p in after) / MIB - committed,
+        "heap_committed_mib": committed,
+        "worker_ages_s": sorted(a for a in ages if a is not None),
         "threads": sum(p["threads"] for p in procs),
         "fds": sum(p["fds"] for p in procs),
         "jvms": len(heaps),
-        "heap_mib": sum(h for h in heaps if h is not None) / MIB if any(h is not None for h in heaps) else None,
+        "heap_mib": sum(live) / MIB if live else None,
         "tables": len(files),
         "snapshots_max": max(snaps),
         "snapshots_mean": sum(snaps) / len(snaps),
