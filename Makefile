@@ -98,15 +98,15 @@ bench: install
 # the soak (devtools/bench/soak.py): SOAK_TABLES tables streamed at SOAK_RATE records/s in all through the default
 # deployment for SOAK_MINUTES, sampled every SOAK_SAMPLE_S seconds into $(LAKE_HOME)/soak/samples.jsonl; every
 # figure must be flat over the second half, and every record in its table exactly once (exit 1 otherwise).
-# Unattended: nohup make soak > soak.log 2>&1 &
+# Unattended: nohup make soak > soak.log 2>&1 &    Judge the last soak's samples again: make soak SOAK_ARGS=--rejudge
 SOAK_MINUTES ?= 120
-SOAK_SAMPLE_S ?= 300
+SOAK_SAMPLE_S ?= 60
 SOAK_TABLES ?= 100
 SOAK_RATE ?= 200
 SOAK_MAX_SNAPSHOTS ?= 60
 soak: install
 	$(PY) -m devtools.bench.soak --minutes $(SOAK_MINUTES) --sample-s $(SOAK_SAMPLE_S) --tables $(SOAK_TABLES) \
-		--rate $(SOAK_RATE) --max-snapshots $(SOAK_MAX_SNAPSHOTS)
+		--rate $(SOAK_RATE) --max-snapshots $(SOAK_MAX_SNAPSHOTS) $(SOAK_ARGS)
 
 dev: install dagster-home
 	$(PY) scripts/dev.py

@@ -3,7 +3,7 @@ soak's second half, each with the JVM count a handover gives)."""
 
 from __future__ import annotations
 
-from devtools.bench.soak import COLUMNS, steady, verdicts
+from devtools.bench.soak import COLUMNS, slope, steady, verdicts
 
 # min, procs, RSS MiB, threads, fds, heap MiB, snap max, snap mean, meta max, meta mean, cat rows, dagster MiB,
 # events (the soak's table, COLUMNS) and the sample's JVMs
@@ -45,3 +45,70 @@ def test_the_fits_use_the_steady_samples_only():
     assert abs(checks["fds"]["slope_h"]) < 20, "one worker's fds are flat (~370-404) over the second half"
     alone = {c["figure"]: c for c in verdicts(_samples([r[:-1] + (5,) for r in SECOND_HALF]), 100, workers=1)}
     assert alone["fds"]["verdict"] == "too few samples" and alone["fds"]["points"] == 0
+
+
+def _aged(minutes: float, ages_min: list[float], threads: int, events: int) -> dict:
+    """A sample with the fields :func:`sample` writes: worker runs' ages, and the daemon and code server."""
+    return {
+        "minutes": minutes,
+        "worker_ages_s": [a * 60 for a in ages_min],
+        "threads": threads,
+        "fds": 1200,
+        "rss_native_mib": 1500.0,
+        "heap_mib": 120.0,
+        "by_name": {"dagster-daemon": [1, 210.0, 11, 3], "dagster api": [1, 410.0, 18, 20], "java": [1, 900, 300, 300]},
+        "events": events,
+        "dagster_mib": events / 100,
+        "snapshots_max": 60,
+        "snapshots_mean": 40.0,
+        "metadata_files_max": 51,
+        "metadata_files_mean": 51.0,
+        "catalog_rows": 200,
+    }
+
+
+def test_worker_run_figures_use_warm_samples_and_the_rest_every_sample():
+    # a run replaced at 60 min: its successor up at 58 (two runs), then young until 70; threads ramp after a start
+    ages = {m: ([m - 30] if m < 58 else [m - 30, m - 58] if m < 61 else [m - 58]) for m in range(30, 121, 2)}
+    samples = [_aged(m, a, 800 if min(a) >= 10 else 600 + 20 * min(a), 10_000 + 150 * m) for m, a in ages.items()]
+    kept = [s["minutes"] for s in steady(samples, workers=1)]
+    assert kept == [*range(40, 57, 2), *range(68, 121, 2)], "young runs and handovers are left out"
+    checks = {c["figure"]: c for c in verdicts(samples, 100, workers=1)}
+    assert checks["threads"]["points"] == len([m for m in kept if m >= 60]) and checks["threads"]["verdict"] == "pass"
+    assert checks["events"]["points"] == len([m for m in ages if m >= 60]), "events: every second-half sample"
+    assert round(checks["events"]["slope_h"]) == 9000 and checks["events"]["verdict"] == "pass"
+    assert checks["server_rss_mib"]["slope_h"] == 0 and checks["server_rss_mib"]["verdict"] == "pass"
+    # with the young run's samples the ramp would read as growth beyond the bound
+    ramp = slope([(s["minutes"] / 60, s["threads"]) for s in samples if s["minutes"] >= 60])
+    assert ramp[0] - 2 * ramp[1] > 10
+    assert {c["figure"]: c for c in verdicts(samples, 100, workers=2)}["threads"]["verdict"] == "too few samples"
+
+
+def test_a_growing_code_server_fails_and_a_short_run_still_judges_its_events():
+    growing = [_aged(m, [m], 800, 100 * m) for m in range(0, 121, 2)]
+    for s in growing:
+        s["by_name"]["dagster api"][1] += 0.5 * s["minutes"]  # 30 MiB/h
+    checks = {c["figure"]: c for c in verdicts(growing, 100, workers=1)}
+    assert checks["server_rss_mib"]["verdict"] == "FAIL" and round(checks["server_rss_mib"]["slope_h"]) == 30
+    short = [_aged(m, [m], 800, 250 * m) for m in range(0, 7)]  # 6 minutes: no warm worker sample at all
+    checks = {c["figure"]: c for c in verdicts(short, 100, workers=1)}
+    assert checks["threads"]["verdict"] == "too few samples"
+    assert round(checks["events"]["slope_h"]) == 15_000 and checks["events"]["verdict"] == "pass"
+
+
+def test_rejudge_reads_a_finished_soak_again(tmp_path):
+    import json
+    from argparse import Namespace
+
+    from devtools.bench.soak import rejudge
+
+    samples = [_aged(m, [m % 30 + 30], 800, 100 * m) for m in range(0, 121, 2)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    args = Namespace(minutes=120, sample_s=120, tables=100, rate=200, max_snapshots=60, commit="abc1234")
+    tallies = {f"lake.t{i}": [5, 5, 5] for i in range(99)} | {"lake.t99": [6, 5, 5]}
+    old = {"args": vars(args), "workers": 1, "tallies": tallies, "ok": True, "commit": "abc1234"}
+    (tmp_path / "summary.json").write_text(json.dumps(old))
+    summary = rejudge(tmp_path)
+    assert summary["exact"] == 99 and summary["ok"] is False, "a duplicated record fails the soak"
+    assert summary["commit"] == "abc1234" and summary["judged_by"]
+    assert json.loads((tmp_path / "summary.json").read_text())["ok"] is False

@@ -75,10 +75,15 @@ class Bound:
 
 
 BOUNDS = (
-    Bound("rss_mib", "MiB", 64.0, "a 1 GiB/16 h leak; read after the JVMs' full GC, which shrinks their heaps"),
+    Bound(
+        "rss_native_mib", "MiB", 64.0, "resident memory apart from the Java heap the collector sizes: a 1 GiB/16 h leak"
+    ),
+    Bound("heap_mib", "MiB", 64.0, "the JVMs' live set after a full GC, in-flight batches included: 1 GiB/16 h"),
     Bound("threads", "threads", 10.0, "thread pools are sized at start; Spark's and gRPC's vary by ~20"),
     Bound("fds", "fds", 20.0, "sockets and shuffle files vary by a few tens between samples"),
-    Bound("heap_mib", "MiB", 32.0, "old generation after a full GC: the live set, with the in-flight batches"),
+    Bound("server_rss_mib", "MiB", 16.0, "daemon and code server, which live for months: 16 MiB/h"),
+    Bound("server_threads", "threads", 5.0, "daemon and code server: a leak of one per sensor tick is 120/h"),
+    Bound("server_fds", "fds", 5.0, "daemon and code server: a socket leaked per sensor tick is 120/h"),
     Bound("snapshots_max", "snapshots", 5.0, "expiry keeps max_snapshots, or the <= 5 min a pending check reads"),
     Bound("snapshots_mean", "snapshots", 5.0, "each table saws between retain_last and max_snapshots"),
     Bound("metadata_files_max", "files", 5.0, "write.metadata.previous-versions-max keeps 50 + 1"),
@@ -87,6 +92,19 @@ BOUNDS = (
     Bound("events", "events", None, f"goal: {EVENTS_GOAL} events per table per hour"),
     Bound("dagster_mib", "MiB", None, "the event goal at this run's bytes per event (storage grows with events)"),
 )
+SERVERS = ("dagster-daemon", "dagster api")
+"""The deployment's processes that live as long as it does (:func:`probe.processes` names): the daemon and the
+code server, which evaluates the sensors. Worker runs are replaced every ``BUDGET_S`` (30 min)."""
+
+
+def figure(s: dict, name: str) -> float | None:
+    """Figure ``name`` of sample ``s``: a sampled number, or ``server_rss_mib`` / ``server_threads`` /
+    ``server_fds`` summed over the :data:`SERVERS` processes (``by_name``); None when the sample lacks it."""
+    if name.startswith("server_"):
+        column = {"server_rss_mib": 1, "server_threads": 2, "server_fds": 3}[name]
+        return float(sum(v[column] for k, v in (s.get("by_name") or {}).items() if k in SERVERS))
+    value = s.get(name)
+    return None if value is None else float(value)
 
 
 def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -199,7 +217,11 @@ def row(s: dict) -> str:
 
 HANDOVER_RATIO = 1.5
 """A sample whose process count or open file descriptors exceed this multiple of the run's steady level is
-taken during a worker run's handover (:func:`steady`): a second worker run about doubles both."""
+taken during a worker run's handover (:func:`steady`, samples without ``worker_ages_s``)."""
+WARM_S = 600.0
+"""Seconds a worker run takes to reach its working level: every table served, the JVM's thread pools and code
+cache filled (on f8d7f5e a new run's JVM went from ~220 to ~325 threads in its first 10 minutes). The fits leave
+its younger samples out, as a line through runs that each start low would read the sawtooth as a trend."""
 
 
 def _lower_quartile(values: list[float]) -> float:
@@ -208,25 +230,22 @@ def _lower_quartile(values: list[float]) -> float:
 
 
 def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
-    """The ``samples`` taken while exactly the deployment's worker runs were alive, no second one: a sample taken
-    during a worker run's handover (its successor already up, or its predecessor still exiting) is left out of the
-    fits, as a least-squares line through a dozen points would read that run's memory, threads and files as a leak.
-    Two rules, both must hold:
+    """The ``samples`` taken while exactly the deployment's worker runs were alive, each warm: a sample with a
+    second run (a successor up, or a predecessor still exiting) or with a run younger than :data:`WARM_S` is left
+    out of the fits, as a least-squares line through a dozen points would read that run's memory, threads and
+    files as a leak. ``workers``: the deployment's worker count (None: the samples' most common count).
 
-    1. JVMs: each worker run has one Spark driver JVM and no other long-lived process has one, so a steady sample
-       has ``workers`` JVMs (the deployment's worker count; None: the run's most common count). More: a second
-       run's JVM is up; fewer: a run is between its start and its Spark session.
-    2. Processes and open files: a successor's Python process is up some seconds before its JVM, a predecessor's
-       JVM may end before its process, so rule 1 alone misses them. A second run only adds processes and files,
-       so the steady level is the low end: the lower quartile of ``processes`` and of ``fds`` over the samples
-       rule 1 keeps (right while at least a quarter of them are steady). A sample above :data:`HANDOVER_RATIO`
-       times either is out (a second worker run about doubles both: ~370 fds with one worker, ~730 with two on
-       the 100-table soak). A leak stays visible: its samples below 1.5 times the level still carry its slope.
-
-    (Other runs, such as the scheduled ``duplicate_free`` full scans, 100 tables' daily crons spread to one about
-    every 15 min, are not counted in the figures at all: :func:`_split`.)"""
+    Samples with ``worker_ages_s`` (the worker runs' ages, :func:`sample`) are judged by it. Older samples by
+    two rules: (1) exactly ``workers`` JVMs (one Spark driver per worker run); (2) processes and open files at
+    most :data:`HANDOVER_RATIO` times the lower quartile of those rule 1 keeps (a successor's Python process is
+    up some seconds before its JVM). Other runs (a scheduled ``duplicate_free`` full scan) are never counted in
+    the figures: :func:`_split`."""
     if not samples:
         return []
+    if all("worker_ages_s" in s for s in samples):
+        counts = [len(s["worker_ages_s"]) for s in samples]
+        usual = workers if workers is not None else max(set(counts), key=counts.count)
+        return [s for s in samples if len(s["worker_ages_s"]) == usual and min(s["worker_ages_s"] or [0]) >= WARM_S]
     counts = [s["jvms"] for s in samples]
     usual = workers if workers is not None else max(set(counts), key=counts.count)
     one_each = [s for s in samples if s["jvms"] == usual]
@@ -236,19 +255,29 @@ def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
     return [s for s in one_each if s["processes"] <= HANDOVER_RATIO * procs and s["fds"] <= HANDOVER_RATIO * fds]
 
 
+RUN_FIGURES = ("rss_native_mib", "heap_mib", "threads", "fds")
+"""The figures that sum the worker runs' processes: fitted over the :func:`steady` samples only."""
+
+
 def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> list[dict]:
-    """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``; only
-    :func:`steady` ones; ``workers``: the deployment's worker runs), its standard error, its bound and the verdict:
-    ``pass`` when the slope plus twice its standard error is within the bound (shown flat), ``FAIL`` when the slope
-    minus twice its standard error is above it (shown growing), else ``noisy`` (neither shown: a longer run
-    decides); only ``pass`` passes. Fewer than 3 steady samples: ``too few samples``."""
+    """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``; the
+    :data:`RUN_FIGURES` over its :func:`steady` samples only; ``workers``: the deployment's worker runs), its
+    standard error, its bound and the verdict: ``pass`` when the slope plus twice its standard error is within the
+    bound (shown flat), ``FAIL`` when the slope minus twice its standard error is above it (shown growing), else
+    ``noisy`` (neither shown: a longer run decides); only ``pass`` passes. Fewer than 3 samples: ``too few
+    samples``."""
     end = samples[-1]["minutes"]
-    half = steady([s for s in samples if s["minutes"] >= end / 2], workers)
-    first, last = (half[0], half[-1]) if half else ({"events": 0, "dagster_mib": 0.0},) * 2  # none: too few samples
+    half = [s for s in samples if s["minutes"] >= end / 2]
+    warm = steady(half, workers)
+    first, last = (half[0], half[-1]) if half else ({"events": 0, "dagster_mib": 0.0},) * 2
     events_per_mib = (last["events"] - first["events"]) / max(1e-9, last["dagster_mib"] - first["dagster_mib"])
     out = []
     for b in BOUNDS:
-        pts = [(s["minutes"] / 60, float(s[b.figure])) for s in half if s.get(b.figure) is not None]
+        pts = [
+            (s["minutes"] / 60, y)
+            for s in (warm if b.figure in RUN_FIGURES else half)
+            if (y := figure(s, b.figure)) is not None
+        ]
         k, err = slope(pts)
         limit = b.limit
         if b.figure == "events":
@@ -356,16 +385,16 @@ def _stream(args, settings: Settings, home: Path, env: dict[str, str], work: Pat
     return samples, produced
 
 
-def report(args, samples: list[dict], produced: dict[str, int], settings: Settings, work: Path) -> dict:
-    """Print the slopes, the events per table per hour and the exactly-once check; write ``summary.json``;
-    return the summary (``ok``: whether all hold; ``checks``: :func:`verdicts`; ``tallies``: :func:`exactly_once`;
-    ``samples``)."""
-    workers = worker_count(args.tables, settings.catalog.is_sqlite, os.cpu_count())  # daemon_env: LAKE_WORKERS unset
+def report(args, samples: list[dict], tallies: dict[str, tuple[int, int, int]], workers: int, work: Path) -> dict:
+    """Print the slopes, the events per table per hour and the exactly-once check (``tallies``:
+    :func:`exactly_once`); write ``summary.json``; return the summary (``ok``: whether all hold; ``checks``:
+    :func:`verdicts`; ``tallies``; ``samples``)."""
     checks = verdicts(samples, args.tables, workers)
     say()
     say(
-        f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min, {checks[0]['points']} samples "
-        f"with {workers} worker run(s), none during a handover): least-squares slope per hour (+- its standard error)"
+        f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min; the worker runs' figures "
+        f"over {checks[0]['points']} samples with {workers} worker run(s) of at least {WARM_S / 60:.0f} min, none "
+        "during a handover): least-squares slope per hour (+- its standard error)"
     )
     for c in checks:
         say(
@@ -374,22 +403,34 @@ def report(args, samples: list[dict], produced: dict[str, int], settings: Settin
         )
     per_table = next(c for c in checks if c["figure"] == "events")["slope_h"] / args.tables
     say(f"Dagster events per table per hour: {per_table:.1f}  |  goal <= {EVENTS_GOAL}")
-    tallies = exactly_once(settings, produced)
     exact = sum(t == d == p for t, d, p in tallies.values())
     say(
         f"exactly once: {exact} of {args.tables} tables (count = distinct (partition, offset) = produced); "
-        f"{sum(produced.values()):,} records produced"
+        f"{sum(p for _, _, p in tallies.values()):,} records produced"
     )
     for identifier, (t, d, p) in sorted(tallies.items()):
         if not t == d == p:
             say(f"  {identifier}: rows {t:,}, distinct {d:,}, produced {p:,}")
     ok = all(c["ok"] for c in checks) and exact == args.tables and per_table <= EVENTS_GOAL
     summary = {"args": vars(args), "checks": checks, "events_per_table_h": per_table, "exact": exact, "ok": ok}
-    summary["workers"] = workers
-    summary.update(commit=args.commit, tallies=tallies)
+    summary.update(workers=workers, commit=args.commit, judged_by=_commit(), tallies=tallies)
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
-    say(f"soak {'PASSED' if ok else 'FAILED'} (commit {summary['commit']}, {samples[-1]['minutes']:.0f} min of load)")
+    say(
+        f"soak {'PASSED' if ok else 'FAILED'} (commit {summary['commit']}, judged by {summary['judged_by']}, "
+        f"{samples[-1]['minutes']:.0f} min of load)"
+    )
     return {**summary, "samples": samples}
+
+
+def rejudge(work: Path) -> dict:
+    """Judge a finished soak in ``work`` again by this checkout's :func:`verdicts`: its ``samples.jsonl`` and the
+    arguments, worker count and exactly-once tallies of its ``summary.json`` (raises FileNotFoundError without
+    them); prints and rewrites the summary as :func:`report` does (``judged_by``: this checkout)."""
+    samples = [json.loads(line) for line in (work / "samples.jsonl").read_text().splitlines() if line.strip()]
+    old = json.loads((work / "summary.json").read_text())
+    args = argparse.Namespace(**old["args"])
+    tallies = {k: tuple(v) for k, v in old["tallies"].items()}
+    return report(args, samples, tallies, old["workers"], work)
 
 
 def _commit() -> str:
@@ -410,21 +451,23 @@ def run_soak(args, work: Path) -> dict:
     try:
         settings, home, env = _prepare(work, args.tables, args.max_snapshots)
         samples, produced = _stream(args, settings, home, env, work)
-        return report(args, samples, produced, settings, work)
+        workers = worker_count(args.tables, settings.catalog.is_sqlite, os.cpu_count())  # LAKE_WORKERS unset
+        return report(args, samples, exactly_once(settings, produced), workers, work)
     finally:
         devbroker.stop(work / "kafka")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """``--minutes``, ``--sample-s``, ``--tables``, ``--rate``, ``--max-snapshots`` (defaults: the ``SOAK_*``
-    variables, else 120, 300, 100, 200, 60)."""
+    variables, else 120, 60, 100, 200, 60); ``--rejudge``: :func:`rejudge` the last soak instead."""
     env = os.environ
     ap = argparse.ArgumentParser(prog="make soak", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=float(env.get("SOAK_MINUTES") or 120))
-    ap.add_argument("--sample-s", type=float, default=float(env.get("SOAK_SAMPLE_S") or 300))
+    ap.add_argument("--sample-s", type=float, default=float(env.get("SOAK_SAMPLE_S") or 60))
     ap.add_argument("--tables", type=int, default=int(env.get("SOAK_TABLES") or 100))
     ap.add_argument("--rate", type=int, default=int(env.get("SOAK_RATE") or 200))
     ap.add_argument("--max-snapshots", type=int, default=int(env.get("SOAK_MAX_SNAPSHOTS") or 60))
+    ap.add_argument("--rejudge", action="store_true", help="judge the last soak's samples again (rejudge)")
     return ap.parse_args(argv)
 
 
@@ -432,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("LAKE_DEV", "1")  # as under make: the development defaults where nothing is set
     lake_home = Path(os.environ.get("LAKE_HOME") or CHECKOUT / ".lake").resolve()
+    if args.rejudge:
+        return 0 if rejudge(lake_home / "soak")["ok"] else 1
     return 0 if run_soak(args, lake_home / "soak")["ok"] else 1
 
 
