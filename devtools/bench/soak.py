@@ -1,6 +1,6 @@
 """The soak: a hundred streaming tables on the default deployment for hours; everything it holds must stay flat.
 
-``make soak [SOAK_MINUTES=120] [SOAK_SAMPLE_S=300] [SOAK_TABLES=100] [SOAK_RATE=200]`` (``python -m
+``make soak [SOAK_MINUTES=120] [SOAK_SAMPLE_S=60] [SOAK_TABLES=100] [SOAK_RATE=200]`` (``python -m
 devtools.bench.soak --minutes M --sample-s S --tables N --rate R``) starts a dev broker of its own and a fresh
 lake under ``$LAKE_HOME/soak`` (removed first), declares N tables (the flights declaration on N topics of 2
 partitions, as ``make bench BENCH_ARGS="--many N"``), and runs the default deployment on this checkout:
@@ -13,10 +13,10 @@ Every S seconds it samples (:mod:`devtools.bench.probe`) and appends one JSON li
 threads and open file descriptors summed over the deployment's long-lived processes (daemon, code server,
 worker runs, their JVMs; the processes of other runs, found by the runs' ``lake/worker-pid`` tags, are
 recorded apart: ``other_runs``, ``other_runs_rss_mib``), then, after a full collection of each Spark driver JVM (``jcmd GC.run``), their live heap (old
-generation used) and the resident memory summed over the processes (read after the collection, which
-shrinks the JVMs' heaps, so successive samples compare like with like), snapshots and
-metadata files per table (max, mean), rows of the catalog's ``iceberg_tables``, bytes of ``DAGSTER_HOME`` and
-its events.
+generation used) and committed heap, the resident memory summed over the processes (read after the collection)
+and that memory apart from the committed heap (``rss_native_mib``: the collector sizes the heap from the live
+set, so it is noise, not a leak), the worker runs' ages, snapshots and metadata files per table (max, mean), rows
+of the catalog's ``iceberg_tables``, bytes of ``DAGSTER_HOME`` and its events.
 
 The tables keep their snapshots under ``maintenance.max_snapshots`` = ``--max-snapshots`` (default 60,
 ``retain_last`` a third of it; :func:`declare`), so the worker runs' expiry cuts them back several times
@@ -24,10 +24,12 @@ within the run; metadata files are bounded by ``write.metadata.previous-versions
 
 At the end it stops the producer, waits until every table caught up, stops the deployment, and prints,
 over the second half of the run, each figure's least-squares slope (per hour, with its standard error)
-against its bound (:data:`BOUNDS`, each with the reason for it; :func:`verdicts`), the Dagster events per
+against its bound (:data:`BOUNDS`, each with the reason for it; :func:`verdicts`: the worker runs' figures
+over warm samples only, :func:`steady`; the daemon and code server apart, :data:`SERVERS`), the Dagster events per
 table per hour against the goal (<= 200), and whether every table holds each produced record exactly once
 (DuckDB: count = distinct (partition, offset) = produced). It exits 1 unless all pass.
-``$LAKE_HOME/soak/summary.json`` keeps the verdicts.
+``$LAKE_HOME/soak/summary.json`` keeps the verdicts; ``make soak SOAK_ARGS=--rejudge`` judges the last soak's
+samples again by this checkout's rules (:func:`rejudge`).
 """
 
 from __future__ import annotations
