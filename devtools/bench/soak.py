@@ -23,7 +23,7 @@ The tables keep their snapshots under ``maintenance.max_snapshots`` = ``--max-sn
 within the run; metadata files are bounded by ``write.metadata.previous-versions-max``.
 
 At the end it stops the producer, waits until every table caught up, stops the deployment, and prints,
-over the second half of the run, each figure's least-squares slope (per hour, with its standard error)
+over the second half of the run, each figure's Theil-Sen slope (per hour, with its 95% interval)
 against its bound (:data:`BOUNDS`, each with the reason for it; :func:`verdicts`: the worker runs' figures
 over warm samples only, :func:`steady`; the daemon and code server apart, :data:`SERVERS`), the Dagster events per
 table per hour against the goal (<= 200), and whether every table holds each produced record exactly once
@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -109,19 +111,25 @@ def figure(s: dict, name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares slope of ``points`` (x, y) and its standard error; (0, 0) for fewer than 3 points."""
+TREND_Z = 1.96
+"""The normal quantile of :func:`trend`'s two-sided 95% interval."""
+
+
+def trend(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """The Theil-Sen slope of ``points`` (x, y): the median of the slopes between every two points, with Sen's
+    95% interval (the ranks of those slopes that Kendall's statistic bounds); (slope, low, high), all 0 for fewer
+    than 3 points. A median, so a sample taken while a Spark job's Python workers were up, or a burst was in
+    flight, moves it little, while a leak moves every sample and so every slope."""
     n = len(points)
-    if n < 3:
-        return 0.0, 0.0
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if sxx == 0:
-        return 0.0, 0.0
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx
-    resid = sum((y - my - b * (x - mx)) ** 2 for x, y in points)
-    return b, (resid / (n - 2) / sxx) ** 0.5
+    slopes = sorted(
+        (y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1
+    )
+    if n < 3 or not slopes:
+        return 0.0, 0.0, 0.0
+    spread = TREND_Z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    low = max(0, math.floor((len(slopes) - spread) / 2))
+    high = min(len(slopes) - 1, math.ceil((len(slopes) + spread) / 2))
+    return statistics.median(slopes), slopes[low], slopes[high]
 
 
 def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0: float) -> dict:
@@ -234,7 +242,7 @@ def _lower_quartile(values: list[float]) -> float:
 def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
     """The ``samples`` taken while exactly the deployment's worker runs were alive, each warm: a sample with a
     second run (a successor up, or a predecessor still exiting) or with a run younger than :data:`WARM_S` is left
-    out of the fits, as a least-squares line through a dozen points would read that run's memory, threads and
+    out of the fits, as a line through the restarts would read each run's ramp of memory, threads and
     files as a leak. ``workers``: the deployment's worker count (None: the samples' most common count).
 
     Samples with ``worker_ages_s`` (the worker runs' ages, :func:`sample`) are judged by it. Older samples by
@@ -263,11 +271,10 @@ RUN_FIGURES = ("rss_native_mib", "heap_mib", "threads", "fds")
 
 def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> list[dict]:
     """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``; the
-    :data:`RUN_FIGURES` over its :func:`steady` samples only; ``workers``: the deployment's worker runs), its
-    standard error, its bound and the verdict: ``pass`` when the slope plus twice its standard error is within the
-    bound (shown flat), ``FAIL`` when the slope minus twice its standard error is above it (shown growing), else
-    ``noisy`` (neither shown: a longer run decides); only ``pass`` passes. Fewer than 3 samples: ``too few
-    samples``."""
+    :data:`RUN_FIGURES` over its :func:`steady` samples only; ``workers``: the deployment's worker runs), its 95%
+    interval (:func:`trend`), its bound and the verdict: ``pass`` when the interval's upper end is within the bound
+    (shown flat), ``FAIL`` when its lower end is above it (shown growing), else ``noisy`` (neither shown: a longer
+    run decides); only ``pass`` passes. Fewer than 3 samples: ``too few samples``."""
     end = samples[-1]["minutes"]
     half = [s for s in samples if s["minutes"] >= end / 2]
     warm = steady(half, workers)
@@ -280,14 +287,14 @@ def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> li
             for s in (warm if b.figure in RUN_FIGURES else half)
             if (y := figure(s, b.figure)) is not None
         ]
-        k, err = slope(pts)
+        k, low, high = trend(pts)
         limit = b.limit
         if b.figure == "events":
             limit = EVENTS_GOAL * tables
         elif b.figure == "dagster_mib":
             limit = EVENTS_GOAL * tables / events_per_mib if events_per_mib > 0 else 0.0
-        verdict = "pass" if k + 2 * err <= limit else "FAIL" if k - 2 * err > limit else "noisy"
-        out.append({"figure": b.figure, "unit": b.unit, "slope_h": k, "stderr_h": err, "limit_h": limit})
+        verdict = "pass" if high <= limit else "FAIL" if low > limit else "noisy"
+        out.append({"figure": b.figure, "unit": b.unit, "slope_h": k, "low_h": low, "high_h": high, "limit_h": limit})
         out[-1].update(verdict=verdict if len(pts) >= 3 else "too few samples", points=len(pts), why=b.why)
         out[-1]["ok"] = out[-1]["verdict"] == "pass"
     return out
@@ -396,11 +403,11 @@ def report(args, samples: list[dict], tallies: dict[str, tuple[int, int, int]], 
     say(
         f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min; the worker runs' figures "
         f"over {checks[0]['points']} samples with {workers} worker run(s) of at least {WARM_S / 60:.0f} min, none "
-        "during a handover): least-squares slope per hour (+- its standard error)"
+        "during a handover): Theil-Sen slope per hour [its 95% interval]"
     )
     for c in checks:
         say(
-            f"  {c['figure']:<20} {c['slope_h']:>+12.2f} {c['unit']}/h (+- {c['stderr_h']:.2f})  "
+            f"  {c['figure']:<20} {c['slope_h']:>+12.2f} {c['unit']}/h [{c['low_h']:+.2f}, {c['high_h']:+.2f}]  "
             f"|  bound <= {c['limit_h']:.2f} {c['unit']}/h ({c['why']})  {c['verdict']}"
         )
     per_table = next(c for c in checks if c["figure"] == "events")["slope_h"] / args.tables
