@@ -245,7 +245,8 @@ def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
     out of the fits, as a line through the restarts would read each run's ramp of memory, threads and
     files as a leak. ``workers``: the deployment's worker count (None: the samples' most common count).
 
-    Samples with ``worker_ages_s`` (the worker runs' ages, :func:`sample`) are judged by it. Older samples by
+    Samples with ``worker_ages_s`` (the worker runs' ages, :func:`sample`) are judged by it and by their JVMs
+    (one Spark driver per worker run; another is a run that has not tagged its pid yet). Older samples by
     two rules: (1) exactly ``workers`` JVMs (one Spark driver per worker run); (2) processes and open files at
     most :data:`HANDOVER_RATIO` times the lower quartile of those rule 1 keeps (a successor's Python process is
     up some seconds before its JVM). Other runs (a scheduled ``duplicate_free`` full scan) are never counted in
@@ -255,7 +256,8 @@ def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
     if all("worker_ages_s" in s for s in samples):
         counts = [len(s["worker_ages_s"]) for s in samples]
         usual = workers if workers is not None else max(set(counts), key=counts.count)
-        return [s for s in samples if len(s["worker_ages_s"]) == usual and min(s["worker_ages_s"] or [0]) >= WARM_S]
+        warm = [s for s in samples if len(s["worker_ages_s"]) == usual and min(s["worker_ages_s"] or [0]) >= WARM_S]
+        return [s for s in warm if s["jvms"] == usual]  # a second JVM: a run not tagged with its pid yet
     counts = [s["jvms"] for s in samples]
     usual = workers if workers is not None else max(set(counts), key=counts.count)
     one_each = [s for s in samples if s["jvms"] == usual]
