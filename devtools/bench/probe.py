@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 from contextlib import closing
@@ -108,12 +109,12 @@ def _name(cmd: list[bytes], fallback: str) -> str:
     return prog
 
 
-def jvm_heap(pid: int, timeout_s: float = 30.0) -> tuple[int, int] | None:
-    """(bytes of old generation used, bytes of heap committed) of JVM ``pid`` after a full collection (module
-    docstring); None when ``jcmd`` or ``jstat`` is missing, fails or takes longer than ``timeout_s``. The
-    committed heap is what the collector chose to keep: it follows the live set by a factor (G1 shrinks it
-    after a full collection to ``MaxHeapFreeRatio``), so the resident memory apart from it is what a leak
-    outside the heap would raise."""
+def jvm_heap(pid: int, timeout_s: float = 30.0) -> tuple[int, int, int | None] | None:
+    """(bytes of old generation used, bytes of heap committed, bytes of the heap resident) of JVM ``pid`` after
+    a full collection (module docstring); None when ``jcmd`` or ``jstat`` is missing, fails or takes longer than
+    ``timeout_s``. The committed heap is what the collector chose to keep, sized from the live set; the resident
+    heap (:func:`heap_resident`, None when unreadable) is the part of it in memory, so the process's resident
+    memory apart from it is what a leak outside the Java heap would raise."""
     try:
         subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=timeout_s, check=True)
         lines = subprocess.run(
@@ -121,8 +122,32 @@ def jvm_heap(pid: int, timeout_s: float = 30.0) -> tuple[int, int] | None:
         ).stdout.split("\n")
         row = dict(zip(lines[0].split(), lines[1].split()))
         committed = sum(float(row.get(k, 0)) for k in ("S0C", "S1C", "EC", "OC"))
-        return int(float(row["OU"]) * 1024), int(committed * 1024)
+        return int(float(row["OU"]) * 1024), int(committed * 1024), heap_resident(pid, timeout_s)
     except (OSError, subprocess.SubprocessError, KeyError, IndexError, ValueError):
+        return None
+
+
+def heap_resident(pid: int, timeout_s: float = 30.0) -> int | None:
+    """Bytes resident of JVM ``pid``'s Java heap: the ``Rss`` of the ``/proc/PID/smaps`` mappings inside the heap's
+    reserved range (``jcmd PID GC.heap_info``: ``[0x..., 0x...)``); None when either is unreadable."""
+    try:
+        info = subprocess.run(
+            ["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=timeout_s, check=True
+        ).stdout
+        m = re.search(r"\[(0x[0-9a-f]+), (0x[0-9a-f]+)\)", info)
+        if m is None:
+            return None
+        low, high, inside, total = int(m[1], 16), int(m[2], 16), False, 0
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                head = line.split(" ", 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    start, _, end = head.partition("-")
+                    inside = low <= int(start, 16) and int(end, 16) <= high
+                elif inside and line.startswith("Rss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 

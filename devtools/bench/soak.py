@@ -14,8 +14,8 @@ threads and open file descriptors summed over the deployment's long-lived proces
 worker runs, their JVMs; the processes of other runs, found by the runs' ``lake/worker-pid`` tags, are
 recorded apart: ``other_runs``, ``other_runs_rss_mib``), then, after a full collection of each Spark driver JVM (``jcmd GC.run``), their live heap (old
 generation used) and committed heap, the resident memory summed over the processes (read after the collection)
-and that memory apart from the committed heap (``rss_native_mib``: the collector sizes the heap from the live
-set, so it is noise, not a leak), the worker runs' ages, snapshots and metadata files per table (max, mean), rows
+and that memory apart from the Java heap's resident pages (``rss_native_mib``; the collector sizes the heap from
+the live set, so its size is noise, not a leak), the worker runs' ages, snapshots and metadata files per table (max, mean), rows
 of the catalog's ``iceberg_tables``, bytes of ``DAGSTER_HOME`` and its events.
 
 The tables keep their snapshots under ``maintenance.max_snapshots`` = ``--max-snapshots`` (default 60,
@@ -142,6 +142,7 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
     after = _split(probe.processes(sid, runs))[0] if heaps else procs  # RSS after them: the JVMs' heaps shrunk alike
     live = [h[0] for h in heaps if h is not None]
     committed = sum(h[1] for h in heaps if h is not None) / MIB
+    resident = sum(h[2] if h[2] is not None else h[1] for h in heaps if h is not None) / MIB  # else: committed
     ages = [probe.age_s(pid) for pid, job in runs.items() if job.startswith(WORKER_JOB_PREFIX)]
     files = probe.table_files(load_catalog(settings.catalog), identifiers)
     snaps = [s for s, _ in files.values()] or [0]
@@ -155,7 +156,7 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
         "other_runs": sorted({p["job"] for p in others}),
         "other_runs_rss_mib": sum(p["rss"] for p in others) / MIB,
         "rss_mib": sum(p["rss"] for p in after) / MIB,
-        "rss_native_mib": sum(p["rss"] for p in after) / MIB - committed,
+        "rss_native_mib": sum(p["rss"] for p in after) / MIB - resident,
         "heap_committed_mib": committed,
         "worker_ages_s": sorted(a for a in ages if a is not None),
         "threads": sum(p["threads"] for p in procs),
