@@ -76,7 +76,8 @@ def test_worker_run_figures_use_warm_samples_and_the_rest_every_sample():
     kept = [s["minutes"] for s in steady(samples, workers=1)]
     assert kept == [*range(40, 57, 2), *range(68, 116, 2), 118, 120], "young runs and handovers are left out"
     checks = {c["figure"]: c for c in verdicts(samples, 100, workers=1)}
-    assert checks["threads"]["points"] == len([m for m in kept if m >= 60]) and checks["threads"]["verdict"] == "pass"
+    # runs start at 30 and 58: a period of 28 min; each warm sample from 96 min on has one 28 min before it
+    assert checks["threads"]["points"] == len([m for m in kept if m >= 96]) and checks["threads"]["verdict"] == "pass"
     assert checks["events"]["points"] == len([m for m in ages if m >= 60]), "events: every second-half sample"
     assert round(checks["events"]["slope_h"]) == 9000 and checks["events"]["verdict"] == "pass"
     assert checks["server_rss_mib"]["slope_h"] == 0 and checks["server_rss_mib"]["verdict"] == "pass"
@@ -121,3 +122,20 @@ def test_the_trend_shrugs_off_outliers_and_sees_a_leak():
     k, low, high = trend(leak)
     assert 90 < k < 110 and low > 64
     assert trend(flat[:2]) == (0.0, 0.0, 0.0)
+
+
+def test_a_sawtooth_passes_and_a_level_that_climbs_run_by_run_fails():
+    def samples(per_run_mib: float) -> list[dict]:
+        out = []
+        for m in range(0, 121):
+            age, run = m % 30 + 0.5, m // 30
+            s = _aged(m, [age], 800, 100 * m)
+            s["by_name"]["python (multiprocessing)"] = [2, 500 + 4 * age + per_run_mib * run, 400, 800]
+            out.append(s)
+        return out
+
+    sawtooth = {c["figure"]: c for c in verdicts(samples(0), 100, workers=1)}["python_rss_mib"]
+    assert sawtooth["verdict"] == "pass" and sawtooth["slope_h"] == 0, "each run grows 80 MiB, the next starts over"
+    assert sawtooth["points"] >= 15
+    climbing = {c["figure"]: c for c in verdicts(samples(50), 100, workers=1)}["python_rss_mib"]
+    assert climbing["verdict"] == "FAIL" and round(climbing["slope_h"]) == 100, "50 MiB more each 30 min run"

@@ -82,12 +82,13 @@ BOUNDS = (
     Bound(
         "rss_native_mib", "MiB", 64.0, "resident memory apart from the Java heap the collector sizes: a 1 GiB/16 h leak"
     ),
+    Bound("python_rss_mib", "MiB", 32.0, "the worker runs' Python processes (not the JVMs): 512 MiB/16 h"),
     Bound("heap_mib", "MiB", 64.0, "the JVMs' live set after a full GC, in-flight batches included: 1 GiB/16 h"),
     Bound("threads", "threads", 10.0, "thread pools are sized at start; Spark's and gRPC's vary by ~20"),
     Bound("fds", "fds", 20.0, "sockets and shuffle files vary by a few tens between samples"),
     Bound("server_rss_mib", "MiB", 16.0, "daemon and code server, which live for months: 16 MiB/h"),
-    Bound("server_threads", "threads", 5.0, "daemon and code server: a leak of one per sensor tick is 120/h"),
-    Bound("server_fds", "fds", 5.0, "daemon and code server: a socket leaked per sensor tick is 120/h"),
+    Bound("server_threads", "threads", 10.0, "daemon and code server; one leaked per sensor tick is 120/h"),
+    Bound("server_fds", "fds", 20.0, "daemon and code server: their sockets come and go by ~15 between samples"),
     Bound("snapshots_max", "snapshots", 5.0, "expiry keeps max_snapshots, or the <= 5 min a pending check reads"),
     Bound("snapshots_mean", "snapshots", 5.0, "each table saws between retain_last and max_snapshots"),
     Bound("metadata_files_max", "files", 5.0, "write.metadata.previous-versions-max keeps 50 + 1"),
@@ -102,11 +103,14 @@ code server, which evaluates the sensors. Worker runs are replaced every ``BUDGE
 
 
 def figure(s: dict, name: str) -> float | None:
-    """Figure ``name`` of sample ``s``: a sampled number, or ``server_rss_mib`` / ``server_threads`` /
-    ``server_fds`` summed over the :data:`SERVERS` processes (``by_name``); None when the sample lacks it."""
+    """Figure ``name`` of sample ``s``: a sampled number, ``server_rss_mib`` / ``server_threads`` / ``server_fds``
+    summed over the :data:`SERVERS` processes, or ``python_rss_mib`` over the others but the JVMs (``by_name``);
+    None when the sample lacks it."""
     if name.startswith("server_"):
         column = {"server_rss_mib": 1, "server_threads": 2, "server_fds": 3}[name]
         return float(sum(v[column] for k, v in (s.get("by_name") or {}).items() if k in SERVERS))
+    if name == "python_rss_mib":
+        return float(sum(v[1] for k, v in (s.get("by_name") or {}).items() if k not in (*SERVERS, "java")))
     value = s.get(name)
     return None if value is None else float(value)
 
@@ -268,29 +272,60 @@ def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
     return [s for s in one_each if s["processes"] <= HANDOVER_RATIO * procs and s["fds"] <= HANDOVER_RATIO * fds]
 
 
-RUN_FIGURES = ("rss_native_mib", "heap_mib", "threads", "fds")
-"""The figures that sum the worker runs' processes: fitted over the :func:`steady` samples only."""
+RUN_FIGURES = ("rss_native_mib", "python_rss_mib", "heap_mib", "threads", "fds")
+"""The figures that sum the worker runs' processes: over the :func:`steady` samples only, and across runs
+(:func:`across_runs`)."""
+
+
+def run_period_h(samples: list[dict]) -> float | None:
+    """Hours between two successive worker runs' starts (the median; a start is a sample's time less a run's
+    ``worker_ages_s``, starts within a minute are one); None with fewer than two starts."""
+    starts = sorted(s["minutes"] - a / 60 for s in samples for a in s.get("worker_ages_s", ()))
+    distinct = [t for i, t in enumerate(starts) if i == 0 or t - starts[i - 1] > 1.0]
+    gaps = [b - a for a, b in zip(distinct, distinct[1:])]
+    return statistics.median(gaps) / 60 if gaps else None
+
+
+def across_runs(points: list[tuple[float, float]], period_h: float) -> tuple[float, float, float, int]:
+    """The change per hour of a worker runs' figure from one run to the next, at the same age: each point
+    (hours, value) against the point one ``period_h`` before it (the nearest within a quarter of the period's
+    tenth), as a slope; (the median slope, its 95% interval by order statistics, the pairs). A run that grows
+    while it serves and is then replaced draws a sawtooth; the difference at one period removes it, and what is
+    left is what the next run inherits: the growth that would last for weeks."""
+    slopes = []
+    for x, y in points:
+        earlier = min(points, key=lambda p: abs(x - p[0] - period_h))
+        if abs(x - earlier[0] - period_h) <= period_h / 40:
+            slopes.append((y - earlier[1]) / (x - earlier[0]))
+    n = len(slopes)
+    if n < 3:
+        return 0.0, 0.0, 0.0, n
+    slopes.sort()
+    k = max(0, math.floor((n - TREND_Z * math.sqrt(n)) / 2))
+    return statistics.median(slopes), slopes[k], slopes[min(n - 1, n - 1 - k)], n
 
 
 def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> list[dict]:
-    """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``; the
-    :data:`RUN_FIGURES` over its :func:`steady` samples only; ``workers``: the deployment's worker runs), its 95%
-    interval (:func:`trend`), its bound and the verdict: ``pass`` when the interval's upper end is within the bound
-    (shown flat), ``FAIL`` when its lower end is above it (shown growing), else ``noisy`` (neither shown: a longer
-    run decides); only ``pass`` passes. Fewer than 3 samples: ``too few samples``."""
+    """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``) with its
+    95% interval: :func:`trend`, or for the :data:`RUN_FIGURES` the change from one worker run to the next over the
+    :func:`steady` samples (:func:`across_runs`; ``workers``: the deployment's worker runs); its bound and the
+    verdict: ``pass`` when the interval's upper end is within the bound (shown flat), ``FAIL`` when its lower end
+    is above it (shown growing), else ``noisy`` (neither shown: a longer run decides); only ``pass`` passes. Fewer
+    than 3 samples (or pairs): ``too few samples``."""
     end = samples[-1]["minutes"]
     half = [s for s in samples if s["minutes"] >= end / 2]
     warm = steady(half, workers)
     first, last = (half[0], half[-1]) if half else ({"events": 0, "dagster_mib": 0.0},) * 2
     events_per_mib = (last["events"] - first["events"]) / max(1e-9, last["dagster_mib"] - first["dagster_mib"])
+    period = run_period_h(samples)
     out = []
     for b in BOUNDS:
-        pts = [
-            (s["minutes"] / 60, y)
-            for s in (warm if b.figure in RUN_FIGURES else half)
-            if (y := figure(s, b.figure)) is not None
-        ]
-        k, low, high = trend(pts)
+        run_figure = b.figure in RUN_FIGURES
+        pts = [(s["minutes"] / 60, y) for s in (warm if run_figure else half) if (y := figure(s, b.figure)) is not None]
+        if run_figure and period is not None:
+            k, low, high, paired = across_runs(pts, period)
+        else:
+            (k, low, high), paired = trend(pts), len(pts)
         limit = b.limit
         if b.figure == "events":
             limit = EVENTS_GOAL * tables
@@ -298,7 +333,7 @@ def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> li
             limit = EVENTS_GOAL * tables / events_per_mib if events_per_mib > 0 else 0.0
         verdict = "pass" if high <= limit else "FAIL" if low > limit else "noisy"
         out.append({"figure": b.figure, "unit": b.unit, "slope_h": k, "low_h": low, "high_h": high, "limit_h": limit})
-        out[-1].update(verdict=verdict if len(pts) >= 3 else "too few samples", points=len(pts), why=b.why)
+        out[-1].update(verdict=verdict if paired >= 3 else "too few samples", points=paired, why=b.why)
         out[-1]["ok"] = out[-1]["verdict"] == "pass"
     return out
 
