@@ -288,14 +288,16 @@ def run_period_h(samples: list[dict]) -> float | None:
 
 def across_runs(points: list[tuple[float, float]], period_h: float) -> tuple[float, float, float, int]:
     """The change per hour of a worker runs' figure from one run to the next, at the same age: each point
-    (hours, value) against the point one ``period_h`` before it (the nearest within a quarter of the period's
-    tenth), as a slope; (the median slope, its 95% interval by order statistics, the pairs). A run that grows
+    (hours, value) against the point one ``period_h`` before it (the nearest, within a 40th of the period or half
+    the sampling interval), as a slope; (the median slope, its 95% interval by order statistics, the pairs). A run that grows
     while it serves and is then replaced draws a sawtooth; the difference at one period removes it, and what is
     left is what the next run inherits: the growth that would last for weeks."""
+    xs = sorted(x for x, _ in points)
+    within = max(period_h / 40, statistics.median([b - a for a, b in zip(xs, xs[1:])] or [0]) / 2)
     slopes = []
     for x, y in points:
         earlier = min(points, key=lambda p: abs(x - p[0] - period_h))
-        if abs(x - earlier[0] - period_h) <= period_h / 40:
+        if abs(x - earlier[0] - period_h) <= within:
             slopes.append((y - earlier[1]) / (x - earlier[0]))
     n = len(slopes)
     if n < 3:
