@@ -148,6 +148,7 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
     committed = sum(h[1] for h in heaps if h is not None) / MIB
     resident = sum(h[2] if h[2] is not None else h[1] for h in heaps if h is not None) / MIB  # else: committed
     ages = [probe.age_s(pid) for pid, job in runs.items() if job.startswith(WORKER_JOB_PREFIX)]
+    rss = sum(p["rss"] for p in after) / MIB
     files = probe.table_files(load_catalog(settings.catalog), identifiers)
     snaps = [s for s, _ in files.values()] or [0]
     metas = [m for _, m in files.values()] or [0]
@@ -159,8 +160,8 @@ def sample(sid: int, settings: Settings, home: Path, identifiers: list[str], t0:
         "by_name": _by_name(procs),
         "other_runs": sorted({p["job"] for p in others}),
         "other_runs_rss_mib": sum(p["rss"] for p in others) / MIB,
-        "rss_mib": sum(p["rss"] for p in after) / MIB,
-        "rss_native_mib": sum(p["rss"] for p in after) / MIB - resident,
+        "rss_mib": rss,
+        "rss_native_mib": rss - resident,
         "heap_committed_mib": committed,
         "worker_ages_s": sorted(a for a in ages if a is not None),
         "threads": sum(p["threads"] for p in procs),
@@ -258,14 +259,12 @@ def steady(samples: list[dict], workers: int | None = None) -> list[dict]:
     the figures: :func:`_split`."""
     if not samples:
         return []
-    if all("worker_ages_s" in s for s in samples):
-        counts = [len(s["worker_ages_s"]) for s in samples]
-        usual = workers if workers is not None else max(set(counts), key=counts.count)
-        warm = [s for s in samples if len(s["worker_ages_s"]) == usual and min(s["worker_ages_s"] or [0]) >= WARM_S]
-        return [s for s in warm if s["jvms"] == usual]  # a second JVM: a run not tagged with its pid yet
     counts = [s["jvms"] for s in samples]
     usual = workers if workers is not None else max(set(counts), key=counts.count)
-    one_each = [s for s in samples if s["jvms"] == usual]
+    one_each = [s for s in samples if s["jvms"] == usual]  # a second JVM: a run not tagged with its pid yet
+    if all("worker_ages_s" in s for s in samples):
+        ages = [(s, s["worker_ages_s"]) for s in one_each]
+        return [s for s, a in ages if len(a) == usual and min(a or [0]) >= WARM_S]
     if not one_each:
         return []
     procs, fds = (_lower_quartile([s[k] for s in one_each]) for k in ("processes", "fds"))
@@ -442,8 +441,8 @@ def report(args, samples: list[dict], tallies: dict[str, tuple[int, int, int]], 
     say()
     say(
         f"second half ({samples[-1]['minutes'] / 2:.0f} .. {samples[-1]['minutes']:.0f} min; the worker runs' figures "
-        f"over {checks[0]['points']} samples with {workers} worker run(s) of at least {WARM_S / 60:.0f} min, none "
-        "during a handover): Theil-Sen slope per hour [its 95% interval]"
+        f"over {checks[0]['points']} samples, or pairs one run apart, with {workers} worker run(s) of at least "
+        f"{WARM_S / 60:.0f} min, none during a handover): Theil-Sen slope per hour [its 95% interval]"
     )
     for c in checks:
         say(
