@@ -322,7 +322,7 @@ def _duplicate_free_check(spec: TableSpec, keys: ResourceKeys):
             return AssetCheckResult(passed=False, description=f"table {spec.identifier} does not exist yet")
         # after the run's own commits: only the rows they added; a check run on its own: the full scan
         outcome = checks.duplicate_free(
-            pyspark.spark_session, qualified(settings, spec), spec, metadata_view(table), commit_id=context.run.run_id
+            pyspark.spark_session, qualified(settings, spec), spec, table, commit_id=context.run.run_id
         )
         alert_check(context, slack, spec, "duplicate_free", outcome, "ERROR")
         return check_result(outcome, AssetCheckSeverity.ERROR)

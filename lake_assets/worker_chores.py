@@ -13,8 +13,8 @@ while the run serves, and once more at its end, so each check reads a bounded nu
 evaluations and the observations of jobs by count reach the event log at most once per table and
 :data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` (:mod:`kafka_iceberg.lake_assets.chore_reports`).
 
-While the run serves, a check reads in a background thread (one at a time, on the same Spark session)
-and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
+While the run serves, a check reads in a background thread (one at a time; pyiceberg reads the rows a check
+covers, the full scan of an upsert table is a Spark job of the run's session) and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
 check starts while no table has records waiting, or once it has been pending :data:`CHECK_EVERY_S`
 while some table always has (then at most one every :data:`CHECK_SPACING_S`): a backlog is drained before
 its checks compete with it for the cores.
@@ -357,14 +357,15 @@ class WorkerChores:
 
     def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, checks.CheckOutcome]:
         """(main's snapshot id, the ``duplicate_free`` outcome) of ``spec``'s table over the rows run
-        ``run_id``'s commits added after snapshot ``after``. Reads the catalog and Spark; raises what they raise.
+        ``run_id``'s commits added after snapshot ``after``. Reads the catalog and the data files (Spark for
+        a full scan, :func:`~kafka_iceberg.ops.checks.duplicate_free`); raises what they raise.
         Runs in the background thread: it reads only its arguments and ``env``."""
         env = self.env
-        view = metadata_view(load_table(env.catalog, spec.identifier))
+        table = load_table(env.catalog, spec.identifier)
         outcome = checks.duplicate_free(
-            env.spark, qualified(env.settings, spec), spec, view, commit_id=run_id, after=after
+            env.spark, qualified(env.settings, spec), spec, table, commit_id=run_id, after=after
         )
-        return view.main, outcome
+        return outcome.snapshot_id, outcome
 
     def report(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Report ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation (a pass at most once per

@@ -3,8 +3,8 @@
 
 Usage: ``python -m tests.cluster_batch SPEC_JSON COMMIT_ID`` with the lake's settings in the
 environment (``SPARK_MASTER=spark://...``). Runs one micro-batch (recover, plan, read on the
-executors, write, publish), then the duplicate-free check, and prints one JSON line:
-``{"master", "committed", "records", "check_passed", "executor_tasks": {executor id: tasks}}``.
+executors, write, publish), then the duplicate-free check of its rows, and prints one JSON line:
+``{"master", "committed", "records", "check_passed", "check_scope", "executor_tasks": {executor id: tasks}}``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.catalog.spark import get_spark
-from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, qualified
+from kafka_iceberg.catalog.tables import load_catalog, load_table, qualified
 from kafka_iceberg.config.settings import load_settings
 from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
@@ -36,8 +36,8 @@ def main(raw_spec: str, commit_id: str) -> None:
     catalog = load_catalog(settings.catalog)
     kafka = KafkaMetadata(KafkaConfig.from_settings(settings))
     result = run_micro_batch(spark, settings, spec, commit_id=commit_id, kafka=kafka, catalog=catalog)
-    view = metadata_view(load_table(catalog, spec.identifier))
-    check = duplicate_free(spark, qualified(settings, spec), spec, view)
+    table = load_table(catalog, spec.identifier)
+    check = duplicate_free(spark, qualified(settings, spec), spec, table, commit_id=commit_id)
     print(
         json.dumps(
             {
@@ -45,6 +45,7 @@ def main(raw_spec: str, commit_id: str) -> None:
                 "committed": result.committed,
                 "records": result.records,
                 "check_passed": check.passed,
+                "check_scope": check.figures["scope"],
                 "executor_tasks": executor_tasks(spark),
             }
         )

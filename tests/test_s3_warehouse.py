@@ -172,6 +172,7 @@ def test_micro_batches_through_the_write_path_on_s3(s3, broker, kafka_config, to
     produce(kafka_config, topic, event_records(range(600, 900)))
     second = batch(f"s3-{unique}-2")
     assert second["committed"] and second["records"] == 300 and second["check_passed"], second
+    assert second["check_scope"] == "incremental", "pyiceberg read the second batch's data files from S3"
 
     cfg = catalog_config_from_env({k: v for k, v in env.items() if k.startswith(("LAKE_CATALOG", "PYICEBERG_"))})
     table = cfg.load().load_table(f"test.{unique}")

@@ -86,8 +86,8 @@ def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_chec
     assert reported[1].figures["rows_scanned"] == 100
     assert _rows(settings, spec) == (400, 400)
     # a check whose first snapshots were expired cannot read incrementally: it reads the whole table
-    view = metadata_view(load_table(catalog, spec.identifier))
-    full = checks.duplicate_free(spark, qualified(settings, spec), spec, view, commit_id=context.run_id)
+    table = load_table(catalog, spec.identifier)
+    full = checks.duplicate_free(spark, qualified(settings, spec), spec, table, commit_id=context.run_id)
     assert full.passed and full.figures["scope"] == "full"
 
 

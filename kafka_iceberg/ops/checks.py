@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_iceberg.catalog.tables import TableMetadataView
+from pyiceberg.table import Table
+
+from kafka_iceberg.catalog.tables import TableMetadataView, metadata_view
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.ops.incremental_check import duplicate_free_since, outcome_figures, overlap_examples
 from kafka_iceberg.state import (
@@ -30,11 +32,13 @@ from kafka_iceberg.state import (
 
 @dataclass
 class CheckOutcome:
-    """Result of a check: ``passed``, a one-line ``summary``, and figures for the UI."""
+    """Result of a check: ``passed``, a one-line ``summary``, figures for the UI, and ``snapshot_id``: the
+    ``main`` snapshot it checked through (None: not a snapshot's check, or an empty table)."""
 
     passed: bool
     summary: str
     figures: dict[str, Any] = field(default_factory=dict)
+    snapshot_id: int | None = None
 
 
 def duplicate_keys(spark, qualified_table: str, spec: TableSpec) -> int:
@@ -53,7 +57,7 @@ def duplicate_free(
     spark,
     qualified_table: str,
     spec: TableSpec,
-    view: TableMetadataView,
+    table: Table,
     sample: int = 10,
     commit_id: str | None = None,
     after: int | None = None,
@@ -71,15 +75,18 @@ def duplicate_free(
     Returns figures: ``overlapping_snapshot_pairs``, ``duplicate_offsets`` (records that
     are extra copies), ``duplicate_data_files``, ``duplicate_keys``, and up to ``sample`` examples.
 
-    With ``commit_id`` (a run that committed) on an append table, only the rows added since that
-    commit id's first snapshot (after snapshot ``after``, which an earlier check of it covered) are read
-    (:mod:`kafka_iceberg.ops.incremental_check`); the full scan runs when it committed nothing, and
-    always for upsert tables (a key may repeat an old row)."""
+    ``table``: the pyiceberg table (``qualified_table`` in Spark); the check covers its ``main`` snapshot
+    (:attr:`CheckOutcome.snapshot_id`). With ``commit_id`` (a run that committed) on an append table, only
+    the rows added since that commit id's first snapshot (after snapshot ``after``, which an earlier check
+    of it covered) are read, by pyiceberg without Spark (:mod:`kafka_iceberg.ops.incremental_check`); the
+    full scan (Spark jobs) runs when it committed nothing, and always for upsert tables (a key may repeat
+    an old row). Raises what Spark, the catalog or the file IO raise."""
+    view = metadata_view(table)
     if commit_id is not None and spec.upsert is None:
-        since = duplicate_free_since(spark, qualified_table, spec, view, commit_id, after)
+        since = duplicate_free_since(table, spec, view, commit_id, after)
         if since is not None:
             passed, summary, figures = outcome_figures(since, sample)
-            return CheckOutcome(passed, f"table {spec.identifier}: {summary}", figures)
+            return CheckOutcome(passed, f"table {spec.identifier}: {summary}", figures, view.main)
     history = ancestors(view.snapshots, view.main)
     overlaps = overlapping_batches(history)
     dup_rows, dup_examples = _duplicate_offsets(spark, qualified_table, spec, sample)
@@ -107,8 +114,10 @@ def duplicate_free(
         if count
     ]
     if problems:
-        return CheckOutcome(False, f"table {spec.identifier} has duplicates: " + "; ".join(problems), figures)
-    return CheckOutcome(True, f"no duplicates over {len(history)} snapshots", figures)
+        return CheckOutcome(
+            False, f"table {spec.identifier} has duplicates: " + "; ".join(problems), figures, view.main
+        )
+    return CheckOutcome(True, f"no duplicates over {len(history)} snapshots", figures, view.main)
 
 
 def _examples(overlaps: list, dup_examples: list[tuple], files: list, sample: int) -> dict[str, list]:

@@ -6,8 +6,9 @@ so its cost grows with the table. After a run, only what the run added needs rea
 1. no two snapshots in ``main``'s ancestry cover overlapping ``kafka.batch`` offset ranges
    (snapshot summaries only: cost grows with the snapshot count, not the rows);
 2. every row appended since the run's first snapshot's parent (an Iceberg incremental append
-   read, ``start-snapshot-id`` exclusive to ``main`` inclusive) lies inside the ``kafka.batch``
-   ranges of those snapshots, and no ``(partition, offset)`` appears twice among them.
+   read, ``start-snapshot-id`` exclusive to ``main`` inclusive, by pyiceberg in the calling process:
+   milliseconds for a check's few small data files, where a Spark job took seconds) lies inside the
+   ``kafka.batch`` ranges of those snapshots, and no ``(partition, offset)`` appears twice among them.
 
 Given 1, and that earlier rows lie inside earlier snapshots' ranges (what earlier checks
 verified), 2 means no row the run added repeats any row of the table. What this cannot see
@@ -16,6 +17,9 @@ full scan finds: run the check on its own (no commit by the run), e.g. from a sc
 """
 
 from __future__ import annotations
+
+import numpy as np
+from pyiceberg.table import Table
 
 from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.declaration.spec import TableSpec
@@ -65,22 +69,36 @@ def merged_ranges(snapshots: list[SnapshotInfo]) -> dict[int, list[tuple[int, in
     return out
 
 
-_RANGES_DDL = "p INT, s BIGINT, e BIGINT"
-
-
-def _range_rows(ranges: dict[int, list[tuple[int, int]]]) -> list[tuple[int, int, int]]:
-    """(partition, start, end) rows of :func:`merged_ranges` (disjoint: a row of the table matches one at most)."""
-    return [(p, s, e) for p, rs in sorted(ranges.items()) for s, e in rs]
+def rows_outside(partitions: np.ndarray, offsets: np.ndarray, ranges: dict[int, list[tuple[int, int]]]) -> int:
+    """How many of the rows (``partitions[i]``, ``offsets[i]``; int arrays of one length) lie in none of
+    ``ranges`` (:func:`merged_ranges`: per partition, sorted disjoint half-open offset ranges)."""
+    outside = 0
+    for p in np.unique(partitions):
+        offs = offsets[partitions == p]
+        spans = ranges.get(int(p), [])
+        if not spans:
+            outside += len(offs)
+            continue
+        starts = np.array([s for s, _ in spans], dtype=np.int64)
+        ends = np.array([e for _, e in spans], dtype=np.int64)
+        at = np.searchsorted(starts, offs, side="right") - 1  # the range starting at or before each offset
+        inside = (at >= 0) & (offs < ends[np.maximum(at, 0)])
+        outside += int(len(offs) - inside.sum())
+    return outside
 
 
 def duplicate_free_since(
-    spark, qualified_table: str, spec: TableSpec, view: TableMetadataView, commit_id: str, after: int | None = None
+    table: Table, spec: TableSpec, view: TableMetadataView, commit_id: str, after: int | None = None
 ) -> dict | None:
     """The figures of the incremental check for the snapshots since ``commit_id``'s first one (after
     snapshot ``after``, the last one an earlier check of this commit id covered; see the module
     docstring), or None when it does not apply: ``commit_id`` committed nothing (since ``after``), its
     first snapshot has no parent (then the full check reads no more than this would), or that parent
     was expired (the rows of the expired snapshots can only be verified by the full check).
+
+    ``table``: the pyiceberg table ``view`` was read from. Reads the data files its append snapshots
+    added, two columns of them, in this process (pyiceberg's ``incremental_append_scan``, the
+    ``start-snapshot-id`` read of Spark; no Spark job); raises what its file IO raises.
 
     Figures: ``snapshots_examined`` (summaries), ``snapshots_scanned`` and ``rows_scanned`` (the
     incremental read), ``overlapping_snapshot_pairs``, ``duplicate_offsets`` (extra copies among
@@ -91,31 +109,19 @@ def duplicate_free_since(
     history = ancestors(view.snapshots, view.main)
     overlaps = overlapping_batches(history)
     part, off = spec.kafka_column("partition"), spec.kafka_column("offset")
-    rows = (
-        spark.read.format("iceberg")
-        .option("start-snapshot-id", str(scope[0].parent_id))
-        .option("end-snapshot-id", str(view.main))
-        .load(qualified_table)
-        .select(part, off)
-    )
-    rows.createOrReplaceTempView("_duplicate_free_since")
-    spark.createDataFrame(_range_rows(merged_ranges(scope)), _RANGES_DDL).createOrReplaceTempView("_batch_ranges")
-    # the ranges are rows of a joined relation, not literals of the query: every check compiles the same
-    # generated code (Spark caches it), where literal ranges made Janino and the JIT compile each check anew
-    total, outside, distinct = spark.sql(
-        f"SELECT count(*), coalesce(sum(CASE WHEN r.p IS NULL THEN 1 ELSE 0 END), 0), count(DISTINCT d.`{part}`, "
-        f"d.`{off}`) FROM _duplicate_free_since d LEFT JOIN _batch_ranges r "
-        f"ON d.`{part}` = r.p AND d.`{off}` >= r.s AND d.`{off}` < r.e"
-    ).collect()[0]
-    spark.catalog.dropTempView("_duplicate_free_since")
-    spark.catalog.dropTempView("_batch_ranges")
+    rows = table.incremental_append_scan(
+        from_snapshot_id_exclusive=scope[0].parent_id, to_snapshot_id_inclusive=view.main, selected_fields=(part, off)
+    ).to_arrow()
+    partitions = rows.column(part).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = rows.column(off).to_numpy(zero_copy_only=False).astype(np.int64)
+    distinct = len(np.unique(np.stack([partitions, offsets], axis=1), axis=0)) if len(offsets) else 0
     return {
         "snapshots_examined": len(history),
         "snapshots_scanned": len(scope),
-        "rows_scanned": int(total),
+        "rows_scanned": len(offsets),
         "overlapping_snapshot_pairs": len(overlaps),
-        "duplicate_offsets": int(total) - int(distinct),
-        "rows_outside_batch_ranges": int(outside),
+        "duplicate_offsets": len(offsets) - distinct,
+        "rows_outside_batch_ranges": rows_outside(partitions, offsets, merged_ranges(scope)),
         "overlaps": overlaps,
     }
 
@@ -165,6 +171,7 @@ __all__ = [
     "merged_ranges",
     "outcome_figures",
     "overlap_examples",
+    "rows_outside",
     "run_snapshots",
     "snapshots_to_keep",
 ]
