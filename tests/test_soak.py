@@ -139,3 +139,25 @@ def test_a_sawtooth_passes_and_a_level_that_climbs_run_by_run_fails():
     assert sawtooth["points"] >= 15
     climbing = {c["figure"]: c for c in verdicts(samples(50), 100, workers=1)}["python_rss_mib"]
     assert climbing["verdict"] == "FAIL" and round(climbing["slope_h"]) == 100, "50 MiB more each 30 min run"
+
+
+def test_transients_do_not_tilt_the_run_by_run_figures_and_a_rising_floor_fails():
+    """A micro-batch in flight raises the JVM's live heap for a sample (on 7334ec0: 117-527 MiB a minute apart); a
+    leak raises every sample. The run-by-run comparison reads each sample's floor over the last FLOOR_S."""
+
+    import random
+
+    def samples(per_run_mib: float) -> list[dict]:
+        out, rng = [], random.Random(43)
+        for m in range(0, 121):
+            age, run = m % 30 + 0.5, m // 30
+            s = _aged(m, [age], 800, 100 * m)
+            in_flight = rng.choice([0.0, 0.0, 100.0, 400.0])  # a batch in flight in half the samples
+            s["heap_mib"] = 120.0 + in_flight + per_run_mib * run
+            out.append(s)
+        return out
+
+    spiky = {c["figure"]: c for c in verdicts(samples(0), 100, workers=1)}["heap_mib"]
+    assert spiky["verdict"] == "pass" and spiky["slope_h"] == 0 and spiky["points"] >= 15, spiky
+    leak = {c["figure"]: c for c in verdicts(samples(50), 100, workers=1)}["heap_mib"]
+    assert leak["verdict"] == "FAIL" and round(leak["slope_h"]) == 100, leak

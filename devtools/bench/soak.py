@@ -83,7 +83,7 @@ BOUNDS = (
         "rss_native_mib", "MiB", 64.0, "resident memory apart from the Java heap the collector sizes: a 1 GiB/16 h leak"
     ),
     Bound("python_rss_mib", "MiB", 32.0, "the worker runs' Python processes (not the JVMs): 512 MiB/16 h"),
-    Bound("heap_mib", "MiB", 64.0, "the JVMs' live set after a full GC, in-flight batches included: 1 GiB/16 h"),
+    Bound("heap_mib", "MiB", 64.0, "the JVMs' live set after a full GC, its 5-minute floor: 1 GiB/16 h"),
     Bound("threads", "threads", 10.0, "thread pools are sized at start; Spark's and gRPC's vary by ~20"),
     Bound("fds", "fds", 20.0, "sockets and shuffle files vary by a few tens between samples"),
     Bound("server_rss_mib", "MiB", 16.0, "daemon and code server, which live for months: 16 MiB/h"),
@@ -276,6 +276,18 @@ RUN_FIGURES = ("rss_native_mib", "python_rss_mib", "heap_mib", "threads", "fds")
 (:func:`across_runs`)."""
 
 
+FLOOR_S = 300.0
+"""Seconds of a worker run's warm samples whose least value stands for a :data:`RUN_FIGURES` figure (:func:`floors`):
+a micro-batch in flight, a Spark job's Python workers or a burst of reader threads raise single samples, a leak raises
+them all. Shorter than :data:`WARM_S`, so the window of a warm sample holds samples of the same runs only."""
+
+
+def floors(points: list[tuple[float, float]], window_h: float) -> list[tuple[float, float]]:
+    """Each point (hours, value) with the least value of ``points`` within ``window_h`` hours before it, itself
+    included: the level a figure comes back to between transients, which a leak raises."""
+    return [(x, min(v for t, v in points if x - window_h <= t <= x)) for x, _ in points]
+
+
 def run_period_h(samples: list[dict]) -> float | None:
     """Hours between two successive worker runs' starts (the median; a start is a sample's time less a run's
     ``worker_ages_s``, starts within a minute are one); None with fewer than two starts."""
@@ -308,8 +320,8 @@ def across_runs(points: list[tuple[float, float]], period_h: float) -> tuple[flo
 
 def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> list[dict]:
     """Each :data:`BOUNDS` figure's slope per hour over the second half of ``samples`` (by ``minutes``) with its
-    95% interval: :func:`trend`, or for the :data:`RUN_FIGURES` the change from one worker run to the next over the
-    :func:`steady` samples (:func:`across_runs`; ``workers``: the deployment's worker runs); its bound and the
+    95% interval: :func:`trend`, or for the :data:`RUN_FIGURES` the change from one worker run to the next of their
+    :func:`floors` over the :func:`steady` samples (:func:`across_runs`; ``workers``: the deployment's worker runs); its bound and the
     verdict: ``pass`` when the interval's upper end is within the bound (shown flat), ``FAIL`` when its lower end
     is above it (shown growing), else ``noisy`` (neither shown: a longer run decides); only ``pass`` passes. Fewer
     than 3 samples (or pairs): ``too few samples``."""
@@ -324,7 +336,7 @@ def verdicts(samples: list[dict], tables: int, workers: int | None = None) -> li
         run_figure = b.figure in RUN_FIGURES
         pts = [(s["minutes"] / 60, y) for s in (warm if run_figure else half) if (y := figure(s, b.figure)) is not None]
         if run_figure and period is not None:
-            k, low, high, paired = across_runs(pts, period)
+            k, low, high, paired = across_runs(floors(pts, FLOOR_S / 3600), period)
         else:
             (k, low, high), paired = trend(pts), len(pts)
         limit = b.limit
