@@ -6,9 +6,9 @@ so its cost grows with the table. After a run, only what the run added needs rea
 1. no two snapshots in ``main``'s ancestry cover overlapping ``kafka.batch`` offset ranges
    (snapshot summaries only: cost grows with the snapshot count, not the rows);
 2. every row appended since the run's first snapshot's parent (an Iceberg incremental append
-   read, ``start-snapshot-id`` exclusive to ``main`` inclusive, by pyiceberg in the calling process:
-   milliseconds for a check's few small data files, where a Spark job took seconds) lies inside the
-   ``kafka.batch`` ranges of those snapshots, and no ``(partition, offset)`` appears twice among them.
+   read, ``start-snapshot-id`` exclusive to ``main`` inclusive, by pyiceberg in the calling process: no
+   Spark job, about 2 ms per snapshot of small data files on local disk) lies inside the ``kafka.batch``
+   ranges of those snapshots, and no ``(partition, offset)`` appears twice among them.
 
 Given 1, and that earlier rows lie inside earlier snapshots' ranges (what earlier checks
 verified), 2 means no row the run added repeats any row of the table. What this cannot see
