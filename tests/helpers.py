@@ -63,6 +63,11 @@ def current_view(catalog, spec: TableSpec):
     return metadata_view(load_table(catalog, spec.identifier))
 
 
+def current_table(catalog, spec: TableSpec):
+    """``spec``'s pyiceberg table as the catalog has it now (what ``duplicate_free`` reads)."""
+    return load_table(catalog, spec.identifier)
+
+
 def data_files_on_disk(settings, spec: TableSpec) -> set[str]:
     """Parquet files under the table's data directory (local warehouse only)."""
     root = Path(settings.catalog.warehouse[len("file://") :]) / Path(*spec.identifier.split("."))

@@ -18,7 +18,16 @@ from kafka_iceberg.catalog.tables import load_table, metadata_view
 from kafka_iceberg.errors import CatalogUnavailableError
 from kafka_iceberg.ops.checks import duplicate_free, quarantine
 from kafka_iceberg.state import KEY_QUARANTINED, KEY_READ, KEY_RECORDS, KEY_SCHEMA_CHANGES, dead_letter_ref, int_map
-from tests.helpers import BASE_TS_MS, current_view, event, event_records, make_spec, spec_dict, table_rows
+from tests.helpers import (
+    BASE_TS_MS,
+    current_table,
+    current_view,
+    event,
+    event_records,
+    make_spec,
+    spec_dict,
+    table_rows,
+)
 
 
 def run(spark, settings, spec, kafka, catalog, **kw):
@@ -94,7 +103,9 @@ def test_bad_records_are_quarantined_in_the_same_micro_batch(
     again = run(spark, settings, spec, kafka, catalog)
     assert not again.committed
     assert len(dead_letters(spark, settings, spec)) == 8
-    assert duplicate_free(spark, f"{settings.catalog.name}.{spec.identifier}", spec, current_view(catalog, spec)).passed
+    assert duplicate_free(
+        spark, f"{settings.catalog.name}.{spec.identifier}", spec, current_table(catalog, spec)
+    ).passed
 
     # a clean batch afterwards passes the check
     produce(kafka_config, topic, event_records(range(40, 60)))

@@ -18,7 +18,7 @@ from kafka_iceberg.ops.checks import duplicate_free
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.schedules import all_schedules
 from kafka_iceberg.state import state_at
-from tests.helpers import current_view, data_files_on_disk, event_records, make_spec, table_rows
+from tests.helpers import current_table, current_view, data_files_on_disk, event_records, make_spec, table_rows
 
 
 def _ingest_in_batches(spark, settings, spec, kafka, catalog):
@@ -77,7 +77,7 @@ def test_maintenance_keeps_offsets_and_exactly_once(
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
     ids = [r["id"] for r in table_rows(spark, settings, spec)]
     assert sorted(ids) == list(range(750))
-    outcome = duplicate_free(spark, f"{settings.catalog.name}.{spec.identifier}", spec, current_view(catalog, spec))
+    outcome = duplicate_free(spark, f"{settings.catalog.name}.{spec.identifier}", spec, current_table(catalog, spec))
     assert outcome.passed, outcome.summary
 
 
@@ -214,7 +214,7 @@ def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
     # exactly-once continues: more changes after maintenance, each applied once
     batch({1: 99.0, 2: None, 500: 5.0})
     assert _duck_rows(catalog, spec) == expected
-    outcome = duplicate_free(spark, fqn, spec, current_view(catalog, spec))
+    outcome = duplicate_free(spark, fqn, spec, current_table(catalog, spec))
     assert outcome.passed, outcome.summary
 
 

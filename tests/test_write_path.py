@@ -31,6 +31,7 @@ from kafka_iceberg.errors import (
 from kafka_iceberg.ops.checks import duplicate_free
 from kafka_iceberg.state import KEY_BATCH, KEY_COMMIT_ID, ancestors, batch_ranges
 from tests.helpers import (
+    current_table,
     current_view,
     data_files_on_disk,
     delete_records,
@@ -361,7 +362,7 @@ def test_duplicate_free_check_fails_on_an_overlapping_commit(
     spec = make_spec(unique, topic)
     run(spark, settings, spec, kafka, catalog)
     qualified = f"{settings.catalog.name}.{spec.identifier}"
-    clean = duplicate_free(spark, qualified, spec, current_view(catalog, spec))
+    clean = duplicate_free(spark, qualified, spec, current_table(catalog, spec))
     assert clean.passed, clean.summary
 
     # seed a second commit that re-adds partition 0's first 10 offsets and claims that range
@@ -372,7 +373,7 @@ def test_duplicate_free_check_fails_on_an_overlapping_commit(
         writer = writer.option(f"snapshot-property.{k}", v)
     writer.append()
 
-    outcome = duplicate_free(spark, qualified, spec, current_view(catalog, spec))
+    outcome = duplicate_free(spark, qualified, spec, current_table(catalog, spec))
     assert not outcome.passed
     assert outcome.figures["overlapping_snapshot_pairs"] == 1
     assert outcome.figures["duplicate_offsets"] == 10

@@ -87,6 +87,11 @@ def duplicate_free(
         if since is not None:
             passed, summary, figures = outcome_figures(since, sample)
             return CheckOutcome(passed, f"table {spec.identifier}: {summary}", figures, view.main)
+    return _full_scan(spark, qualified_table, spec, view, sample)
+
+
+def _full_scan(spark, qualified_table: str, spec: TableSpec, view: TableMetadataView, sample: int) -> CheckOutcome:
+    """:func:`duplicate_free` over every row of ``view``'s ``main`` snapshot: Spark jobs on ``qualified_table``."""
     history = ancestors(view.snapshots, view.main)
     overlaps = overlapping_batches(history)
     dup_rows, dup_examples = _duplicate_offsets(spark, qualified_table, spec, sample)
