@@ -1,4 +1,5 @@
-"""``make rehearse``: the failure rehearsal at full size (20 random kills and every scenario), on a
+"""``make rehearse``: the failure rehearsal at full size (every scenario; 20 SIGKILLs in ``kills`` and
+``dagster_cli_kills``, 10 in ``cdc_kills``, 12 in ``consistent_cdc``), on a
 lake of its own under ``$LAKE_HOME/rehearsal``. Prints a table of scenario, faults injected,
 records produced, records in the table, records quarantined, duplicates, records lost, leaks
 beyond the bound and seconds the final catch-up took;

@@ -230,9 +230,9 @@ def cdc_kills(r: Rehearsal, n: int = 10, planes: int = 500, pause_s: float = 2.0
 
 
 def register(scenarios: dict) -> None:
-    """Add ``cdc_kills`` to ``scenarios``: ``--kills`` SIGKILLs of the sink (``make rehearse``: 20)."""
+    """Add ``cdc_kills`` to ``scenarios``: ``--kills`` SIGKILLs of the sink (default: :func:`cdc_kills`'s)."""
 
     def run(r: Rehearsal, args: argparse.Namespace) -> ScenarioResult:
-        return cdc_kills(r, args.kills)
+        return cdc_kills(r) if args.kills is None else cdc_kills(r, args.kills)
 
     scenarios["cdc_kills"] = run

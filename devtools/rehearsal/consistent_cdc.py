@@ -379,9 +379,11 @@ def group_cost(r: Rehearsal, seconds: float = 900.0, pause_s: float = 3.0) -> Sc
 
 
 def register(scenarios: dict) -> None:
-    """Add ``consistent_cdc`` (``--kills`` SIGKILLs of the group's worker; ``make rehearse``: 20) and
+    """Add ``consistent_cdc`` (``--kills`` SIGKILLs of the group's worker; default: :func:`consistent_cdc`'s) and
     ``consistent_cdc_cost`` (freshness of the group beside the same tables alone)."""
-    scenarios["consistent_cdc"] = lambda r, args: consistent_cdc(r, args.kills)
+    scenarios["consistent_cdc"] = lambda r, args: (
+        consistent_cdc(r) if args.kills is None else consistent_cdc(r, args.kills)
+    )
     scenarios["consistent_cdc_cost"] = lambda r, args: group_cost(r)
 
 

@@ -1025,10 +1025,13 @@ class Rehearsal:
 
 
 Scenario = Callable[[Rehearsal, argparse.Namespace], ScenarioResult]
+KILLS = 20
+"""SIGKILLs of the ``kills`` and ``dagster_cli_kills`` scenarios without ``--kills``; the CDC scenarios, whose
+kills take a minute or more each (a Debezium workload to catch up), keep their own defaults."""
 # name -> scenario, in the order ``make rehearse`` runs them. Scenarios that live in other devtools
 # modules register here through :data:`SCENARIO_MODULES` (each module's ``register(SCENARIOS)``).
 SCENARIOS: dict[str, Scenario] = {
-    "kills": lambda r, args: r.kills(args.kills),
+    "kills": lambda r, args: r.kills(args.kills or KILLS),
     **{
         name: (lambda r, args, name=name: getattr(r, name)())
         for name in (
@@ -1076,7 +1079,12 @@ def main(argv: list[str] | None = None) -> int:
         return _sink_main(*argv[1:4])
     scenarios = _load_scenarios()
     parser = argparse.ArgumentParser(prog="make rehearse")
-    parser.add_argument("--kills", type=int, default=20, help="random SIGKILLs in the kills scenario (default 20)")
+    parser.add_argument(
+        "--kills",
+        type=int,
+        default=None,
+        help=f"SIGKILLs in each kill scenario (default: kills and dagster_cli_kills {KILLS}, cdc_kills 10, consistent_cdc 12)",
+    )
     parser.add_argument("--only", default=",".join(scenarios), help=f"comma-separated subset of {list(scenarios)}")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
