@@ -14,10 +14,10 @@ evaluations and the observations of jobs by count reach the event log at most on
 :data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` (:mod:`kafka_iceberg.lake_assets.chore_reports`).
 
 While the run serves, a check reads in a background thread (one at a time; pyiceberg reads the rows a check
-covers, the full scan of an upsert table is a Spark job of the run's session) and the worker goes on committing; its evaluation is logged by the next chore call after it ends. A
-check starts while no table has records waiting, or once it has been pending :data:`CHECK_EVERY_S`
-while some table always has (then at most one every :data:`CHECK_SPACING_S`): a backlog is drained before
-its checks compete with it for the cores.
+covers, the full scan of an upsert table is a Spark job of the run's session) and the worker goes on
+committing; its evaluation is logged by the next chore call after it ends. A check starts while no table has
+records waiting, or once it has been pending :data:`CHECK_EVERY_S` while some table always has (then at most
+one every :data:`CHECK_SPACING_S`): a backlog is drained before its checks compete with it for the cores.
 Scheduled maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
 micro-batch runs meanwhile in another thread of the worker.
 
