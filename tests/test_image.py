@@ -70,10 +70,12 @@ def image_root():
 
 
 def _as_image_user(cmd: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return cmd
-    drop = ["--reuid", str(IMAGE_UID), "--regid", str(IMAGE_UID), "--clear-groups"]
-    return ["setpriv", *drop, "--inh-caps=-all", "--bounding-set=-all", *cmd]
+    """``cmd`` as a container starts it: every signal at its default (under ``nohup`` SIGINT is ignored, and
+    ``dagster api grpc`` gives SIGTERM SIGINT's handler), as the image's user when run as root."""
+    if os.geteuid() == 0:
+        drop = ["--reuid", str(IMAGE_UID), "--regid", str(IMAGE_UID), "--clear-groups"]
+        cmd = ["setpriv", *drop, "--inh-caps=-all", "--bounding-set=-all", *cmd]
+    return ["/usr/bin/env", "--default-signal", *cmd]
 
 
 def _pod_env(root: Path) -> dict[str, str]:

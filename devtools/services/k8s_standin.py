@@ -332,6 +332,7 @@ class K8sStandIn:
             argv = ["setpriv", *drop, "--inh-caps=-all", "--bounding-set=-all", *argv]
             if not _has_passwd_entry(uid):
                 argv = self._with_image_user(pod, uid, gid if gid is not None else uid, env.get("HOME", "/"), argv)
+        argv = ["/usr/bin/env", "--default-signal", *argv]  # a container starts with no signal ignored
         (pod.directory / "argv.json").write_text(json.dumps({"argv": argv, "cwd": cwd}, indent=1))
         with open(pod.directory / "log", "ab") as out:
             pod.proc = subprocess.Popen(
