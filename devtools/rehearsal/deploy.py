@@ -136,7 +136,12 @@ def _start_services(dep: Deployment, slack: SlackRecorder) -> tuple:
         "LAKE_TABLES_FILE": kit.TABLES_PATH,  # the derived image's declarations file
         "SPARK_MASTER": "local[1]",
         # the AWS SDK jars stand in for WITH_S3=1's iceberg-aws-bundle
-        "LAKE_SPARK_CONF": json.dumps({"spark.driver.memory": "1g", "spark.jars": ",".join(aws_sdk_jars())}),
+        "LAKE_SPARK_CONF": json.dumps(
+            {
+                "spark.driver.memory": "1g",
+                "spark.jars": ",".join(kit.in_image_deps(dep.work / "image", j) for j in aws_sdk_jars()),
+            }
+        ),
         "LAKE_WORKERS": "1",
         "LAKE_METRICS_PORT": "0",  # other processes of this machine may hold 9464
         "DAGSTER_UI_URL": "http://127.0.0.1:3000",

@@ -114,6 +114,12 @@ def _image_deps(root: Path) -> Path:
     return deps
 
 
+def in_image_deps(root: Path, path: str) -> str:
+    """``path``, a file of this virtualenv's packages, where the image tree at ``root`` holds it
+    (:func:`_image_deps`): a path the image's user can read."""
+    return str(root / "opt" / "deps" / Path(path).relative_to(sysconfig.get_path("purelib")))
+
+
 def build_image(root: Path, tables_yaml: str) -> None:
     """The image tree at ``root`` (:func:`build_image_tree`), then what the Dockerfile and the base image
     add besides: the ``dagster`` console script, ``/usr/lib/jvm/default-java``, the user's home; and, as a
