@@ -83,6 +83,11 @@ class Deployment:
     workspace: Path | None = None
     audit_schedule: str = ""
 
+    @property
+    def image_root(self) -> Path:
+        """The image tree (:func:`devtools.rehearsal.deploy_kit.build_image`) every pod runs from."""
+        return self.work / "image"
+
     def stop(self) -> None:
         for what, stop in reversed(self.started):
             try:
@@ -139,7 +144,7 @@ def _start_services(dep: Deployment, slack: SlackRecorder) -> tuple:
         "LAKE_SPARK_CONF": json.dumps(
             {
                 "spark.driver.memory": "1g",
-                "spark.jars": ",".join(kit.in_image_deps(dep.work / "image", j) for j in aws_sdk_jars()),
+                "spark.jars": ",".join(kit.in_image_deps(dep.image_root, j) for j in aws_sdk_jars()),
             }
         ),
         "LAKE_WORKERS": "1",
@@ -203,7 +208,7 @@ def deploy(dep: Deployment, slack: SlackRecorder) -> tuple[K8sStandIn, Path, obj
     dep.specs = {k: parse_table_spec(d) for k, d in decls.items()}
     pg, _, overrides, secrets = _start_services(dep, slack)
     t0 = time.monotonic()
-    root = dep.work / "image"
+    root = dep.image_root
     kit.build_image(root, yaml.safe_dump({"tables": list(decls.values())}, sort_keys=False))
     say(f"   image tree built by deploy/build-image.sh in {time.monotonic() - t0:.0f} s: {root}")
     env, workdir, user = kit.dockerfile_config()

@@ -33,6 +33,7 @@ INSTANCE_CONFIG_MAP = "dagster-instance"  # what the `dagster` release (named da
 PIPELINE_ENV_CONFIG_MAP = "dagster-pipeline-env"
 TABLES_PATH = "/opt/lake-tables/tables.yaml"  # the derived image's declarations file
 IMAGE_USER = "lake"  # build-image.sh: useradd --uid 10001 ... lake
+IMAGE_DEPS = "opt/deps"  # where the image tree holds this virtualenv's packages (_image_deps)
 
 
 def values() -> dict:
@@ -106,7 +107,7 @@ def _image_deps(root: Path) -> Path:
     Raises:
         OSError: neither linking nor copying worked.
     """
-    purelib, deps = sysconfig.get_path("purelib"), root / "opt" / "deps"
+    purelib, deps = sysconfig.get_path("purelib"), root / IMAGE_DEPS
     deps.parent.mkdir(parents=True, exist_ok=True)
     if subprocess.run(["cp", "-al", purelib, str(deps)], capture_output=True).returncode != 0:
         shutil.rmtree(deps, ignore_errors=True)
@@ -117,7 +118,7 @@ def _image_deps(root: Path) -> Path:
 def in_image_deps(root: Path, path: str) -> str:
     """``path``, a file of this virtualenv's packages, where the image tree at ``root`` holds it
     (:func:`_image_deps`): a path the image's user can read."""
-    return str(root / "opt" / "deps" / Path(path).relative_to(sysconfig.get_path("purelib")))
+    return str(root / IMAGE_DEPS / Path(path).relative_to(sysconfig.get_path("purelib")))
 
 
 def build_image(root: Path, tables_yaml: str) -> None:

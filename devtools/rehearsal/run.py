@@ -117,13 +117,25 @@ class Traffic(threading.Thread):
         self._lock = threading.Lock()
 
     def _producer(self):
+        """A new idempotent producer; with ``abort_every``, a transactional one of a new transactional id (so a
+        new producer id), its transactions initialised.
+
+        A new one replaces each producer that aborted: the dev broker (noida-db 0.2.3) answers every fetch
+        with all of a partition's aborted transactions, also those whose abort marker lies before the fetch
+        offset (Kafka's broker sends only those overlapping the fetched range). librdkafka then takes the
+        producer's later committed records for aborted ones, and a read_committed fetch that starts after its
+        first abort returns nothing of it. Stale entries of a retired producer id match no later record; the
+        reader still meets aborted records and markers mid-range."""
         from confluent_kafka import Producer
 
         conf = {"enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 300_000}
-        if self.abort_every:
-            conf["transactional.id"] = f"rehearsal-{self.topic}-{uuid.uuid4().hex[:6]}"
-            conf["message.timeout.ms"] = conf["transaction.timeout.ms"] = 120_000
-        return Producer(self.config.client_conf(**conf))
+        if not self.abort_every:
+            return Producer(self.config.client_conf(**conf))
+        conf["transactional.id"] = f"rehearsal-{self.topic}-{uuid.uuid4().hex[:6]}"
+        conf["message.timeout.ms"] = conf["transaction.timeout.ms"] = 120_000
+        producer = Producer(self.config.client_conf(**conf))
+        producer.init_transactions(60)
+        return producer
 
     def run(self) -> None:
         try:
@@ -133,8 +145,6 @@ class Traffic(threading.Thread):
 
     def _produce(self) -> None:
         producer = self._producer()
-        if self.abort_every:
-            producer.init_transactions(60)
         txn = 0
         tick = 0.1
         while not self._halt.is_set():
@@ -171,27 +181,13 @@ class Traffic(threading.Thread):
                     with self._lock:
                         self.aborted.update(batch)
                         self.aborted_transactions += 1
-                    producer = self._after_abort(producer)
+                    producer = self._producer()  # see _producer: a new producer id after each abort
                 else:
                     producer.commit_transaction(120)
             else:
                 producer.poll(0)
             time.sleep(max(0.0, tick - (time.monotonic() - t0)))
         producer.flush(300)
-
-    def _after_abort(self, producer):
-        """A new transactional producer (a new producer id) in place of one that aborted.
-
-        The dev broker (noida-db 0.2.3) answers every fetch with all of a partition's aborted
-        transactions, also those whose abort marker lies before the fetch offset; Kafka's broker sends
-        only those overlapping the fetched range. librdkafka then takes the producer's later committed
-        records for aborted ones, and a read_committed fetch that starts after the first abort returns
-        nothing of that producer. With a new producer id per aborted transaction, the stale entries name
-        producers that write nothing more; the reader still meets aborted records and markers mid-range."""
-        producer.flush(120)
-        fresh = self._producer()
-        fresh.init_transactions(60)
-        return fresh
 
     def stop(self) -> None:
         """Stop producing and wait until every record is delivered (or reported failed)."""
