@@ -108,6 +108,56 @@ def test_leaks_after_a_crash_are_within_the_bound_and_maintenance_leaves_none(
     assert count_leaks(catalog, spec.identifier, dlq).total == 0
 
 
+def test_a_recovery_killed_between_dropping_a_branch_and_deleting_its_orphans_is_finished_by_the_next(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
+):
+    """A kill after recovery dropped a dead branch and before it deleted the attempt's orphan data files
+    (steps 2 and 3 of kafka_iceberg/batch/recovery.py) leaves the tag ``dead_<branch>``, and the next
+    micro-batch's recovery deletes those files and the tag: no leak, no maintenance needed."""
+    from kafka_iceberg.batch import recovery
+
+    topic = topic_factory(unique, partitions=2)
+    spec = parse_table_spec(spec_dict(unique, topic))
+    produce(kafka_config, topic, event_records(range(100)))
+    with pytest.raises(Killed):
+        run_micro_batch(
+            spark,
+            settings,
+            spec,
+            commit_id=f"a-{unique}",
+            kafka=kafka,
+            catalog=catalog,
+            crash_hook=_crash_at("after_write"),
+        )
+    orphans = (
+        count_leaks(catalog, spec.identifier).orphan_files + count_leaks(catalog, spec.identifier).unreachable_snapshots
+    )
+    assert orphans >= 1, "the killed attempt wrote data files that no published snapshot lists"
+    time.sleep(settings.orphan_clock_skew_s + 0.5)  # its files are older than any later cut-off (minus the skew)
+
+    def killed(*_args):
+        raise Killed("between dropping the dead branch and deleting its orphan files")
+
+    monkeypatch.setattr(recovery, "delete_orphan_files", killed)
+    with pytest.raises(Killed):
+        run_micro_batch(
+            spark, settings, spec, commit_id=f"b-{unique}", kafka=kafka, catalog=catalog, is_alive=lambda a: False
+        )
+    refs = metadata_view(load_table(catalog, spec.identifier)).refs
+    assert not [r for r in refs if r.startswith("ingest_")] and [r for r in refs if r.startswith("dead_ingest_")], refs
+    monkeypatch.undo()
+
+    produce(kafka_config, topic, event_records(range(100, 120)))
+    after = run_micro_batch(
+        spark, settings, spec, commit_id=f"c-{unique}", kafka=kafka, catalog=catalog, is_alive=lambda a: False
+    )
+    assert after.committed and after.recovery.dead_attempts
+    leaks = count_leaks(catalog, spec.identifier)
+    assert leaks.total == 0, leaks.describe()
+    rows = spark.table(f"{settings.catalog.name}.{spec.identifier}").collect()
+    assert sorted(r["id"] for r in rows) == list(range(120))
+
+
 def test_count_leaks_sees_an_orphan_file_and_an_unreachable_snapshot(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory
 ):

@@ -1,5 +1,5 @@
-"""The order of recovery's steps (kafka_iceberg/batch/recovery.py): dead branches are dropped before
-orphan files are deleted, and the orphan cut-off is taken before the refs it is bounded by are read,
+"""The order of recovery's steps (kafka_iceberg/batch/recovery.py): dead branches are tagged ``dead_<branch>``
+and dropped before orphan files are deleted, the tags only after, and the orphan cut-off is taken before the refs it is bounded by are read,
 so an attempt that registers its branch meanwhile never has its files deleted. Spark's part (the DDL,
 the orphan action) is recorded, not run: what is checked is the order and the cut-off."""
 
@@ -40,7 +40,7 @@ def test_dead_branches_are_dropped_before_orphans_are_deleted_and_the_cutoff_pre
         # with a start a little after the instant recovery took before this load
         spark.steps.append(("load", int(time.time() * 1000)))
         newcomer.setdefault("branch", attempt_branch("new-run", int(time.time() * 1000) + 1))
-        return _view({"main": 1, newcomer["branch"]: 1})
+        return _view({"main": 1, newcomer["branch"]: 1, f"dead_{dead}": 1})
 
     def delete_orphan_files(_spark, table, older_than_ms):
         spark.steps.append(("orphans", older_than_ms))
@@ -58,8 +58,13 @@ def test_dead_branches_are_dropped_before_orphans_are_deleted_and_the_cutoff_pre
         clock_skew_s=SKEW_S,
     )
     kinds = [s[0] for s in spark.steps]
+    statements = [s[1] for s in spark.steps if s[0] == "sql"]
+    assert statements[:2] == [
+        f"ALTER TABLE lake.db.t CREATE OR REPLACE TAG `dead_{dead}` AS OF VERSION 1",
+        f"ALTER TABLE lake.db.t DROP BRANCH IF EXISTS `{dead}`",
+    ], "the trail (the tag) is laid before the branch goes"
     assert kinds.index("sql") < kinds.index("load") < kinds.index("orphans"), spark.steps
-    assert f"DROP BRANCH IF EXISTS `{dead}`" in spark.steps[kinds.index("sql")][1]
+    assert spark.steps[kinds.index("orphans") + 1] == ("sql", f"ALTER TABLE lake.db.t DROP TAG IF EXISTS `dead_{dead}`")
     loaded_at = spark.steps[kinds.index("load")][1]
     cutoff = spark.steps[kinds.index("orphans")][1]
     assert cutoff <= loaded_at - SKEW_S * 1000, "the cut-off instant is taken before the refs are read"
@@ -82,3 +87,26 @@ def test_nothing_is_dropped_or_deleted_without_a_dead_attempt(monkeypatch):
         clock_skew_s=SKEW_S,
     )
     assert spark.steps == [] and report.live_attempts == [live]
+
+
+def test_a_dead_tag_left_by_an_interrupted_recovery_has_its_orphans_deleted_then_goes(monkeypatch):
+    """A recovery killed after dropping a dead branch and before deleting its orphans leaves the tag
+    ``dead_<branch>``; the next recovery, with no dead branch in sight, deletes the orphans, then the tag."""
+    spark = Recorder()
+    tag = "dead_" + attempt_branch("dead-run", int(time.time() * 1000) - 3_600_000)
+    monkeypatch.setattr(
+        recovery, "delete_orphan_files", lambda _s, _t, ms: spark.steps.append(("orphans", ms)) or ["f"]
+    )
+    monkeypatch.setattr(recovery, "expire_snapshot_ids", lambda *a: spark.steps.append(("expire", a[3])))
+    report = recover(
+        spark,
+        catalog_name="lake",
+        identifier="db.t",
+        load_view=lambda: _view({"main": 1, tag: 1}),
+        view=_view({"main": 1, tag: 1}),
+        is_alive=lambda a: True,
+        clock_skew_s=SKEW_S,
+    )
+    assert [s[0] for s in spark.steps] == ["orphans", "sql", "expire"], spark.steps
+    assert spark.steps[1] == ("sql", f"ALTER TABLE lake.db.t DROP TAG IF EXISTS `{tag}`")
+    assert report.orphan_files_deleted == ["f"] and report.dead_attempts == [tag.removeprefix("dead_")]

@@ -6,7 +6,8 @@ Four kinds, per table (see docs/operations.md, "What a killed micro-batch leaves
 * ``unreachable_snapshots``: snapshots that no ref (branch or tag) reaches;
 * ``orphan_files``: data and delete files under the table's data location that no manifest of any
   snapshot lists;
-* ``stale_branches``: refs other than ``main`` (attempt branches ``ingest_<ms>_<run>``);
+* ``stale_branches``: refs other than ``main`` (attempt branches ``ingest_<ms>_<run>``, and the
+  ``dead_<branch>`` tags of a recovery that stopped before deleting their orphan files);
 * ``unpublished_dead_letter_rows``: rows of dead-letter snapshots that are neither on the
   dead-letter table's ``main`` nor pointed at (``kafka.dead-letter``) by a snapshot of the table's
   ``main``: quarantined records of an attempt that never published.

@@ -12,9 +12,11 @@ its last step (a crash during recovery is recovered by the next recovery):
 1. Find *dead* attempts: attempt branches whose run is no longer alive (the Dagster run
    is not queued or running; outside Dagster, the attempt is older than
    ``attempt_timeout_s``, 1 h).
-2. If there is one, drop the dead branches first: an attempt judged dead that still runs
-   can then no longer publish (its publish requires its branch), so it cannot publish a
-   snapshot pointing at files step 3 deletes.
+2. If there is one, retire the dead branches first: tag each branch's snapshot as
+   ``dead_<branch>``, then drop the branch. An attempt judged dead that still runs can then no
+   longer publish (its publish requires its branch), so it cannot publish a snapshot pointing
+   at files step 3 deletes. The tag keeps the trail: a recovery that finds a ``dead_`` tag
+   redoes step 3.
 3. Delete orphan files: files under the table location that no snapshot references and that
    are older than the cut-off: the earlier of the instant taken *before* the refs are read
    again after the drop and the start of every attempt those refs show (minus
@@ -22,8 +24,7 @@ its last step (a crash during recovery is recovered by the next recovery):
    commit. An attempt registers its branch before writing, so one the refs do not show
    started after the cut-off instant, and its files are newer than the cut-off. Uses Iceberg's
    ``DeleteOrphanFiles`` Spark action (the ``remove_orphan_files`` procedure refuses windows
-   under 24 hours). A crash between steps 2 and 3 leaves the orphans to maintenance's orphan
-   removal.
+   under 24 hours). Then drop the ``dead_`` tags.
 4. Expire the snapshots no ref reaches any more that the write path made (ingest snapshots,
    dead-letter snapshots, or any that hold no data), with Iceberg's ``expire_snapshots``
    procedure by snapshot id. It deletes exactly the files only those snapshots reference: a
@@ -42,6 +43,7 @@ from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.state import KEY_DEAD_LETTER_OF, ancestors
 
 BRANCH_PREFIX = "ingest_"
+DEAD_TAG_PREFIX = "dead_"  # + an attempt branch name: a dead attempt whose orphan files may remain
 _BRANCH = re.compile(r"^ingest_(\d{13})_([A-Za-z0-9_]+)$")
 
 
@@ -181,27 +183,39 @@ def recover(
     else:
         dead = [a for a in attempts if not is_alive(a)]
         live = [a for a in attempts if a not in dead]
-    report.dead_attempts = [a.branch for a in dead]
+    unfinished = dead_tags(view)  # dead attempts an interrupted recovery retired before deleting their orphans
+    report.dead_attempts = sorted({a.branch for a in dead} | {t.removeprefix(DEAD_TAG_PREFIX) for t in unfinished})
     report.live_attempts = [a.branch for a in live]
     qualified_table = f"{catalog_name}.{identifier}"
     dropped = {a.branch for a in dead}
-    pending = expirable_snapshots(view, dropped)
-    if not dead and not pending:
+    pending = expirable_snapshots(view, dropped | unfinished)
+    if not report.dead_attempts and not pending:
         return report
-    if dead:
-        view, before_ms = _drop_then_reload(spark, qualified_table, dropped, load_view)
-        pending = expirable_snapshots(view, set())
+    if report.dead_attempts:
+        view, before_ms = _retire_then_reload(spark, qualified_table, {b: view.refs[b] for b in dropped}, load_view)
         cutoff = _orphan_cutoff(view, before_ms, dropped, clock_skew_s)
         report.orphan_files_deleted = delete_orphan_files(spark, qualified_table, cutoff)
+        retired = dead_tags(view)
+        for tag in sorted(retired):
+            spark.sql(f"ALTER TABLE {qualified_table} DROP TAG IF EXISTS `{tag}`")
+        pending = expirable_snapshots(view, retired)
     expire_snapshot_ids(spark, catalog_name, identifier, pending)
     report.expired_snapshots = pending
     return report
 
 
-def _drop_then_reload(spark, qualified_table: str, dropped: set[str], load_view) -> tuple[TableMetadataView, int]:
-    """Drop the ``dropped`` branches, then read the refs again; returns that view and the instant
-    (ms since epoch) taken just before the read."""
-    for branch in sorted(dropped):
+def dead_tags(view: TableMetadataView) -> set[str]:
+    """The ``dead_<attempt branch>`` tags of ``view``: dead attempts whose orphan files may remain."""
+    return {n for n in view.refs if n.startswith(DEAD_TAG_PREFIX) and parse_attempt(n.removeprefix(DEAD_TAG_PREFIX))}
+
+
+def _retire_then_reload(spark, qualified_table: str, dead: dict[str, int], load_view) -> tuple[TableMetadataView, int]:
+    """Tag each dead branch's snapshot (``dead``: branch -> snapshot id) as ``dead_<branch>``, drop the
+    branch, then read the refs again; returns that view and the instant (ms since epoch) taken just
+    before the read."""
+    for branch, snapshot_id in sorted(dead.items()):
+        tag = DEAD_TAG_PREFIX + branch
+        spark.sql(f"ALTER TABLE {qualified_table} CREATE OR REPLACE TAG `{tag}` AS OF VERSION {int(snapshot_id)}")
         spark.sql(f"ALTER TABLE {qualified_table} DROP BRANCH IF EXISTS `{branch}`")
     before_ms = int(time.time() * 1000)  # before the refs are read: an attempt they miss starts later
     return load_view(), before_ms
@@ -220,6 +234,7 @@ __all__ = [
     "age_liveness",
     "attempt_branch",
     "commit_token",
+    "dead_tags",
     "delete_orphan_files",
     "expirable_snapshots",
     "expire_snapshot_ids",
