@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from devtools.rehearsal.deploy_kit import SYSTEM_PYTHON, build_image_tree
+from devtools.services.k8s_standin import as_user, with_default_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -70,12 +71,8 @@ def image_root():
 
 
 def _as_image_user(cmd: list[str]) -> list[str]:
-    """``cmd`` as a container starts it: every signal at its default (under ``nohup`` SIGINT is ignored, and
-    ``dagster api grpc`` gives SIGTERM SIGINT's handler), as the image's user when run as root."""
-    if os.geteuid() == 0:
-        drop = ["--reuid", str(IMAGE_UID), "--regid", str(IMAGE_UID), "--clear-groups"]
-        cmd = ["setpriv", *drop, "--inh-caps=-all", "--bounding-set=-all", *cmd]
-    return ["/usr/bin/env", "--default-signal", *cmd]
+    """``cmd`` as a container starts it: every signal at its default, as the image's user when run as root."""
+    return with_default_signals(as_user(cmd, IMAGE_UID, IMAGE_UID) if os.geteuid() == 0 else cmd)
 
 
 def _pod_env(root: Path) -> dict[str, str]:

@@ -327,12 +327,10 @@ class K8sStandIn:
         argv[0] = self._translate(pod, mounts, argv[0])
         cwd = self._translate(pod, mounts, container.get("workingDir") or self.image.workdir)
         if os.geteuid() == 0 and uid is not None:
-            groups = ["--clear-groups"] if fs_group is None else ["--groups", str(fs_group)]
-            drop = ["--reuid", str(uid), "--regid", str(gid if gid is not None else uid), *groups]
-            argv = ["setpriv", *drop, "--inh-caps=-all", "--bounding-set=-all", *argv]
+            argv = as_user(argv, uid, gid if gid is not None else uid, fs_group)
             if not _has_passwd_entry(uid):
                 argv = self._with_image_user(pod, uid, gid if gid is not None else uid, env.get("HOME", "/"), argv)
-        argv = ["/usr/bin/env", "--default-signal", *argv]  # a container starts with no signal ignored
+        argv = with_default_signals(argv)
         (pod.directory / "argv.json").write_text(json.dumps({"argv": argv, "cwd": cwd}, indent=1))
         with open(pod.directory / "log", "ab") as out:
             pod.proc = subprocess.Popen(
@@ -614,6 +612,29 @@ class K8sStandIn:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def as_user(argv: list[str], uid: int, gid: int, group: int | None = None) -> list[str]:
+    """``argv`` run as ``uid``/``gid`` with no capabilities (``setpriv``; needs root), with ``group``
+    (a pod's ``fsGroup``) as its only supplementary group, or none."""
+    groups = ["--clear-groups"] if group is None else ["--groups", str(group)]
+    return [
+        "setpriv",
+        "--reuid",
+        str(uid),
+        "--regid",
+        str(gid),
+        *groups,
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        *argv,
+    ]
+
+
+def with_default_signals(argv: list[str]) -> list[str]:
+    """``argv`` with every signal at its default, as a container starts (under ``nohup`` SIGINT is
+    ignored, and ``dagster api grpc`` gives SIGTERM SIGINT's handler, so it would ignore SIGTERM too)."""
+    return ["/usr/bin/env", "--default-signal", *argv]
 
 
 def _has_passwd_entry(uid: int) -> bool:
