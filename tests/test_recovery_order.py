@@ -30,6 +30,19 @@ def _view(refs: dict[str, int]) -> TableMetadataView:
     return TableMetadataView(snaps, refs, "file:///t/metadata/00001.metadata.json")
 
 
+def _recover(spark, refs: dict[str, int], is_alive, load_view=None):
+    """Recovery of table ``lake.db.t`` whose refs are ``refs`` (and stay so unless ``load_view`` says)."""
+    return recover(
+        spark,
+        catalog_name="lake",
+        identifier="db.t",
+        load_view=load_view or (lambda: _view(refs)),
+        view=_view(refs),
+        is_alive=is_alive,
+        clock_skew_s=SKEW_S,
+    )
+
+
 def test_dead_branches_are_dropped_before_orphans_are_deleted_and_the_cutoff_precedes_the_refs_read(monkeypatch):
     spark = Recorder()
     dead = attempt_branch("dead-run", int(time.time() * 1000) - 3_600_000)
@@ -48,15 +61,7 @@ def test_dead_branches_are_dropped_before_orphans_are_deleted_and_the_cutoff_pre
 
     monkeypatch.setattr(recovery, "delete_orphan_files", delete_orphan_files)
     monkeypatch.setattr(recovery, "expire_snapshot_ids", lambda *a: spark.steps.append(("expire", a[3])))
-    report = recover(
-        spark,
-        catalog_name="lake",
-        identifier="db.t",
-        load_view=load_view,
-        view=_view({"main": 1, dead: 1}),
-        is_alive=lambda a: a.branch != dead,
-        clock_skew_s=SKEW_S,
-    )
+    report = _recover(spark, {"main": 1, dead: 1}, lambda a: a.branch != dead, load_view)
     kinds = [s[0] for s in spark.steps]
     statements = [s[1] for s in spark.steps if s[0] == "sql"]
     assert statements[:2] == [
@@ -77,15 +82,7 @@ def test_nothing_is_dropped_or_deleted_without_a_dead_attempt(monkeypatch):
     spark = Recorder()
     live = attempt_branch("live-run", int(time.time() * 1000))
     monkeypatch.setattr(recovery, "delete_orphan_files", lambda *a: spark.steps.append(("orphans",)) or [])
-    report = recover(
-        spark,
-        catalog_name="lake",
-        identifier="db.t",
-        load_view=lambda: _view({"main": 1, live: 1}),
-        view=_view({"main": 1, live: 1}),
-        is_alive=lambda a: True,
-        clock_skew_s=SKEW_S,
-    )
+    report = _recover(spark, {"main": 1, live: 1}, lambda a: True)
     assert spark.steps == [] and report.live_attempts == [live]
 
 
@@ -98,15 +95,7 @@ def test_a_dead_tag_left_by_an_interrupted_recovery_has_its_orphans_deleted_then
         recovery, "delete_orphan_files", lambda _s, _t, ms: spark.steps.append(("orphans", ms)) or ["f"]
     )
     monkeypatch.setattr(recovery, "expire_snapshot_ids", lambda *a: spark.steps.append(("expire", a[3])))
-    report = recover(
-        spark,
-        catalog_name="lake",
-        identifier="db.t",
-        load_view=lambda: _view({"main": 1, tag: 1}),
-        view=_view({"main": 1, tag: 1}),
-        is_alive=lambda a: True,
-        clock_skew_s=SKEW_S,
-    )
+    report = _recover(spark, {"main": 1, tag: 1}, lambda a: True)
     assert [s[0] for s in spark.steps] == ["orphans", "sql", "expire"], spark.steps
     assert spark.steps[1] == ("sql", f"ALTER TABLE lake.db.t DROP TAG IF EXISTS `{tag}`")
     assert report.orphan_files_deleted == ["f"] and report.dead_attempts == [tag.removeprefix("dead_")]
