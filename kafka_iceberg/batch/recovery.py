@@ -183,11 +183,11 @@ def recover(
     else:
         dead = [a for a in attempts if not is_alive(a)]
         live = [a for a in attempts if a not in dead]
+    dropped = {a.branch for a in dead}
     unfinished = dead_tags(view)  # dead attempts an interrupted recovery retired before deleting their orphans
-    report.dead_attempts = sorted({a.branch for a in dead} | {t.removeprefix(DEAD_TAG_PREFIX) for t in unfinished})
+    report.dead_attempts = sorted(dropped | {t.removeprefix(DEAD_TAG_PREFIX) for t in unfinished})
     report.live_attempts = [a.branch for a in live]
     qualified_table = f"{catalog_name}.{identifier}"
-    dropped = {a.branch for a in dead}
     pending = expirable_snapshots(view, dropped | unfinished)
     if not report.dead_attempts and not pending:
         return report
