@@ -45,10 +45,12 @@ def _samples(text: str, table: str) -> dict[str, float]:
     return out
 
 
-def test_the_endpoint_serves_each_series_and_the_next_process_takes_the_next_port():
+def test_the_endpoint_serves_each_series_and_the_next_process_takes_a_port_above():
     base = _free_port()
     with metrics.serve(base, addr="127.0.0.1") as first, metrics.serve(base, addr="127.0.0.1") as second:
-        assert (first, second) == (base, base + 1)
+        assert first == base
+        # the next free port above it: base + 1 unless another process on the host took that one meanwhile
+        assert base < second < base + metrics.PORTS_TRIED
         metrics.record_commit("m.unit", records=120, bytes_committed=4096, duration_s=0.7, at_s=time.time() - 30)
         metrics.record_commit("m.unit", records=30, bytes_committed=1024, duration_s=1.4)
         metrics.record_failure("m.unit")
