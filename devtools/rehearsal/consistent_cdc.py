@@ -36,7 +36,7 @@ from devtools import duck
 from devtools.demo.data import create_topic
 from devtools.rehearsal import shop
 from devtools.rehearsal.cdc import cdc_declaration
-from devtools.rehearsal.run import Lake, Rehearsal, ScenarioResult, Tally, kill_group
+from devtools.rehearsal.run import Lake, Rehearsal, ScenarioResult, Tally, kill_group, kills_or
 from devtools.services import cdc_source
 from kafka_iceberg.config.settings import CHECKOUT
 
@@ -178,7 +178,11 @@ class Source:
         self.db.stop()
 
 
-def consistent_cdc(r: Rehearsal, kills: int = 12, pause_s: float = 3.0, lifetime_s=(30.0, 240.0)) -> ScenarioResult:
+KILLS = 12
+"""SIGKILLs of the group's worker without ``--kills``: half early in a run, half after its first group commit."""
+
+
+def consistent_cdc(r: Rehearsal, kills: int = KILLS, pause_s: float = 3.0, lifetime_s=(30.0, 240.0)) -> ScenarioResult:
     """The scenario (see the module docstring): ``kills`` SIGKILLs of the group's worker, while the workload
     runs one round every ``pause_s`` seconds: the 1st, 3rd, ... a random ``lifetime_s`` seconds after the
     worker started (its Spark session, recovery, planning, the members' attempt writes or the group commit),
@@ -381,9 +385,7 @@ def group_cost(r: Rehearsal, seconds: float = 900.0, pause_s: float = 3.0) -> Sc
 def register(scenarios: dict) -> None:
     """Add ``consistent_cdc`` (``--kills`` SIGKILLs of the group's worker; default: :func:`consistent_cdc`'s) and
     ``consistent_cdc_cost`` (freshness of the group beside the same tables alone)."""
-    scenarios["consistent_cdc"] = lambda r, args: (
-        consistent_cdc(r) if args.kills is None else consistent_cdc(r, args.kills)
-    )
+    scenarios["consistent_cdc"] = lambda r, args: consistent_cdc(r, kills_or(args, KILLS))
     scenarios["consistent_cdc_cost"] = lambda r, args: group_cost(r)
 
 

@@ -540,10 +540,10 @@ def dev_restart(r: Rehearsal, restarts: int = 2, rate: float = 150.0) -> Scenari
 def register(scenarios: dict) -> None:
     """Add this module's scenarios to ``scenarios`` (name -> fn(rehearsal, args)): the CLI kills
     ``args.kills`` times (default :data:`~devtools.rehearsal.run.KILLS`), the sensor-run kills a fifth as often (at least 3)."""
-    from devtools.rehearsal.run import KILLS
+    from devtools.rehearsal.run import KILLS, kills_or
 
-    scenarios["dagster_cli_kills"] = lambda r, args: cli_kills(r, args.kills or KILLS)
-    scenarios["dagster_sensor_kills"] = lambda r, args: sensor_kills(r, max(3, (args.kills or KILLS) // 5))
+    scenarios["dagster_cli_kills"] = lambda r, args: cli_kills(r, kills_or(args, KILLS))
+    scenarios["dagster_sensor_kills"] = lambda r, args: sensor_kills(r, max(3, kills_or(args, KILLS) // 5))
     scenarios["dagster_daemon_kill"] = lambda r, args: daemon_kill(r)
     scenarios["dagster_dev_restart"] = lambda r, args: dev_restart(r)
 

@@ -1044,11 +1044,18 @@ class Rehearsal:
 Scenario = Callable[[Rehearsal, argparse.Namespace], ScenarioResult]
 KILLS = 20
 """SIGKILLs of the ``kills`` and ``dagster_cli_kills`` scenarios without ``--kills``; the CDC scenarios, whose
-kills take a minute or more each (a Debezium workload to catch up), keep their own defaults."""
+kills take a minute or more each (a Debezium workload to catch up), keep their own defaults (their ``KILLS``)."""
+
+
+def kills_or(args: argparse.Namespace, default: int) -> int:
+    """``--kills`` when given (0 included), else the scenario's ``default``."""
+    return default if args.kills is None else args.kills
+
+
 # name -> scenario, in the order ``make rehearse`` runs them. Scenarios that live in other devtools
 # modules register here through :data:`SCENARIO_MODULES` (each module's ``register(SCENARIOS)``).
 SCENARIOS: dict[str, Scenario] = {
-    "kills": lambda r, args: r.kills(args.kills or KILLS),
+    "kills": lambda r, args: r.kills(kills_or(args, KILLS)),
     **{
         name: (lambda r, args, name=name: getattr(r, name)())
         for name in (
@@ -1095,12 +1102,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "sink":
         return _sink_main(*argv[1:4])
     scenarios = _load_scenarios()
+    from devtools.rehearsal import cdc, consistent_cdc  # loaded by _load_scenarios; they import this module
+
     parser = argparse.ArgumentParser(prog="make rehearse")
     parser.add_argument(
         "--kills",
         type=int,
         default=None,
-        help=f"SIGKILLs in each kill scenario (default: kills and dagster_cli_kills {KILLS}, cdc_kills 10, consistent_cdc 12)",
+        help=f"SIGKILLs in each kill scenario (default: kills and dagster_cli_kills {KILLS}, dagster_sensor_kills a "
+        f"fifth of it and at least 3, cdc_kills {cdc.KILLS}, consistent_cdc {consistent_cdc.KILLS})",
     )
     parser.add_argument("--only", default=",".join(scenarios), help=f"comma-separated subset of {list(scenarios)}")
     parser.add_argument("--seed", type=int, default=None)
