@@ -102,7 +102,7 @@ def test_binaries_found_without_a_version_in_the_path(tmp_path, monkeypatch):
     assert pinned == [], "PostgreSQL's binaries are found, not assumed at one version's path"
 
 
-def test_clean_stops_the_registry_and_a_capture_and_spares_other_processes(tmp_path):
+def test_clean_stops_the_registry_and_the_captures_and_spares_other_processes(tmp_path):
     lake_home = tmp_path / "lake"
     port = free_port()
     dev_registry.start(lake_home / "registry", port)
@@ -112,6 +112,12 @@ def test_clean_stops_the_registry_and_a_capture_and_spares_other_processes(tmp_p
     # stands in for the Debezium capture: a process whose command line names its module
     capture = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "devtools.services.cdc_source"])
     capture_pid_file.write_text(f"{capture.pid}\n")
+    rehearsal_pid_file = lake_home / "rehearsal" / "debezium-ab12" / "rh_cdc_ab12.pid"  # a killed rehearsal's
+    rehearsal_pid_file.parent.mkdir(parents=True)
+    rehearsal_capture = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", "devtools.services.cdc_source"]
+    )
+    rehearsal_pid_file.write_text(f"{rehearsal_capture.pid}\n")
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     stale = lake_home / "cdc" / "debezium" / "old.pid"
     stale.write_text(f"{stranger.pid}\n")  # a pid file whose pid now belongs to another program
@@ -125,6 +131,7 @@ def test_clean_stops_the_registry_and_a_capture_and_spares_other_processes(tmp_p
         )
         assert done.returncode == 0, done.stderr
         assert capture.wait(timeout=30) is not None
+        assert rehearsal_capture.wait(timeout=30) is not None
         deadline = time.monotonic() + 10
         while port_open("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -132,9 +139,9 @@ def test_clean_stops_the_registry_and_a_capture_and_spares_other_processes(tmp_p
         assert os.waitpid(registry_pid, 0)[0] == registry_pid, "the registry (a child of this test) exited"
         assert f"--data-dir {lake_home / 'registry'}" not in _processes(), "no registry process left"
         assert stranger.poll() is None, "a pid that is not the demo's is left alone"
-        assert not capture_pid_file.exists() and not stale.exists()
+        assert not capture_pid_file.exists() and not stale.exists() and not rehearsal_pid_file.exists()
     finally:
-        for proc in (capture, stranger):
+        for proc in (capture, rehearsal_capture, stranger):
             proc.kill()
             proc.wait()
 

@@ -190,7 +190,7 @@ def cdc_kills(r: Rehearsal, n: int = KILLS, planes: int = 500, pause_s: float = 
     topic, slot = f"rehearsal.cdc_{uid}", f"rh_cdc_{uid}"
     create_topic(r.lake.kafka_config, topic, 2, {"retention.ms": "-1"})
     decl = cdc_declaration(f"cdc_{uid}", topic, 1500)
-    db = cdc_source.start_database()
+    db = cdc_source.start_database(r.lake.home / f"pg-cdc-{uid}")  # under the home: the next rehearsal stops it
     capture = workload = None
     checks: dict[str, bool] = {}
     try:

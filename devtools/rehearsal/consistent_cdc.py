@@ -153,7 +153,7 @@ class Source:
         for table in shop.TABLES:
             create_topic(r.lake.kafka_config, f"{self.slot}.public.{table}", PARTITIONS, {"retention.ms": "-1"})
         create_topic(r.lake.kafka_config, f"{self.slot}.transaction", 1, {"retention.ms": "-1"})
-        self.db = cdc_source.start_database()
+        self.db = cdc_source.start_database(r.lake.home / f"pg-{self.slot}")  # the next rehearsal stops a leftover
         self.capture = None
         try:
             cdc_source.run_sql(self.db, shop.ddl())

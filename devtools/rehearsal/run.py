@@ -49,7 +49,7 @@ from devtools.demo.data import create_topic
 from devtools.polling import wait_for
 from devtools.progress import progress_bar
 from devtools.rehearsal.leaks import Leaks, count_leaks
-from devtools.services import devbroker
+from devtools.services import cleanup, devbroker
 from kafka_iceberg.batch.context import CRASH_POINTS
 from kafka_iceberg.batch.planning import offset_lag
 from kafka_iceberg.catalog.tables import load_catalog, load_table, metadata_view, read_state
@@ -830,7 +830,7 @@ class Rehearsal:
         from devtools.services import devpostgres
 
         t0 = time.monotonic()
-        server = devpostgres.create(Path(tempfile.mkdtemp(prefix="lake-rehearsal-pg-")))
+        server = devpostgres.create(Path(tempfile.mkdtemp(prefix="pg-outage-", dir=self.lake.home)))
         try:
             pg_lake = Lake(
                 self.lake.home,
@@ -1119,7 +1119,8 @@ def main(argv: list[str] | None = None) -> int:
 
     base = load_settings()
     home = base.lake_home / "rehearsal"
-    if home.exists():
+    if home.exists():  # a killed rehearsal's PostgreSQL servers and Debezium captures are stopped first
+        cleanup.clean(home)
         devbroker.stop(home / "kafka")
         shutil.rmtree(home)
     home.mkdir(parents=True)

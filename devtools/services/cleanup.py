@@ -25,6 +25,7 @@ from devtools.services import devpostgres
 PID_FILES = {  # glob under $LAKE_HOME -> what its process's command line must contain
     "registry/registry.pid": "devtools.services.registry",
     "cdc/debezium/*.pid": "devtools.services.cdc_source",
+    "**/debezium-*/*.pid": "devtools.services.cdc_source",  # the rehearsal's captures
 }
 
 
