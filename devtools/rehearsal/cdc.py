@@ -179,6 +179,8 @@ def _compare(r: Rehearsal, decl: dict, db: cdc_source.SourceDatabase, produced: 
 
 KILLS = 10
 """SIGKILLs of the sink without ``--kills``; each costs the Debezium workload a minute or more to catch up."""
+KILL_DEFAULTS = {"cdc_kills": KILLS}
+"""This module's kill scenario and its default, for ``make rehearse --help``."""
 
 
 def cdc_kills(r: Rehearsal, n: int = KILLS, planes: int = 500, pause_s: float = 2.0) -> ScenarioResult:

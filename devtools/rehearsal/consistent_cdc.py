@@ -180,6 +180,8 @@ class Source:
 
 KILLS = 12
 """SIGKILLs of the group's worker without ``--kills``: half early in a run, half after its first group commit."""
+KILL_DEFAULTS = {"consistent_cdc": KILLS}
+"""This module's kill scenario and its default, for ``make rehearse --help``."""
 
 
 def consistent_cdc(r: Rehearsal, kills: int = KILLS, pause_s: float = 3.0, lifetime_s=(30.0, 240.0)) -> ScenarioResult:

@@ -1093,6 +1093,14 @@ def _load_scenarios() -> dict[str, Scenario]:
     return scenarios
 
 
+def _kill_defaults() -> dict[str, int]:
+    """Scenario -> its SIGKILLs without ``--kills``, for the scenarios of :data:`SCENARIO_MODULES` that keep their
+    own (a module's ``KILL_DEFAULTS``)."""
+    import importlib
+
+    return {k: n for m in SCENARIO_MODULES for k, n in getattr(importlib.import_module(m), "KILL_DEFAULTS", {}).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m devtools.rehearsal.run [--kills N] [--only a,b] [--seed S]``: run the rehearsal on a
     fresh lake under ``$LAKE_HOME/rehearsal`` with a broker of its own; print the table; exit 1 on
@@ -1102,15 +1110,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "sink":
         return _sink_main(*argv[1:4])
     scenarios = _load_scenarios()
-    from devtools.rehearsal import cdc, consistent_cdc  # loaded by _load_scenarios; they import this module
-
     parser = argparse.ArgumentParser(prog="make rehearse")
     parser.add_argument(
         "--kills",
         type=int,
         default=None,
         help=f"SIGKILLs in each kill scenario (default: kills and dagster_cli_kills {KILLS}, dagster_sensor_kills a "
-        f"fifth of it and at least 3, cdc_kills {cdc.KILLS}, consistent_cdc {consistent_cdc.KILLS})",
+        f"fifth of it and at least 3, {', '.join(f'{k} {n}' for k, n in _kill_defaults().items())})",
     )
     parser.add_argument("--only", default=",".join(scenarios), help=f"comma-separated subset of {list(scenarios)}")
     parser.add_argument("--seed", type=int, default=None)
