@@ -15,7 +15,7 @@ SPARK_LOCAL_IP ?= 127.0.0.1
 LAKE_DEV ?= 1
 export LAKE_HOME DAGSTER_HOME SPARK_LOCAL_IP LAKE_DEV
 
-.PHONY: install lock system-deps demo test lint format bench soak dev clean dagster-home accept-gap status rehearse rehearse-deploy backfill replay validate
+.PHONY: install lock system-deps demo test lint format bench soak dev clean dagster-home accept-gap status rehearse rehearse-deploy screenshots backfill replay validate
 
 system-deps:
 	@bash scripts/install-system-deps.sh
@@ -69,6 +69,10 @@ demo: install dagster-home
 TEST_WORKERS ?= 2
 test: install lint
 	$(PY) -m pytest -q -ra --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# the UI's screenshots in docs/screenshots, taken by the browser test (make test writes them to a temporary directory)
+screenshots: install
+	UI_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(PY) -m pytest -q tests/test_ui_browser.py
 
 # ruff: lint and format check (configured in pyproject.toml); make format rewrites
 lint: install

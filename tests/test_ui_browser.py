@@ -1,5 +1,6 @@
 """The Dagster UI in a real browser: `dagster dev` on a temporary $LAKE_HOME, driven by headless
-Chromium (Debian's) through Playwright. Screenshots go to docs/screenshots/ (shown in the README).
+Chromium (Debian's) through Playwright. Screenshots go to a temporary directory, or with ``make screenshots``
+(``UI_SCREENSHOTS_DIR``) to docs/screenshots/, shown in the README and the docs: a test run leaves the checkout as it was.
 
 It checks what a user sees: the lineage from Kafka topics to tables to the downstream asset,
 a table's checks with their results, the ``lake_workers`` sensor's ticks and the worker run it launched
@@ -25,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -39,7 +41,9 @@ from kafka_iceberg.config.settings import CHECKOUT
 CHROMIUM = "/usr/bin/chromium"
 WEATHER_BOUND = 150
 """Records per partition per micro-batch of the weather table in this test (300 records: two)."""
-SHOTS = CHECKOUT / "docs" / "screenshots"
+SHOTS = Path(os.environ.get("UI_SCREENSHOTS_DIR") or Path(tempfile.gettempdir()) / f"lake-ui-shots-{os.getpid()}")
+"""Where the screenshots go: ``$UI_SCREENSHOTS_DIR`` (``make screenshots``: docs/screenshots), else a directory of
+this test process."""
 COMPONENT = "kafka_iceberg.lake_assets.component.KafkaIcebergTables"
 LOCATION = "kafka_iceberg.lake_assets.definitions"  # workspace.yaml's module, the code location's name
 SASL_PASSWORD = "sasl-pw-Zq81vX"
@@ -335,6 +339,8 @@ def test_ui_shows_lineage_checks_sensor_ticks_and_backfills(dagster_ui):
         browser.close()
     for name in SCREENSHOTS:
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000
+    if not os.environ.get("UI_SCREENSHOTS_DIR"):  # a failed run keeps them, to look at
+        shutil.rmtree(SHOTS)
 
 
 SCREENSHOTS = (
