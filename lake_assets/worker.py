@@ -66,10 +66,11 @@ from kafka_iceberg.lake_assets.vocabulary import (
     worker_job_name,
     worker_pool,
 )
-from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores, rota_for
+from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores
 from kafka_iceberg.ops import metrics
 from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG
 from kafka_iceberg.ops.niceness import lower_cpu_priority
+from kafka_iceberg.ops.rota import rota_for
 from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, settings_for
 
@@ -221,7 +222,8 @@ def _worker_for(
     tables = {s.identifier: load_table(env.catalog, s.identifier) for s in specs}  # once: state and last maintenance
     states = {i: table_state(t) for i, t in tables.items()}
     committed = {i: state.offsets for i, state in states.items()}  # replaced on each commit, on the main thread
-    chores = WorkerChores(context, specs, rota_for(tables, crons), env)
+    other_run = at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context))  # a predecessor or a successor
+    chores = WorkerChores(context, specs, rota_for(tables, crons), env, another_run=other_run)
     mirror = GroupMirror(metadata, GROUP_MIRROR_S)
     events, report = _reporter(context, specs)
     alive = Latest(runs_in_progress(context))  # read by micro-batches in pool threads; set here, on the main thread
@@ -251,7 +253,7 @@ def _worker_for(
         on_commit=on_commit,
         on_failure=on_failure,
         should_stop=at_most_every(POOL_CHECK_S, lambda: pool_waiting(context, pool)),
-        hold=at_most_every(POOL_CHECK_S, lambda: successor_on_its_way(context)),
+        hold=other_run,
         chores=chores,
         paused=chores.paused,
         flush=flush,

@@ -23,17 +23,20 @@ micro-batch runs meanwhile in another thread of the worker.
 
 A table past ``maintenance.max_snapshots`` snapshots is expired by count, and one whose commits added
 ``maintenance.compact_after_data_files`` data files is compacted, as the next chore
-(:mod:`kafka_iceberg.ops.chore_state` says which chore goes next, and why). Those two jobs read every
-manifest list or data file of the table (seconds to tens of seconds), so they run in the background thread, like a check, while the worker goes on committing, to
-that table too: its micro-batches commit on ``main`` (conditional, each on the latest metadata, and on
-top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and Iceberg's procedures
-retry a commit that conflicts with one of them. The expiry keeps the newest snapshots of the metadata it
-commits on, :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more than needed. At most one of
-each per table per :data:`TRIM_CHECK_S`.
+(:mod:`kafka_iceberg.ops.chore_state` says which chore goes next, and why). Both read every manifest list or
+data file of the table (seconds to tens of seconds), so they run in the background thread while the worker
+goes on committing, to that table too: its micro-batches commit on ``main`` (conditional, on the latest
+metadata, and on top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and
+Iceberg's procedures retry a commit that conflicts with one of them. The expiry keeps the newest snapshots of
+the metadata it commits on, :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more than needed, and
+waits while another run of the worker's job is in progress (at a hand-over, the predecessor's last checks
+read its newest snapshots; :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S`). At most one of each per
+table per :data:`TRIM_CHECK_S`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -55,6 +58,7 @@ from kafka_iceberg.ops.chore_state import (
     CHECK,
     CHECK_EVERY_S,
     CHECK_SPACING_S,
+    EXPIRY_HOLD_S,
     TRIM_CHECK_S,
     Chore,
     TableChores,
@@ -64,7 +68,7 @@ from kafka_iceberg.ops.chore_state import (
 )
 from kafka_iceberg.ops.incremental_check import snapshots_to_keep
 from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
-from kafka_iceberg.ops.rota import MaintenanceRota, last_runs, record_run, run_job, set_table_property
+from kafka_iceberg.ops.rota import MaintenanceRota, record_run, run_job, set_table_property
 from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
 
 if TYPE_CHECKING:  # pyspark only for the annotation: importing it starts nothing, but it is heavy
@@ -94,23 +98,13 @@ class ChoreEnv:
         return cls(spark, settings_for(kafka, catalog), catalog.load(), slack)
 
 
-def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
-    """The :class:`MaintenanceRota` of the loaded pyiceberg ``tables`` (identifier -> table, None
-    for a table not created yet) under their spread ``crons`` (identifier -> kind -> cron, UTC)."""
-    last = {}
-    for identifier, table in tables.items():
-        if table is None:
-            continue
-        first = min((s.timestamp_ms for s in table.metadata.snapshots), default=None)
-        last.update({(identifier, k): ms for k, ms in last_runs(table.properties, first).items()})
-    return MaintenanceRota({i: crons[i] for i in tables if i in crons}, last)
-
-
 class WorkerChores:
     """The chores of one worker run over ``specs``; call it for one chore (returns whether it ran or
     started one; False while a check or an expiry runs in the background), :meth:`committed` after each
     commit, and :meth:`finish` at the end of the run (the checks still pending). ``rota``: from
-    :func:`rota_for`; ``env``: the op's connections; ``clock``: monotonic seconds and ms since epoch.
+    :func:`kafka_iceberg.ops.rota.rota_for`; ``env``: the op's connections; ``clock``: monotonic seconds and ms since epoch;
+    ``another_run``: whether another run of the worker's job is in progress (a query of the Dagster instance,
+    throttled by the caller): its expiries then wait, :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S` at most.
 
     Thread contract: every method is called from the op's main thread, which alone reads and replaces
     :attr:`tables` (one :class:`~kafka_iceberg.ops.chore_state.TableChores` per table), :attr:`running`
@@ -125,8 +119,10 @@ class WorkerChores:
         rota: MaintenanceRota,
         env: ChoreEnv,
         clock: Clock = Clock(),
+        another_run: Callable[[], bool] = lambda: False,
     ):
         self.context, self.rota, self.env, self.clock = context, rota, env, clock
+        self.another_run, self._held_since = another_run, None  # since when expiries wait for it (monotonic s)
         self.tables: dict[str, TableChores] = {s.identifier: TableChores(s) for s in specs}
         self.members = member_identifiers(specs)  # group -> identifiers
         self.running: Chore | None = None
@@ -165,8 +161,9 @@ class WorkerChores:
             if not self.running.future.done():
                 return False  # one chore at a time; the worker goes on serving
             self._collect()
-        due = self.rota.next_due(self.clock.epoch_ms(), skip=busy)
-        chore = next_chore(self.tables, due, self.clock.now(), idle, busy)
+        now, held = self.clock.now(), self._held()
+        due = self.rota.next_due(self.clock.epoch_ms(), skip=busy, held=held)
+        chore = next_chore(self.tables, due, now, idle, busy, held)
         if chore is None:
             return False
         what, identifier, kind = chore
@@ -177,6 +174,16 @@ class WorkerChores:
         else:
             self._start_check(identifier)
         return True
+
+    def _held(self) -> tuple[str, ...]:
+        """The jobs that wait: ``expire_snapshots`` while :attr:`another_run` is in progress, since at most
+        :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S`; else none."""
+        if not self.another_run():
+            self._held_since = None
+            return ()
+        now = self.clock.now()
+        self._held_since = now if self._held_since is None else self._held_since
+        return ("expire_snapshots",) if now - self._held_since < EXPIRY_HOLD_S else ()
 
     @classmethod
     def resume(
@@ -381,6 +388,5 @@ __all__ = [
     "Chore",
     "ChoreEnv",
     "WorkerChores",
-    "rota_for",
     "worker_alert",
 ]

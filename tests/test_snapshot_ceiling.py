@@ -14,6 +14,7 @@ from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker_chores import CONCURRENT_COMMIT_RETRIES, ChoreEnv, WorkerChores
 from kafka_iceberg.ops import checks
+from kafka_iceberg.ops.chore_state import EXPIRY_HOLD_S
 from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
 from kafka_iceberg.ops.rota import MaintenanceRota
 from kafka_iceberg.state import state_at
@@ -36,9 +37,9 @@ def _table(kafka_config, unique, topic_factory, records=200, max_snapshots=6, ma
     return make_spec(unique, topic, max_records_per_partition=20, maintenance=maintenance)
 
 
-def _chores(settings, spark, catalog, spec, unique):
-    """(the ``WorkerChores`` of run ``run-<unique>`` over ``spec``, the check outcomes it reports, the
-    events it logs)."""
+def _chores(settings, spark, catalog, spec, unique, run="run", clock=None, another_run=lambda: False):
+    """(the ``WorkerChores`` of run ``<run>-<unique>`` over ``spec``, the check outcomes it reports, the
+    events it logs); ``clock``: default, monotonic seconds stand still."""
     reported, events = [], []
 
     class Chores(WorkerChores):
@@ -46,8 +47,9 @@ def _chores(settings, spark, catalog, spec, unique):
             reported.append(outcome)
 
     env = ChoreEnv(spark, settings, catalog, None)
-    still = Clock(now=lambda: 1000.0)  # monotonic seconds stand still: the steps decide, not the machine's load
-    return Chores(_context(f"run-{unique}", events), [spec], MaintenanceRota({}), env, still), reported, events
+    still = clock or Clock(now=lambda: 1000.0)  # monotonic seconds stand still: the steps decide, not the load
+    context = _context(f"{run}-{unique}", events)
+    return Chores(context, [spec], MaintenanceRota({}), env, still, another_run), reported, events
 
 
 def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_check_stays_incremental(
@@ -89,6 +91,38 @@ def test_a_worker_checks_a_table_past_max_snapshots_then_expires_it_and_the_chec
     table = load_table(catalog, spec.identifier)
     full = checks.duplicate_free(spark, qualified(settings, spec), spec, table, commit_id=context.run_id)
     assert full.passed and full.figures["scope"] == "full"
+
+
+def test_at_a_hand_over_the_successor_expires_only_after_its_predecessors_last_checks_read_incrementally(
+    settings, spark, kafka, catalog, kafka_config, unique, topic_factory
+):
+    spec = _table(kafka_config, unique, topic_factory, records=240, max_snapshots=8)
+    first, reported, _ = _chores(settings, spark, catalog, spec, unique, run="first")
+    for _ in range(3):  # 4 snapshots (the first commit creates the table)
+        result = run_micro_batch(spark, settings, spec, commit_id=first.context.run_id, kafka=kafka, catalog=catalog)
+        first.committed(spec, result.snapshots)
+    pending = first.pending()  # the serving op hands over: its checks wait for its check op
+    first.close()
+    now, in_progress = [1000.0], [True]
+    clock = Clock(now=lambda: now[0])
+    second, _, events = _chores(settings, spark, catalog, spec, unique, "second", clock, lambda: in_progress[0])
+    for _ in range(6):  # 10 snapshots: past the ceiling
+        result = run_micro_batch(spark, settings, spec, commit_id=second.context.run_id, kafka=kafka, catalog=catalog)
+        second.committed(spec, result.snapshots)
+    assert second(False) is False and second.running is None, "no expiry while the first run is in progress"
+    with type(first).resume(first.context, [spec], pending, first.env) as last:  # the first run's check op
+        last.finish()
+    assert reported[-1].passed and reported[-1].figures["scope"] == "incremental", reported[-1].summary
+    assert reported[-1].figures["rows_scanned"] == 180, "to main: its three micro-batches and the six after them"
+    now[0] += EXPIRY_HOLD_S  # a run that never ends holds the expiry EXPIRY_HOLD_S at most
+    assert second(False) is True and second.running.what == "duplicate_free", "its own check first"
+    second.running.future.result(timeout=300)
+    assert second(False) is True and second.running.what == "expire_snapshots"
+    second.running.future.result(timeout=300)
+    assert second(False) is False, "the expiry is logged"
+    second.close()
+    (observation,) = [e for e in events if type(e).__name__ == "AssetObservation"]
+    assert observation.metadata["procedure_output"].value["over_max_snapshots"] == 10
 
 
 def test_a_worker_compacts_a_table_whose_commits_added_compact_after_data_files_in_the_background(

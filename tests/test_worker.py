@@ -352,6 +352,7 @@ def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properti
     rota = MaintenanceRota(crons, {("n.a", "compact"): 0, ("n.a", "expire_snapshots"): 0, ("n.b", "compact"): None})
     assert rota.next_due(29 * minute) is None  # no tick after 0 yet (n.b never snapshotted)
     assert rota.next_due(61 * minute) == ("n.a", "expire_snapshots")  # its tick 30 is older than compact's 60
+    assert rota.next_due(61 * minute, held={"expire_snapshots"}) == ("n.a", "compact"), "a held job waits alone"
     rota.mark("n.a", "expire_snapshots", 61 * minute)
     assert rota.next_due(61 * minute) == ("n.a", "compact")
     rota.mark("n.a", "compact", 61 * minute)

@@ -214,6 +214,9 @@ def test_the_next_table_and_the_next_chore_are_pure_functions_of_the_state_and_t
     assert next_chore(tables, ("pc", "compact"), 100.0, idle=False) == ("maintain", "pc", "compact")
     checked = {**tables, a.identifier: replace(tables[a.identifier], checked_s=95.0)}  # its check started at 95 s
     assert next_chore(checked, None, 100.0, idle=False) == ("trim", a.identifier, "expire_snapshots")
+    held = ("expire_snapshots",)  # another run of the worker's job is in progress: its last checks read these snapshots
+    assert next_chore(checked, None, 100.0, idle=False, held=held) is None, "the expiry waits"
+    assert next_chore(tables, None, 100.0, idle=True, held=held) == ("check", b.identifier, "duplicate_free")
     started = {**checked, a.identifier: checked[a.identifier].with_ceiling("expire_snapshots", started_s=99.0)}
     assert next_chore(started, None, 100.0, idle=False) is None, f"one expiry by count per {TRIM_CHECK_S} s"
     later = 99.0 + TRIM_CHECK_S

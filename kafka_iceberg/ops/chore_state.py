@@ -11,7 +11,8 @@ A table whose last commit left it more than ``maintenance.max_snapshots`` snapsh
 by count as the next chore, down to ``retain_last`` (:func:`kafka_iceberg.ops.maintenance.expire`):
 a streaming table commits up to a few times a second, and each snapshot makes every later commit
 slower. Its pending check runs first, unless one started within :data:`TRIM_CHECK_S`, and the expiry
-keeps the snapshots that check will read from, so the check stays incremental. Likewise a table whose
+keeps the snapshots that check will read from, so the check stays incremental; while another run of the
+worker's job is in progress, expiries wait (:data:`EXPIRY_HOLD_S`). Likewise a table whose
 commits in this run added ``maintenance.compact_after_data_files`` data files since its last compaction
 is compacted as the next chore: each micro-batch adds at least one data file, and each commit that
 merges manifests (about one in a hundred) rewrites an entry per data file, so the table's tail latency
@@ -42,6 +43,13 @@ CHECK_SPACING_S = 6.0
 """Seconds between the starts of two ``duplicate_free`` checks of one worker run while some table has records
 waiting: a run serving many tables spreads its checks (100 tables: each every 10 min at most) instead of
 running them back to back, which took a core's Spark JVM from the micro-batches for a minute every 5 min."""
+
+EXPIRY_HOLD_S = 900.0
+"""Seconds at most a worker run holds its snapshot expiries (by count and scheduled) while another run of its
+job is in progress: at a hand-over, the predecessor's last checks read the snapshots it committed since its
+previous checks (incremental, about a second each), which the successor's expiry would remove and turn into
+full scans of the tables. A run that never ends (its process killed before run monitoring fails it) must not
+stop the expiry for longer."""
 
 TRIM_CHECK_S = 30.0
 """Seconds within which a started ``duplicate_free`` check lets a table past its ``max_snapshots`` be
@@ -135,14 +143,16 @@ def pending_checks(tables: Mapping[str, TableChores]) -> list[TableChores]:
     return sorted((t for t in tables.values() if t.pending_since is not None), key=lambda t: t.last_commit)
 
 
-def over_ceiling(tables: Mapping[str, TableChores], now_s: float, busy: Collection[str]) -> tuple[str, str] | None:
-    """(identifier, job) of the table that passed a ceiling first, not in ``busy``, whose job did not start
-    by count within :data:`TRIM_CHECK_S` of ``now_s``; None when there is none."""
+def over_ceiling(
+    tables: Mapping[str, TableChores], now_s: float, busy: Collection[str], held: Collection[str] = ()
+) -> tuple[str, str] | None:
+    """(identifier, job) of the table that passed a ceiling first, not in ``busy``, whose job is not
+    ``held`` (kinds) and did not start by count within :data:`TRIM_CHECK_S` of ``now_s``; None when there is none."""
     over = [
         (c.passed, CEILING_JOBS.index(kind), t.spec.identifier, kind)
         for t in tables.values()
         for kind, c in t.ceilings.items()
-        if c.passed is not None
+        if c.passed is not None and kind not in held
     ]
     for _, _, identifier, kind in sorted(over):
         started = tables[identifier].ceiling(kind).started_s
@@ -157,6 +167,7 @@ def next_chore(
     now_s: float,
     idle: bool,
     busy: Collection[str] = (),
+    held: Collection[str] = (),
 ) -> tuple[str, str, str] | None:
     """The next chore as (what, identifier, job), or None: ``("maintain", identifier, kind)`` for ``due``
     (the rota's due job, :meth:`kafka_iceberg.ops.rota.MaintenanceRota.next_due`); else for a job past
@@ -164,10 +175,11 @@ def next_chore(
     check, ``("check", identifier, CHECK)``, before an expiry when no check of it started within
     :data:`TRIM_CHECK_S`; else the first pending check that is ready (:func:`check_ready`), unless not ``idle``
     and a check started within :data:`CHECK_SPACING_S`. ``idle``: no
-    table has records waiting; ``busy``: tables whose micro-batch runs meanwhile (their jobs wait)."""
+    table has records waiting; ``busy``: tables whose micro-batch runs meanwhile (their jobs wait); ``held``:
+    jobs (kinds) that wait for now, e.g. ``expire_snapshots`` while a predecessor's last checks run (:data:`EXPIRY_HOLD_S`)."""
     if due is not None:
         return ("maintain", *due)
-    over = over_ceiling(tables, now_s, busy)
+    over = over_ceiling(tables, now_s, busy, held)
     if over is not None:
         identifier, kind = over
         state = tables[identifier]
@@ -187,6 +199,7 @@ __all__ = [
     "CHECK",
     "CHECK_EVERY_S",
     "CHECK_SPACING_S",
+    "EXPIRY_HOLD_S",
     "TRIM_CHECK_S",
     "Ceiling",
     "Chore",

@@ -60,14 +60,15 @@ class MaintenanceRota:
     last_run_ms: dict[tuple[str, str], int | None] = field(default_factory=dict)
     _due_at: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
 
-    def next_due(self, now_ms: int, skip: Collection[str] = ()) -> tuple[str, str] | None:
+    def next_due(self, now_ms: int, skip: Collection[str] = (), held: Collection[str] = ()) -> tuple[str, str] | None:
         """The (identifier, kind) whose first missed tick is the oldest, or None when nothing is due
-        (each job's next tick is computed once per run of it, not per call); tables in ``skip`` wait."""
+        (each job's next tick is computed once per run of it, not per call); tables in ``skip`` and
+        jobs in ``held`` (kinds) wait."""
         due = []
         for identifier, crons in self.crons.items():
             if identifier in skip:
                 continue
-            for kind in KINDS:
+            for kind in (k for k in KINDS if k not in held):
                 tick = self._tick(identifier, kind, crons)
                 if tick is not None and tick <= now_ms:
                     due.append((tick, KINDS.index(kind), identifier, kind))
@@ -195,6 +196,18 @@ def set_table_property(
     return False
 
 
+def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> MaintenanceRota:
+    """The :class:`MaintenanceRota` of the loaded pyiceberg ``tables`` (identifier -> table, None
+    for a table not created yet) under their spread ``crons`` (identifier -> kind -> cron, UTC)."""
+    last = {}
+    for identifier, table in tables.items():
+        if table is None:
+            continue
+        first = min((s.timestamp_ms for s in table.metadata.snapshots), default=None)
+        last.update({(identifier, k): ms for k, ms in last_runs(table.properties, first).items()})
+    return MaintenanceRota({i: crons[i] for i in tables if i in crons}, last)
+
+
 __all__ = [
     "KINDS",
     "LAST_RUN_PROPERTY",
@@ -202,6 +215,7 @@ __all__ = [
     "last_runs",
     "next_tick_ms",
     "record_run",
+    "rota_for",
     "run_job",
     "set_table_property",
 ]
