@@ -48,7 +48,8 @@ EXPIRY_HOLD_S = 900.0
 """Seconds at most a worker run holds its snapshot expiries (by count and scheduled) while another run of its
 job is in progress: at a hand-over, the predecessor's last checks read the snapshots it committed since its
 previous checks (incremental, about a second each), which the successor's expiry would remove and turn into
-full scans of the tables. A run that never ends (its process killed before run monitoring fails it) must not
+full scans of the tables. Meanwhile a table may pass ``max_snapshots`` by that time's commits, expired one
+table at a time afterwards. A run that never ends (its process killed before run monitoring fails it) must not
 stop the expiry for longer."""
 
 TRIM_CHECK_S = 30.0
