@@ -102,9 +102,10 @@ class WorkerChores:
     """The chores of one worker run over ``specs``; call it for one chore (returns whether it ran or
     started one; False while a check or an expiry runs in the background), :meth:`committed` after each
     commit, and :meth:`finish` at the end of the run (the checks still pending). ``rota``: from
-    :func:`kafka_iceberg.ops.rota.rota_for`; ``env``: the op's connections; ``clock``: monotonic seconds and ms since epoch;
-    ``another_run``: whether another run of the worker's job is in progress (a query of the Dagster instance,
-    throttled by the caller): its expiries then wait, :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S` at most.
+    :func:`kafka_iceberg.ops.rota.rota_for`; ``env``: the op's connections; ``clock``: monotonic seconds and
+    ms since epoch; ``another_run``: whether another run of the worker's job is in progress (a query of the
+    Dagster instance, throttled by the caller): its expiries then wait,
+    :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S` at most.
 
     Thread contract: every method is called from the op's main thread, which alone reads and replaces
     :attr:`tables` (one :class:`~kafka_iceberg.ops.chore_state.TableChores` per table), :attr:`running`
@@ -161,7 +162,8 @@ class WorkerChores:
             if not self.running.future.done():
                 return False  # one chore at a time; the worker goes on serving
             self._collect()
-        now, held = self.clock.now(), self._held()
+        now = self.clock.now()
+        held = self._held(now)
         due = self.rota.next_due(self.clock.epoch_ms(), skip=busy, held=held)
         chore = next_chore(self.tables, due, now, idle, busy, held)
         if chore is None:
@@ -175,13 +177,12 @@ class WorkerChores:
             self._start_check(identifier)
         return True
 
-    def _held(self) -> tuple[str, ...]:
-        """The jobs that wait: ``expire_snapshots`` while :attr:`another_run` is in progress, since at most
-        :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S`; else none."""
+    def _held(self, now: float) -> tuple[str, ...]:
+        """The jobs that wait at ``now`` (monotonic s): ``expire_snapshots`` while :attr:`another_run` is in
+        progress, since at most :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S`; else none."""
         if not self.another_run():
             self._held_since = None
             return ()
-        now = self.clock.now()
         self._held_since = now if self._held_since is None else self._held_since
         return ("expire_snapshots",) if now - self._held_since < EXPIRY_HOLD_S else ()
 

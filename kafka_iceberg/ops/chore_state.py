@@ -177,7 +177,8 @@ def next_chore(
     :data:`TRIM_CHECK_S`; else the first pending check that is ready (:func:`check_ready`), unless not ``idle``
     and a check started within :data:`CHECK_SPACING_S`. ``idle``: no
     table has records waiting; ``busy``: tables whose micro-batch runs meanwhile (their jobs wait); ``held``:
-    jobs (kinds) that wait for now, e.g. ``expire_snapshots`` while a predecessor's last checks run (:data:`EXPIRY_HOLD_S`)."""
+    jobs (kinds) that wait for now, e.g. ``expire_snapshots`` while a predecessor's last checks run
+    (:data:`EXPIRY_HOLD_S`)."""
     if due is not None:
         return ("maintain", *due)
     over = over_ceiling(tables, now_s, busy, held)
