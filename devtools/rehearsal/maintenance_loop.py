@@ -43,7 +43,7 @@ def _maintain_main(declaration: str, seconds: float) -> int:
             ).collect()
             view = metadata_view(load_table(catalog, spec.identifier))
             expired = maintenance.expire(spark, name, spec.identifier, 0.0, 1, view)  # keeps the ingest state
-            print(json.dumps({"ok": expired.output.get("deleted_data_files_count", 0)}), flush=True)
+            print(json.dumps({"ok": expired.output["expired_snapshots"]}), flush=True)
         except Exception as exc:  # noqa: BLE001 - a refused round is reported and the loop goes on
             print(json.dumps({"error": str(exc)[:300]}), flush=True)
         time.sleep(0.5)

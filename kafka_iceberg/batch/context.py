@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kafka_iceberg.batch.keys import ensure_key_column
 from kafka_iceberg.catalog.registry_tables import ensure_registry_table
+from kafka_iceberg.catalog.spark import java_table
 from kafka_iceberg.catalog.tables import (
     TableMetadataView,
     ensure_dead_letter_table,
@@ -150,10 +151,7 @@ class Lake:
                 :func:`~kafka_iceberg.catalog.tables.is_transient_catalog_error`).
         """
         if identifier not in self.java_tables:
-            jvm = self.spark._jvm
-            self.java_tables[identifier] = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-                self.spark._jsparkSession, f"{self.catalog_name}.{identifier}"
-            )
+            self.java_tables[identifier] = java_table(self.spark, f"{self.catalog_name}.{identifier}")
         return self.java_tables[identifier]
 
     def sql(self, what: str, statement: str, before_retry=None):

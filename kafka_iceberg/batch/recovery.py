@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kafka_iceberg.catalog.spark import java_spark_actions, java_table
 from kafka_iceberg.catalog.tables import TableMetadataView
 from kafka_iceberg.state import KEY_DEAD_LETTER_OF, ancestors
 
@@ -124,9 +125,8 @@ def delete_orphan_files(spark, qualified_table: str, older_than_ms: int) -> list
     object storage (location not ``file:``) is listed through its FileIO's prefix listing
     (``usePrefixListing``), since Hadoop has no ``s3://`` filesystem without hadoop-aws.
     """
-    jvm = spark._jvm
-    jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, qualified_table)
-    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(jtable)
+    jtable = java_table(spark, qualified_table)
+    action = java_spark_actions(spark).deleteOrphanFiles(jtable)
     if not str(jtable.location()).startswith(("file:", "/")):
         action = action.usePrefixListing(True)
     result = action.olderThan(int(older_than_ms)).execute()

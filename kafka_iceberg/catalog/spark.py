@@ -116,3 +116,21 @@ def get_spark(settings: Settings):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def java_table(spark, qualified_table: str):
+    """A Py4J handle to ``qualified_table``'s (``catalog.namespace.table``) ``org.apache.iceberg.Table``,
+    loaded through the Spark session's catalog. Iceberg's Java table API (snapshot refs, expiry, orphan
+    actions) runs in the driver's JVM without a Spark job. The one place that reaches PySpark's private
+    gateway (``_jvm``, ``_jsparkSession``); pinned by ``tests/test_maintenance.py``.
+
+    Raises:
+        Py4JJavaError: the table does not exist, or the catalog failed.
+    """
+    return spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, qualified_table)
+
+
+def java_spark_actions(spark):
+    """Iceberg's ``SparkActions`` for the session (Spark jobs over a table's files), through the gateway
+    of :func:`java_table`."""
+    return spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
