@@ -89,7 +89,12 @@ BOUNDS = (
     Bound("server_rss_mib", "MiB", 16.0, "daemon and code server, which live for months: 16 MiB/h"),
     Bound("server_threads", "threads", 10.0, "daemon and code server; one leaked per sensor tick is 120/h"),
     Bound("server_fds", "fds", 20.0, "daemon and code server: their sockets come and go by ~15 between samples"),
-    Bound("snapshots_max", "snapshots", 5.0, "expiry keeps max_snapshots, or the <= 5 min a pending check reads"),
+    Bound(
+        "snapshots_max",
+        "snapshots",
+        5.0,
+        "expiry keeps max_snapshots, the <= 5 min a pending check reads, or a hand-over's hold (EXPIRY_HOLD_S)",
+    ),
     Bound("snapshots_mean", "snapshots", 5.0, "each table saws between retain_last and max_snapshots"),
     Bound("metadata_files_max", "files", 5.0, "write.metadata.previous-versions-max keeps 50 + 1"),
     Bound("metadata_files_mean", "files", 2.0, "as for the max, averaged over the tables"),
