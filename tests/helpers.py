@@ -74,6 +74,12 @@ def data_files_on_disk(settings, spec: TableSpec) -> set[str]:
     return {str(p) for p in (root / "data").rglob("*.parquet")}
 
 
+def live_delete_files(spark, qualified_table: str) -> int:
+    """Delete files (position and equality) of the table's current snapshot, from the ``delete_files``
+    metadata table (a count independent of the snapshot summary the maintenance jobs report)."""
+    return int(spark.sql(f"SELECT count(*) AS n FROM {qualified_table}.delete_files").collect()[0]["n"])
+
+
 def referenced_data_files(spark, settings, spec: TableSpec) -> set[str]:
     """Data files referenced by any snapshot of the table (the all_data_files metadata table)."""
     rows = spark.sql(f"SELECT file_path FROM {settings.catalog.name}.{spec.identifier}.all_data_files").collect()

@@ -18,7 +18,15 @@ from kafka_iceberg.ops.checks import duplicate_free
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.schedules import all_schedules
 from kafka_iceberg.state import state_at
-from tests.helpers import current_table, current_view, data_files_on_disk, event_records, make_spec, table_rows
+from tests.helpers import (
+    current_table,
+    current_view,
+    data_files_on_disk,
+    event_records,
+    live_delete_files,
+    make_spec,
+    table_rows,
+)
 
 
 def _ingest_in_batches(spark, settings, spec, kafka, catalog):
@@ -55,7 +63,7 @@ def test_maintenance_keeps_offsets_and_exactly_once(
 
     compacted = _run_job(settings, spec, "compact")
     assert compacted["data_files_before"] >= 5 and compacted["data_files_after"] < compacted["data_files_before"]
-    assert compacted["data_bytes_after"] < compacted["data_bytes_before"]
+    assert compacted["bytes_after"] < compacted["bytes_before"]
 
     # expiring right after compaction must keep the ingest snapshot below the replace snapshot
     kept = _run_job(settings, spec, "expire_snapshots")
@@ -183,7 +191,7 @@ def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
             {**{i: i + 0.25 * (r + 1) for i in range(r * 30, r * 30 + 40)}, **{150 + r * 5 + k: None for k in range(3)}}
         )
     watermarks = {p: w.high for p, w in kafka.watermarks(topic).items()}
-    deletes = maintenance.live_delete_files(spark, fqn)
+    deletes = live_delete_files(spark, fqn)
     assert deletes >= 6
     assert {r[0] for r in spark.sql(f"SELECT content FROM {fqn}.delete_files").collect()} == {1}
     assert _duck_rows(catalog, spec) == expected
@@ -198,7 +206,7 @@ def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
 
     compacted = _run_job(settings, spec, "compact")  # rewrite_data_files applies the deletes
     assert compacted["delete_files_before"] == combined.delete_files_after
-    assert compacted["delete_files_after"] == 0 == maintenance.live_delete_files(spark, fqn)
+    assert compacted["delete_files_after"] == 0 == live_delete_files(spark, fqn)
     assert compacted["data_files_after"] < compacted["data_files_before"]
     assert _duck_rows(catalog, spec) == expected
     assert {r["id"]: r["amount"] for r in table_rows(spark, settings, spec)} == expected

@@ -21,8 +21,7 @@
   procedure itself refuses windows under 24 hours.
 
 Each returns a :class:`MaintenanceResult` with the table's live data files, bytes and delete
-files before and after, read from the ``files`` and ``delete_files`` metadata tables (by
-:func:`expire`, from the current snapshot's summary).
+files before and after, read from the current snapshot's summary.
 """
 
 from __future__ import annotations
@@ -39,8 +38,9 @@ from kafka_iceberg.state import ancestors
 
 @dataclass
 class MaintenanceResult:
-    """Live data files (count) and their bytes of the current snapshot before and after, the
-    procedure's own output row, the seconds it took, and live delete files (count) before and after."""
+    """The current snapshot's live data files (count), bytes of its live data and delete files, and live
+    delete files (count), before and after, from its snapshot summary (``total-data-files``,
+    ``total-files-size``, ``total-delete-files``); the job's own output; the seconds it took."""
 
     procedure: str
     files_before: int
@@ -59,8 +59,8 @@ class MaintenanceResult:
             "procedure": self.procedure,
             "data_files_before": self.files_before,
             "data_files_after": self.files_after,
-            "data_bytes_before": self.bytes_before,
-            "data_bytes_after": self.bytes_after,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
             "delete_files_before": self.delete_files_before,
             "delete_files_after": self.delete_files_after,
             "seconds": float(self.seconds),
@@ -68,45 +68,38 @@ class MaintenanceResult:
         }
 
 
-def live_files(spark, qualified_table: str) -> tuple[int, int]:
-    """(data files, their bytes) referenced by the table's current snapshot (delete files excluded)."""
-    row = spark.sql(
-        f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS b FROM {qualified_table}.files WHERE content = 0"
-    ).collect()[0]
-    return int(row["n"]), int(row["b"])
-
-
-def live_delete_files(spark, qualified_table: str) -> int:
-    """Delete files (position and equality) referenced by the table's current snapshot (count)."""
-    return int(spark.sql(f"SELECT count(*) AS n FROM {qualified_table}.delete_files").collect()[0]["n"])
-
-
 def _timestamp(ms: float) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _run(spark, catalog: str, identifier: str, procedure: str, args: str) -> MaintenanceResult:
-    qualified_table = f"{catalog}.{identifier}"
+    table = java_table(spark, f"{catalog}.{identifier}")
     t0 = time.perf_counter()
-    files_before, bytes_before = live_files(spark, qualified_table)
-    deletes_before = live_delete_files(spark, qualified_table)
+    table.refresh()
+    before = _summary_totals(table)
     rows = spark.sql(f"CALL {catalog}.system.{procedure}(table => '{identifier}'{args})").collect()
-    files_after, bytes_after = live_files(spark, qualified_table)
+    table.refresh()
+    after = _summary_totals(table)
     if procedure == "remove_orphan_files":  # one row per deleted file
         output = {"orphan_files_deleted": len(rows)}
     else:
         output = rows[0].asDict() if rows else {}
-    return MaintenanceResult(
-        procedure,
-        files_before,
-        files_after,
-        bytes_before,
-        bytes_after,
-        {k: (int(v) if isinstance(v, (int, float)) else str(v)) for k, v in output.items()},
-        round(time.perf_counter() - t0, 3),
-        deletes_before,
-        live_delete_files(spark, qualified_table),
-    )
+    output = {k: (int(v) if isinstance(v, (int, float)) else str(v)) for k, v in output.items()}
+    files, size, deletes = zip(before, after)
+    return MaintenanceResult(procedure, *files, *size, output, round(time.perf_counter() - t0, 3), *deletes)
+
+
+def _summary_totals(table) -> tuple[int, int, int]:
+    """(live data files, live bytes, live delete files) of a Java ``Table``: its current snapshot's summary
+    totals (0 where the table has no snapshot or no totals)."""
+    current = table.currentSnapshot()
+    summary = current.summary() if current is not None else {}
+
+    def total(key: str) -> int:
+        value = summary.get(key)
+        return int(value) if value is not None else 0
+
+    return total("total-data-files"), total("total-files-size"), total("total-delete-files")
 
 
 def _options(**options) -> str:
@@ -228,9 +221,7 @@ def expire(
     Runs Iceberg's Java ``ExpireSnapshots`` in the driver's JVM (:func:`~kafka_iceberg.catalog.spark.java_table`),
     which reads the expired snapshots' manifests and deletes their files without a Spark job: about
     1 s of JVM CPU where the ``expire_snapshots`` procedure spends 10-20 s on the same table. The output
-    counts ``expired_snapshots``; the live files and bytes come from the current snapshot's summary
-    (``total-data-files``, ``total-files-size``, which counts delete files too, ``total-delete-files``),
-    which expiry does not change.
+    counts ``expired_snapshots``.
 
     Raises:
         ValueError: ``retain_last`` < 1.
@@ -258,19 +249,6 @@ def expire(
     seconds = round(time.perf_counter() - t0, 3)
     files, size, deletes = zip(before, after)
     return MaintenanceResult("expire_snapshots", *files, *size, output, seconds, *deletes)
-
-
-def _summary_totals(table) -> tuple[int, int, int]:
-    """(live data files, live bytes, live delete files) of a Java ``Table``: its current snapshot's summary
-    totals (0 where the table has no snapshot or no totals)."""
-    current = table.currentSnapshot()
-    summary = current.summary() if current is not None else {}
-
-    def total(key: str) -> int:
-        value = summary.get(key)
-        return int(value) if value is not None else 0
-
-    return total("total-data-files"), total("total-files-size"), total("total-delete-files")
 
 
 def remove_orphans(spark, catalog: str, identifier: str, older_than_s: float) -> MaintenanceResult:
