@@ -27,7 +27,7 @@ A table past ``maintenance.max_snapshots`` snapshots is expired by count, and on
 data file of the table (seconds to tens of seconds), so they run in the background thread while the worker
 goes on committing, to that table too: its micro-batches commit on ``main`` (conditional, on the latest
 metadata, and on top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and
-Iceberg's procedures retry a commit that conflicts with one of them. The expiry keeps the newest snapshots of
+Iceberg retries a commit that conflicts with one of them. The expiry keeps the newest snapshots of
 the metadata it commits on, :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more than needed, and
 waits while another run of the worker's job is in progress (at a hand-over, the predecessor's last checks
 read its newest snapshots; :data:`~kafka_iceberg.ops.chore_state.EXPIRY_HOLD_S`). At most one of each per

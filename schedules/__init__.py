@@ -2,7 +2,7 @@
 table: the worker runs do compaction, snapshot expiry and orphan-file removal themselves
 (:mod:`kafka_iceberg.ops.rota`). A location without worker runs (``workers=0``) gets, per table, three
 jobs, ``compact_<name>``, ``expire_snapshots_<name>`` and ``remove_orphan_files_<name>``, each with its own schedule (cron in the table's
-``maintenance:`` declaration, UTC). They run Iceberg's Spark procedures
+``maintenance:`` declaration, UTC). They run Iceberg's maintenance
 (:mod:`kafka_iceberg.ops.maintenance`) in the table's concurrency pool, so they never commit
 at the same time as the table's micro-batch (or, on SQLite, as any other commit), and record
 an ``AssetObservation`` on the table with live data files and bytes before and after.

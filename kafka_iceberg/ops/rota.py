@@ -99,8 +99,8 @@ def run_job(
     lake: Lake | None = None,
     members: Sequence[str] = (),
 ) -> MaintenanceResult:
-    """Run the maintenance job ``kind`` (one of :data:`KINDS`) on ``spec``'s table through Iceberg's
-    Spark procedures (:mod:`kafka_iceberg.ops.maintenance`); ``view()`` gives the table's
+    """Run the maintenance job ``kind`` (one of :data:`KINDS`) on ``spec``'s table through Iceberg
+    (:mod:`kafka_iceberg.ops.maintenance`); ``view()`` gives the table's
     :class:`~kafka_iceberg.catalog.tables.TableMetadataView` (snapshot expiry keeps the ingest state,
     and the newest ``keep(view)`` snapshots of ``main``; past ``max_snapshots`` it expires by count).
     A compaction of a consistency group member first rolls forward a group commit a crash left
