@@ -23,8 +23,9 @@ micro-batch runs meanwhile in another thread of the worker.
 
 A table past ``maintenance.max_snapshots`` snapshots is expired by count, and one whose commits added
 ``maintenance.compact_after_data_files`` data files is compacted, as the next chore
-(:mod:`kafka_iceberg.ops.chore_state` says which chore goes next, and why). Both read every manifest list or
-data file of the table (seconds to tens of seconds), so they run in the background thread while the worker
+(:mod:`kafka_iceberg.ops.chore_state` says which chore goes next, and why). A compaction rewrites data files
+(seconds to tens of seconds) and an expiry reads manifests and deletes files, so they run in the background
+thread while the worker
 goes on committing, to that table too: its micro-batches commit on ``main`` (conditional, on the latest
 metadata, and on top of a compaction: :func:`kafka_iceberg.batch.publish.only_compactions_since`), and
 Iceberg retries a commit that conflicts with one of them. The expiry keeps the newest snapshots of

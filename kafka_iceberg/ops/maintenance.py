@@ -73,17 +73,25 @@ def _timestamp(ms: float) -> str:
 
 
 def _run(spark, catalog: str, identifier: str, procedure: str, args: str) -> MaintenanceResult:
+    def call(_table) -> dict[str, Any]:
+        rows = spark.sql(f"CALL {catalog}.system.{procedure}(table => '{identifier}'{args})").collect()
+        if procedure == "remove_orphan_files":  # one row per deleted file
+            return {"orphan_files_deleted": len(rows)}
+        return rows[0].asDict() if rows else {}
+
+    return _measured(spark, catalog, identifier, procedure, call)
+
+
+def _measured(spark, catalog: str, identifier: str, procedure: str, job) -> MaintenanceResult:
+    """Run ``job`` (a function of the table's Java ``Table`` returning its output dict) between two reads of
+    the table's summary totals (:func:`_summary_totals`); its output's numbers become ints, the rest strings."""
     table = java_table(spark, f"{catalog}.{identifier}")
     t0 = time.perf_counter()
     table.refresh()
     before = _summary_totals(table)
-    rows = spark.sql(f"CALL {catalog}.system.{procedure}(table => '{identifier}'{args})").collect()
+    output = job(table)
     table.refresh()
     after = _summary_totals(table)
-    if procedure == "remove_orphan_files":  # one row per deleted file
-        output = {"orphan_files_deleted": len(rows)}
-    else:
-        output = rows[0].asDict() if rows else {}
     output = {k: (int(v) if isinstance(v, (int, float)) else str(v)) for k, v in output.items()}
     files, size, deletes = zip(before, after)
     return MaintenanceResult(procedure, *files, *size, output, round(time.perf_counter() - t0, 3), *deletes)
@@ -235,21 +243,16 @@ def expire(
         retain_last = max(retain_last, snapshots_to_keep_state(view))
     by_count = view is not None and max_snapshots is not None and len(view.snapshots) > max_snapshots
     older_than_ms = int(time.time() * 1000 - (0 if by_count else max_snapshot_age_s * 1000))
-    t0 = time.perf_counter()
-    table = java_table(spark, f"{catalog}.{identifier}")
-    table.refresh()
-    before = _summary_totals(table)
-    update = table.expireSnapshots().expireOlderThan(older_than_ms).retainLast(int(retain_last))
-    expired = len(update.apply())  # the snapshots it will remove
-    update.commit()
-    table.refresh()
-    after = _summary_totals(table)
-    output = {"expired_snapshots": int(expired), "retain_last": int(retain_last)}
-    if by_count:
-        output["over_max_snapshots"] = len(view.snapshots)
-    seconds = round(time.perf_counter() - t0, 3)
-    files, size, deletes = zip(before, after)
-    return MaintenanceResult("expire_snapshots", *files, *size, output, seconds, *deletes)
+
+    def expire_snapshots(table) -> dict[str, Any]:
+        update = table.expireSnapshots().expireOlderThan(older_than_ms).retainLast(int(retain_last))
+        output = {"expired_snapshots": len(update.apply()), "retain_last": int(retain_last)}  # apply: what goes
+        update.commit()
+        if by_count:
+            output["over_max_snapshots"] = len(view.snapshots)
+        return output
+
+    return _measured(spark, catalog, identifier, "expire_snapshots", expire_snapshots)
 
 
 def remove_orphans(spark, catalog: str, identifier: str, older_than_s: float) -> MaintenanceResult:
