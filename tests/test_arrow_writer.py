@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -300,6 +301,56 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
     ]
     assert len(offsets) == len(set(offsets)) == 42, "every good record once"
     assert data_files_on_disk(settings, driver) == referenced_data_files(spark, settings, driver)
+
+
+def test_the_driver_consumes_while_a_pool_parses_and_writes_every_record_once(
+    spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
+):
+    """``driver_read.read_pieces`` with a parse pool of two threads and 7-record chunks (many chunks in
+    flight, the bound on them reached): every offset of every piece lands in exactly one data file, the
+    chunk statistics count each record once, and a batch with a bad record reports it as left over. A
+    write that fails midway raises, and the data files already written are deleted."""
+    from kafka_iceberg.batch import driver_read
+    from kafka_iceberg.kafka import reader as reader_module
+
+    topic = topic_factory(unique, partitions=2)
+    _send(kafka_config, topic, GOOD)
+    spec = make_spec(f"{unique}_pool", topic)
+    run_micro_batch(spark, settings, spec, commit_id=str(uuid.uuid4()), kafka=kafka, catalog=catalog)
+    table = load_table(catalog, spec.identifier)
+    columns = tuple(read_module.arrow_columns(None, spec.identifier, table))
+    parser, writer = read_module.arrow_parser(spec, columns), files_module.file_writer(table, spec, columns)
+    monkeypatch.setattr(reader_module, "_CHUNK", 7)
+    monkeypatch.setattr(files_module, "FLUSH_ROWS", 9)  # several files per sink
+    source = driver_read.Source(dict(kafka_config.client_conf()), spec.identifier, 30.0, kafka.readers)
+    pieces = [(topic, p, s, s + 10) for p in (0, 1) for s in (0, 10)]  # 20 records per partition
+
+    done = driver_read.read_pieces(source, pieces, parser, writer, threads=2)
+    assert done.leftovers == 0 and sum(s.records for s in done.stats) == len(GOOD)
+    assert len(done.stats) >= len(pieces) and len(done.files) > 2, "a chunk or more per piece, several files"
+    read = pa.concat_tables([pq.read_table(f.file_path.removeprefix("file://")) for f in done.files])
+    offsets = sorted(zip(read.column("_kafka_partition").to_pylist(), read.column("_kafka_offset").to_pylist()))
+    assert offsets == sorted((p, o) for p in (0, 1) for o in range(20)), "every offset once"
+    files_module.discard(writer.io(), done.files)
+
+    _send(kafka_config, topic, [GOOD[0], BAD[0]])  # offset 20 of partitions 0 and 1
+    bad = driver_read.read_pieces(source, [(topic, 1, 20, 21)], parser, writer, threads=2)
+    assert bad.leftovers == 1 and sum(s.records for s in bad.stats) == 1
+    files_module.discard(writer.io(), bad.files)
+
+    written: list = []
+    real_write = files_module.FileWriter.write
+
+    def write_then_fail(self, rows):
+        if written:
+            raise OSError("warehouse full")
+        written.extend(real_write(self, rows))
+        return written
+
+    monkeypatch.setattr(files_module.FileWriter, "write", write_then_fail)
+    with pytest.raises(OSError, match="warehouse full"):
+        driver_read.read_pieces(source, pieces, parser, writer, threads=2)
+    assert written and not any(Path(f.file_path.removeprefix("file://")).exists() for f in written)
 
 
 def test_warm_up_runs_the_read_job_for_a_backlog_on_no_records_and_changes_nothing(

@@ -336,13 +336,8 @@ def test_crash_hooks_name_only_known_points_and_do_nothing_unless_asked():
     kill_at("after_publish")("after_write")  # another point than the one asked for
 
 
-def test_the_driver_reads_its_pieces_on_the_local_masters_cores():
-    from kafka_iceberg.batch.read import driver_read_shares, local_cores
+def test_the_driver_parses_on_the_local_masters_cores():
+    from kafka_iceberg.batch.read import local_cores
 
     assert (local_cores("local[2]"), local_cores("local"), local_cores("spark://h:7077")) == (2, 1, 1)
     assert local_cores("local[*]") == (os.cpu_count() or 1)
-    pieces = [("t", p, s, s + 10) for p in (0, 1) for s in (0, 10)]
-    shares = driver_read_shares(pieces, 2)
-    assert shares == [[pieces[0], pieces[2]], [pieces[1], pieces[3]]]
-    assert sorted(x for share in shares for x in share) == sorted(pieces), "every piece read once"
-    assert driver_read_shares(pieces[:1], 4) == [pieces[:1]] and driver_read_shares([], 2) == [[]]

@@ -10,11 +10,11 @@ import functools
 import logging
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
 from kafka_iceberg.batch.context import Lake
+from kafka_iceberg.batch.driver_read import Source, read_pieces
 from kafka_iceberg.batch.evolve import evolve_schema, table_value_columns
 from kafka_iceberg.batch.files import discard, file_writer
 from kafka_iceberg.batch.formats import classify_registry
@@ -123,22 +123,12 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
         raise
 
 
-class _Collected(dict):
-    """The driver's stand-in for a Spark accumulator of :func:`make_task_reader`: ``add`` merges a dict."""
-
-    add = dict.update
-
-    @property
-    def value(self) -> dict:
-        return self
-
-
 def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, parser, writer) -> ReadBatch | None:
-    """A micro-batch read by the driver (:func:`read_by_driver`): the read task's own function
-    (:func:`make_task_reader`) runs here, without a Spark job (about 0.5 s less on a warm session), in one
-    thread per local core, or in one thread for a small batch
-    (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`), which then writes one data file per
-    table partition as its one Spark task would.
+    """A micro-batch read by the driver (:func:`read_by_driver`), without a Spark job (about 0.5 s less
+    on a warm session): one thread consumes while one per local core parses and writes
+    (:func:`kafka_iceberg.batch.driver_read.read_pieces`), or the calling thread does it all for a small
+    batch (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`), which then writes one data file
+    per table partition as its one Spark task would.
     When pyarrow claims every record as good, returns the batch with its data files and an empty
     ``classified`` frame; otherwise deletes the files it wrote and returns None, and the Spark job
     reads the batch again and classifies the rest.
@@ -146,26 +136,17 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
     Raises:
         DataLossError, ReadTimeoutError, BrokerUnavailableError: as the read task would.
     """
-    stats, written = _Collected(), _Collected()
-    reader = _task_reader(lake, spec.identifier, parser, stats, writer, written, lake.kafka.readers)
-
-    def read(pieces: list) -> int:  # one read task's pieces; the leftover records it output
-        ranges = [dict(zip(RANGE_SCHEMA.names, row)) for row in pieces]
-        return sum(out.num_rows for out in reader(iter([pa.RecordBatch.from_pylist(ranges, RANGE_SCHEMA)])))
-
     pieces, one_task = _task_input(lake, plan.offsets)
-    shares = driver_read_shares(pieces, 1 if one_task else local_cores(lake.settings.spark_master))
-    if len(shares) == 1:
-        leftovers = read(shares[0])
-    else:  # librdkafka, pyarrow's parser and the Parquet writer release the GIL: the pieces overlap
-        with ThreadPoolExecutor(len(shares), thread_name_prefix="driver-read") as pool:
-            leftovers = sum(pool.map(read, shares))
-    files = tuple(f for task_files in written.values() for f in task_files)
-    if leftovers:
-        discard(writer.io(), files)
+    source = Source(
+        dict(lake.kafka.config.client_conf()), spec.identifier, lake.settings.read_timeout_s, lake.kafka.readers
+    )
+    threads = 1 if one_task else local_cores(lake.settings.spark_master)
+    done = read_pieces(source, pieces, parser, writer, threads)
+    if done.leftovers:
+        discard(writer.io(), done.files)
         return None
     empty = _empty_frame(lake.spark, f"{RAW_SCHEMA_DDL}, {arrow_json.j_ddl(parser.columns)}")
-    return _with_leftovers(spec, plan, empty, columns, piece_totals(stats.values()), files, 0)
+    return _with_leftovers(spec, plan, empty, columns, piece_totals(done.stats), done.files, 0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -254,14 +235,6 @@ def local_cores(master: str) -> int:
     return (os.cpu_count() or 1) if m[1] == "*" else max(1, int(m[1]))
 
 
-def driver_read_shares(pieces: list, threads: int) -> list[list]:
-    """``pieces`` (range pieces of at most ``LAKE_MAX_RECORDS_PER_TASK`` offsets, in plan order) dealt
-    round-robin into at most ``threads`` non-empty shares, each read by one thread of the driver with its
-    own consumer and data files; at least one share (empty when there are no pieces)."""
-    n = max(1, min(threads, len(pieces)))
-    return [pieces[i::n] for i in range(n)]
-
-
 def arrow_parser(spec: TableSpec, columns: tuple) -> arrow_json.Parser:
     """The read task's pyarrow parser of ``spec``'s records for the table's value ``columns``."""
     return arrow_json.Parser(columns, spec.bad_records.max_record_bytes, spec.unknown_fields == "reject")
@@ -295,11 +268,10 @@ def _range_pieces(lake: Lake, offsets: BatchPlan) -> list[tuple[str, int, int, i
     ]
 
 
-def _task_reader(lake: Lake, table: str, parser, stats, writer, written, consumers=None):
-    """:func:`make_task_reader` with this lake's Kafka client configuration and read timeout; ``consumers``
-    (the driver's reads only: a Spark task cannot take a pool along) keeps their consumers."""
+def _task_reader(lake: Lake, table: str, parser, stats, writer, written):
+    """:func:`make_task_reader` with this lake's Kafka client configuration and read timeout."""
     return make_task_reader(
-        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written, consumers
+        lake.kafka.config.client_conf(), table, lake.settings.read_timeout_s, parser, stats, writer, written
     )
 
 

@@ -247,7 +247,6 @@ def make_task_reader(
     stats=None,
     writer=None,
     written=None,
-    consumers: ConsumerPool | None = None,
 ):
     """Build the ``mapInArrow`` function: input batches of (topic, partition, start, end)
     rows, output batches in :data:`RAW_SCHEMA_DDL`; with ``parser`` (a
@@ -257,8 +256,8 @@ def make_task_reader(
     With ``writer`` (a :class:`kafka_iceberg.batch.files.FileWriter`; needs ``parser``) the
     records pyarrow claimed are written as data files in the task instead of being output, and
     the task adds ``{(partition, start) of its first piece: [DataFile, ...]}`` to ``written``
-    (an accumulator of :class:`PieceStatsParam`). ``consumers``: the driver's pool
-    (:func:`read_range`), never in a Spark task."""
+    (an accumulator of :class:`PieceStatsParam`). The driver reads through
+    :mod:`kafka_iceberg.batch.driver_read` instead."""
     conf = dict(conf)
 
     def read_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -268,7 +267,7 @@ def make_task_reader(
                 first = first or (row["partition"], row["start"])
                 tally = PieceStats(row["partition"])
                 ranged = (row["topic"], row["partition"], row["start"], row["end"])
-                for raw in read_range(conf, table, *ranged, timeout_s, consumers):
+                for raw in read_range(conf, table, *ranged, timeout_s):
                     out = raw if parser is None else parser.parse_batch(raw)
                     tally.add(out)
                     out = out if sink is None else sink.take(out)
