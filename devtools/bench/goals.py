@@ -51,13 +51,27 @@ def arrow_schema(spec: TableSpec) -> pa.Schema:
 
 # -- goal 1c: consume + parse + write in one process -----------------------------------------
 def single_core_reference(
-    config: KafkaConfig, topic: str, partitions: list[int], spec: TableSpec, out_dir: Path
+    config: KafkaConfig, topic: str, partitions: list[int], spec: TableSpec, out_dir: Path, one_core: bool = True
 ) -> dict:
     """Reference (c): one process consumes every record of ``topic`` (offset 0 to the high
     watermarks), parses the values with ``pyarrow.json.read_json`` in blocks of
     :data:`PARSE_BLOCK` records against the declared schema, and writes them to one zstd Parquet
-    file. Returns records, seconds (total, parse, write) and Parquet bytes."""
-    section("(1c) reference: consume + pyarrow JSON parse + zstd Parquet, one process")
+    file. With ``one_core`` (goal 1's reference) the thread, and the librdkafka threads its consumer
+    starts, run on one CPU (``sched_setaffinity``) and pyarrow parses without its thread pool; without,
+    pyarrow's pool parses on every core (goal 1's reference up to 2b90840). Returns records, seconds
+    (total, parse, write) and Parquet bytes."""
+    where = "one core" if one_core else "one process, pyarrow's threads"
+    section(f"(1c) reference: consume + pyarrow JSON parse + zstd Parquet, {where}")
+    cpus = os.sched_getaffinity(0)
+    if one_core:
+        os.sched_setaffinity(0, {min(cpus)})  # this thread; the consumer's threads inherit it
+    try:
+        return _reference(config, topic, partitions, spec, out_dir, one_core)
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
+def _reference(config: KafkaConfig, topic: str, partitions: list[int], spec: TableSpec, out_dir: Path, one_core: bool):
     consumer = Consumer(
         config.client_conf(
             **{
@@ -85,7 +99,11 @@ def single_core_reference(
             def flush():
                 nonlocal parse_s, write_s
                 t = time.perf_counter()
-                table = pajson.read_json(io.BytesIO(b"\n".join(block)), parse_options=opts)
+                table = pajson.read_json(
+                    io.BytesIO(b"\n".join(block)),
+                    read_options=pajson.ReadOptions(use_threads=not one_core),
+                    parse_options=opts,
+                )
                 t2 = time.perf_counter()
                 writer.write_table(table)
                 parse_s, write_s = parse_s + t2 - t, write_s + time.perf_counter() - t2

@@ -4,8 +4,8 @@ before/after comparisons of a change to the read or write path on a shared machi
     PYTHONPATH=. .venv/bin/python -m devtools.bench.phases [--records 200000] [--repeats 3] [--small 5]
 
 One broker, one topic of N flights records (as ``scripts/bench.py``), then ``--repeats`` rounds of:
-(a) the raw consume of the N records by one plain Consumer, (c) the one-process consume + parse + Parquet
-reference (``goals.single_core_reference``), (b) one micro-batch of all N records into a fresh table, timed from ``plan()`` to ``execute()``; then ``--small`` 1,000-record
+(a) the raw consume of the N records by one plain Consumer, (c) the one-core consume + parse + Parquet
+reference (``goals.single_core_reference``, also with pyarrow's threads), (b) one micro-batch of all N records into a fresh table, timed from ``plan()`` to ``execute()``; then ``--small`` 1,000-record
 micro-batches on the warm session (goal 2). Each round's (b)/(a) uses the (a) of the same round,
 so a change in the machine's load moves both. Prints figures; asserts nothing. Dev tooling.
 """
@@ -42,14 +42,16 @@ from devtools.services import devbroker
 
 
 def _round(spark, settings, config, kafka, catalog, n: int, i: int) -> dict:
-    from kafka_iceberg.batch.pipeline import TableWriter
-
     from devtools.bench.goals import single_core_reference
+    from kafka_iceberg.batch.pipeline import TableWriter
 
     load = _load()
     a = raw_consume(config, TOPIC, list(range(PARTITIONS)))
     spec = flights_spec(f"bench_phases_{i}", f"bench.phases_{i}", TOPIC, n)
     c = single_core_reference(config, TOPIC, list(range(PARTITIONS)), spec, Path(settings.lake_home) / "reference")
+    ct = single_core_reference(
+        config, TOPIC, list(range(PARTITIONS)), spec, Path(settings.lake_home) / "reference", one_core=False
+    )
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     writer.ensure_table()
     writer.recover()
@@ -64,10 +66,11 @@ def _round(spark, settings, config, kafka, catalog, n: int, i: int) -> dict:
     }
     out["ratio"] = rate(out["b_rps"], out["a_rps"])
     out["ratio_c"] = rate(out["b_rps"], c["rps"])
+    out["ratio_ct"] = rate(out["b_rps"], ct["rps"])
     say(
         f"round {i}: load {load}; (a) {out['a_rps']:,.0f} records/s; (c) {c['rps']:,.0f} records/s; (b) "
         f"{result.records:,} records in {out['b_s']:.2f} s = {out['b_rps']:,.0f} records/s; (b)/(a) "
-        f"{out['ratio']:.3f}, (b)/(c) {out['ratio_c']:.3f}  [{fmt_phases(out['phases'])}]"
+        f"{out['ratio']:.3f}, (b)/(c) {out['ratio_c']:.3f} (one core; {out['ratio_ct']:.3f} against (c) with pyarrow's threads)  [{fmt_phases(out['phases'])}]"
     )
     return out
 
@@ -149,6 +152,10 @@ def run(args, tmp: Path) -> None:
         say(f"(b)/(a) per round: {ratios}; median {statistics.median(r['ratio'] for r in rounds):.3f}")
         ratios_c = ", ".join(f"{r['ratio_c']:.3f}" for r in rounds)
         say(f"(b)/(c) per round: {ratios_c}; median {statistics.median(r['ratio_c'] for r in rounds):.3f}")
+        ratios_ct = ", ".join(f"{r['ratio_ct']:.3f}" for r in rounds)
+        say(
+            f"(b)/(c with pyarrow's threads): {ratios_ct}; median {statistics.median(r['ratio_ct'] for r in rounds):.3f}"
+        )
         for key in sorted({k for r in rounds for k in r["phases"]}):
             say(f"  N-record {key:<16} {statistics.median(r['phases'].get(key, 0.0) for r in rounds):7.2f} s")
         if small:
