@@ -10,7 +10,6 @@ import io
 import json
 import os
 import statistics
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -298,67 +297,33 @@ def dup_free_scaling(spark, settings: Settings, catalog, source: TableSpec, n: i
 
 
 # -- goal 5: peak RSS of the driver JVM and the Python workers ------------------------------
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            out.setdefault(ppid, []).append(int(d))
-    return out
-
-
-def _rss_and_comm(pid: int) -> tuple[int, str]:
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024, comm
-    except OSError:
-        pass
-    return 0, ""
-
-
 class RssSampler:
-    """Samples every 0.1 s the RSS (bytes) of this process's descendants: ``java`` (the Spark
-    driver JVM, which in local mode also runs the executor) and ``python*`` (the PySpark worker
-    daemon and its forked workers), summed with this process's own (the driver reads micro-batches on
-    a local master). Keeps the peaks."""
+    """Peak RSS (bytes) of this process's tree, sampled every 0.1 s by :mod:`devtools.bench.rss` in a
+    process of its own: ``java`` (the Spark driver JVM, which in local mode also runs the executor) and
+    ``python*`` (the PySpark worker daemon and its forked workers), summed with this process's own (the
+    driver reads micro-batches on a local master). Keeps the peaks."""
 
     def __init__(self, interval_s: float = 0.1):
         self.interval_s, self.jvm_peak, self.workers_peak, self.workers_max_count = interval_s, 0, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        tree, todo, jvm, count = _children(), [os.getpid()], 0, 1
-        workers = _rss_and_comm(os.getpid())[0]
-        while todo:
-            for child in tree.get(todo.pop(), []):
-                todo.append(child)
-                rss, comm = _rss_and_comm(child)
-                if comm == "java":
-                    jvm += rss
-                elif comm.startswith("python"):
-                    workers, count = workers + rss, count + 1
-        self.jvm_peak, self.workers_peak = max(self.jvm_peak, jvm), max(self.workers_peak, workers)
-        self.workers_max_count = max(self.workers_max_count, count)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self.interval_s)
+        self._proc = None
 
     def __enter__(self):
-        self._thread.start()
+        import subprocess
+        import sys
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "devtools.bench.rss", str(os.getpid()), str(self.interval_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self._sample()
+        out, _ = self._proc.communicate("stop\n", timeout=60)
+        peaks = json.loads(out)
+        self.jvm_peak, self.workers_peak = peaks["jvm_peak"], peaks["workers_peak"]
+        self.workers_max_count = peaks["workers_max_count"]
 
     def line(self) -> str:
         return (

@@ -4,8 +4,8 @@ Spark job; the records are consumed, parsed and written as data files in the dri
 Consuming is bound by Python's GIL (librdkafka makes one Python ``Message`` per record, and the reader takes
 five fields of each); pyarrow's JSON parser and the Parquet writer release it. So one thread consumes the
 range pieces in plan order and hands each chunk of about 50,000 records to a pool that parses and writes
-while the next chunk is consumed. On 1,000,000 flights records against the dev broker that took 7.9-8.9 s
-where one consume-parse-write thread per core took 10.4-10.9 s, in the same run (see docs/benchmark.md).
+while the next chunk is consumed. A micro-batch of 1,000,000 flights records took 5.2-5.5 s on 2b90840,
+8.1-9.2 s on d031d2d with one consume-parse-write thread per core (docs/architecture.md).
 A micro-batch of one read task (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`) runs in the
 calling thread.
 """
