@@ -320,7 +320,7 @@ def test_the_driver_consumes_while_a_pool_parses_and_writes_every_record_once(
     table = load_table(catalog, spec.identifier)
     columns = tuple(read_module.arrow_columns(None, spec.identifier, table))
     parser, writer = read_module.arrow_parser(spec, columns), files_module.file_writer(table, spec, columns)
-    monkeypatch.setattr(reader_module, "_CHUNK", 7)
+    monkeypatch.setattr(reader_module, "CHUNK_RECORDS", 7)
     monkeypatch.setattr(files_module, "FLUSH_ROWS", 9)  # several files per sink
     source = driver_read.Source(dict(kafka_config.client_conf()), spec.identifier, 30.0, kafka.readers)
     pieces = [(topic, p, s, s + 10) for p in (0, 1) for s in (0, 10)]  # 20 records per partition

@@ -92,7 +92,7 @@ def test_the_consumer_is_closed_before_the_last_batch_reaches_the_caller(
             return self.consumer.close()
 
     monkeypatch.setattr(reader, "new_consumer", lambda conf, table: Watched(real(conf, table)))
-    monkeypatch.setattr(reader, "_CHUNK", 5000)  # a batch after each consume call
+    monkeypatch.setattr(reader, "CHUNK_RECORDS", 5000)  # a batch after each consume call
     seen = []
     for batch in read_range(kafka_config.client_conf(), "t", topic, 0, 0, 25_000, 30):
         seen.append((batch.num_rows, states[-1]))

@@ -63,9 +63,9 @@ def read_pieces(source: Source, pieces: Sequence[tuple], parser, writer: FileWri
     try:
         if threads <= 1:
             results = [_parse_and_keep(raw, parser, sinks) for raw in _chunks(source, pieces)]
+            files = tuple(made[0].close())
         else:
-            results = _pipelined(source, pieces, parser, sinks, threads)
-        files = tuple(f for sink in made for f in sink.close())
+            results, files = _pipelined(source, pieces, parser, sinks, made)
     except BaseException:
         discard(writer.io(), [f for sink in made for f in sink.files])
         raise
@@ -80,9 +80,11 @@ def _chunks(source: Source, pieces: Sequence[tuple]):
         )
 
 
-def _pipelined(source: Source, pieces: Sequence[tuple], parser, sinks: queue.SimpleQueue, threads: int) -> list:
-    """:func:`read_pieces` with a parse pool of ``threads``: this thread consumes, at most
-    :data:`IN_FLIGHT_PER_THREAD` chunks per thread ahead of the pool."""
+def _pipelined(source: Source, pieces: Sequence[tuple], parser, sinks: queue.SimpleQueue, made: list) -> tuple:
+    """:func:`read_pieces` with a parse pool of one thread per sink in ``made``: this thread consumes, at
+    most :data:`IN_FLIGHT_PER_THREAD` chunks per thread ahead of the pool; the pool then writes what the
+    sinks hold, in parallel. Returns (chunk results, data files)."""
+    threads = len(made)
     slots = threading.BoundedSemaphore(threads * IN_FLIGHT_PER_THREAD)
     failed = threading.Event()
     futures: list[Future] = []
@@ -103,7 +105,8 @@ def _pipelined(source: Source, pieces: Sequence[tuple], parser, sinks: queue.Sim
                 futures.append(pool.submit(task, raw))
                 if failed.is_set():
                     break  # a parse or write failed: stop consuming; result() below raises it
-            return [f.result() for f in futures]
+            results = [f.result() for f in futures]
+            return results, tuple(f for files in pool.map(Sink.close, made) for f in files)
         except BaseException:
             for f in futures:
                 f.cancel()

@@ -42,7 +42,8 @@ _ARROW_SCHEMA = pa.schema(
         ("headers", _HEADER_TYPE),
     ]
 )
-_CHUNK = 50_000  # records per Arrow batch handed back to Spark
+CHUNK_RECORDS = 50_000
+"""Records per Arrow batch a read yields (to Spark, or to the driver's parse pool)."""
 _ERROR = operator.methodcaller("error")  # a message's error, None for a record
 
 
@@ -76,7 +77,7 @@ def read_range(
 
     ``conf`` is a librdkafka consumer configuration (bootstrap servers and security); a
     ``group.id`` is set but never joined or committed. Records arrive in offset order, in batches of
-    about ``_CHUNK`` records. The consumer is new, or taken from ``consumers`` and given back once the
+    about :data:`CHUNK_RECORDS` records. The consumer is new, or taken from ``consumers`` and given back once the
     range is read (closed instead if the read failed); either way its fetches stop before the last batch
     is yielded.
 
@@ -108,7 +109,7 @@ def read_range(
                     f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
                     f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
                 )
-            if not done and len(chunk.offsets) >= _CHUNK:
+            if not done and len(chunk.offsets) >= CHUNK_RECORDS:
                 yield chunk.batch(topic, partition)
         read = True
     finally:
