@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kafka_iceberg.batch.files import FileWriter, Sink, discard
+from kafka_iceberg.kafka.consumers import ConsumerPool
 from kafka_iceberg.kafka.reader import PieceStats, read_range
 
 IN_FLIGHT_PER_THREAD = 2
@@ -45,7 +46,7 @@ class Source:
     conf: dict
     table: str
     timeout_s: float
-    consumers: object = None
+    consumers: ConsumerPool | None = None
 
 
 def read_pieces(source: Source, pieces: Sequence[tuple], parser, writer: FileWriter, threads: int) -> DriverRead:

@@ -11,8 +11,6 @@ import logging
 import os
 import re
 
-import pyarrow as pa
-
 from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.driver_read import Source, read_pieces
 from kafka_iceberg.batch.evolve import evolve_schema, table_value_columns
@@ -33,11 +31,8 @@ from kafka_iceberg.formats.transform import (
 )
 from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
 
-RANGE_SCHEMA = pa.schema(
-    [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
-)
 RANGE_DDL = "topic STRING, partition INT, start BIGINT, end BIGINT"
-"""The read task's input: one row per range piece (:data:`RANGE_SCHEMA` in the driver, this in Spark)."""
+"""A Spark read task's input: one row per range piece."""
 
 DRIVER_READ_MAX_RECORDS = 20_000
 """On a cluster master, micro-batches of pyarrow-parsed tables of at most this many offsets are read by

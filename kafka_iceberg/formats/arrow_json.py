@@ -123,7 +123,7 @@ class Parser:
         ok = pc.and_(pc.is_valid(values), pc.less_equal(size, self.bound))
         ok = pc.and_(ok, pc.equal(pc.binary_slice(values, 0, 1), pa.scalar(b"{", pa.binary())))
         ok = pc.and_(ok, pc.equal(pc.binary_slice(values, -1, 2**31 - 1), pa.scalar(b"}", pa.binary())))
-        # CR and LF are checked per block in _parse (one memchr scan of the joined block)
+        # CR and LF are checked per block in _parse (one scan of the joined block)
         return np.asarray(pc.fill_null(ok, False).to_numpy(zero_copy_only=False), dtype=bool)
 
     def _blocks(self, values: pa.Array, idx):
