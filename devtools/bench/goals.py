@@ -313,6 +313,7 @@ class RssSampler:
 
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "devtools.bench.rss", str(os.getpid()), str(self.interval_s)],
+            cwd=Path(__file__).resolve().parents[2],  # the checkout, from wherever the benchmark runs
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
