@@ -11,7 +11,8 @@ import pytest
 
 from kafka_iceberg.formats import arrow_json
 from kafka_iceberg.formats.transform import PROBLEM, ValueColumn, classify, classify_parsed
-from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, PieceStats, _batch, _no_headers
+from kafka_iceberg.kafka.reader import PieceStats
+from kafka_iceberg.kafka.records import RAW_SCHEMA_DDL, no_headers, raw_batch
 from tests.helpers import make_spec
 
 COLUMNS = [
@@ -52,7 +53,9 @@ VALUES = [
 
 def _raw_batch() -> pa.RecordBatch:
     n = len(VALUES)
-    return _batch("t", 0, list(range(n)), [1_700_000_000_000 + i for i in range(n)], [b"k"] * n, VALUES, _no_headers(n))
+    return raw_batch(
+        "t", 0, list(range(n)), [1_700_000_000_000 + i for i in range(n)], [b"k"] * n, VALUES, no_headers(n)
+    )
 
 
 def _frame(spark, batch: pa.RecordBatch, ddl: str):

@@ -306,7 +306,7 @@ def test_a_small_batch_is_read_by_the_driver_and_a_bad_record_sends_it_to_spark(
 def test_the_driver_consumes_while_a_pool_parses_and_writes_every_record_once(
     spark, settings, kafka, kafka_config, catalog, unique, topic_factory, monkeypatch
 ):
-    """``driver_read.read_pieces`` with a parse pool of two threads and 7-record chunks (many chunks in
+    """``driver_read.read_and_write`` with a parse pool of two threads and 7-record chunks (many chunks in
     flight, the bound on them reached): every offset of every piece lands in exactly one data file, the
     chunk statistics count each record once, and a batch with a bad record reports it as left over. A
     write that fails midway raises, and the data files already written are deleted."""
@@ -323,18 +323,18 @@ def test_the_driver_consumes_while_a_pool_parses_and_writes_every_record_once(
     monkeypatch.setattr(reader_module, "CHUNK_RECORDS", 7)
     monkeypatch.setattr(files_module, "FLUSH_ROWS", 9)  # several files per sink
     source = driver_read.Source(dict(kafka_config.client_conf()), spec.identifier, 30.0, kafka.readers)
-    pieces = [(topic, p, s, s + 10) for p in (0, 1) for s in (0, 10)]  # 20 records per partition
+    ranges = [(topic, p, 0, 20) for p in (0, 1)]  # 20 records per partition, read at once
 
-    done = driver_read.read_pieces(source, pieces, parser, writer, threads=2)
+    done = driver_read.read_and_write(source, ranges, parser, writer, threads=2)
     assert done.leftovers == 0 and sum(s.records for s in done.stats) == len(GOOD)
-    assert len(done.stats) >= len(pieces) and len(done.files) > 2, "a chunk or more per piece, several files"
+    assert len(done.stats) >= 2 * len(ranges) and len(done.files) > 2, "chunks of every partition, several files"
     read = pa.concat_tables([pq.read_table(f.file_path.removeprefix("file://")) for f in done.files])
     offsets = sorted(zip(read.column("_kafka_partition").to_pylist(), read.column("_kafka_offset").to_pylist()))
     assert offsets == sorted((p, o) for p in (0, 1) for o in range(20)), "every offset once"
     files_module.discard(writer.io(), done.files)
 
     _send(kafka_config, topic, [GOOD[0], BAD[0]])  # offset 20 of partitions 0 and 1
-    bad = driver_read.read_pieces(source, [(topic, 1, 20, 21)], parser, writer, threads=2)
+    bad = driver_read.read_and_write(source, [(topic, 1, 20, 21)], parser, writer, threads=2)
     assert bad.leftovers == 1 and sum(s.records for s in bad.stats) == 1
     files_module.discard(writer.io(), bad.files)
 
@@ -349,7 +349,7 @@ def test_the_driver_consumes_while_a_pool_parses_and_writes_every_record_once(
 
     monkeypatch.setattr(files_module.FileWriter, "write", write_then_fail)
     with pytest.raises(OSError, match="warehouse full"):
-        driver_read.read_pieces(source, pieces, parser, writer, threads=2)
+        driver_read.read_and_write(source, ranges, parser, writer, threads=2)
     assert written and not any(Path(f.file_path.removeprefix("file://")).exists() for f in written)
 
 

@@ -20,7 +20,7 @@ from kafka_iceberg.catalog.tables import load_table
 from kafka_iceberg.cdc import changes as cdc
 from kafka_iceberg.cdc import tombstones, upsert
 from kafka_iceberg.cdc.changes import DELETE, POSITION, PROBLEM, Column
-from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL
+from kafka_iceberg.kafka.records import RAW_SCHEMA_DDL
 
 COLUMNS = [
     Column("tailnum", "string", True),

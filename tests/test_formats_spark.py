@@ -79,7 +79,7 @@ def test_avro_decoded_in_spark_tasks_and_written_by_spark(
 def test_classify_formatted_has_the_shape_of_the_json_classification(
     broker, topic_factory, unique, registry, spark, settings
 ):
-    from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL
+    from kafka_iceberg.kafka.records import RAW_SCHEMA_DDL
 
     sr = SchemaRegistryClient({"url": registry})
     ser = AvroSerializer(sr, json.dumps(AVRO_PLANE))

@@ -1,5 +1,6 @@
-"""``kafka_iceberg.kafka.reader.read_range`` against the dev broker: exactly the records of a range, whatever
-its ends (inside one fetch, on a transaction marker), with headers as lists and never null."""
+"""``kafka_iceberg.kafka.reader.read_range`` and ``read_ranges`` against the dev broker: exactly the records of
+a range, whatever its ends (inside one fetch, on a transaction marker), with headers as lists and never null,
+and of several partitions' ranges read by one consumer at once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from confluent_kafka import Producer
 
 from kafka_iceberg.errors import ReadTimeoutError
 from kafka_iceberg.kafka.consumers import ConsumerPool
-from kafka_iceberg.kafka.reader import read_range
+from kafka_iceberg.kafka.reader import read_range, read_ranges
 
 
 def _read(kafka_config, topic: str, start: int, end: int, consumers=None, partition: int = 0):
@@ -157,6 +158,44 @@ def test_a_pooled_consumer_reads_range_after_range_and_is_closed_when_a_read_fai
     assert len(made) == 2 and pool.idle_count_locked() == 1
     pool.close()
     assert pool.idle_count_locked() == 0
+
+
+def test_ranges_of_several_partitions_are_read_at_once_and_a_finished_one_is_paused(
+    kafka_config, unique, topic_factory, monkeypatch
+):
+    """One consumer reads three partitions' ranges together; each batch holds one partition's records in
+    offset order, and every record of every range comes once. The shortest range ends first: its partition
+    is paused, its last batch comes before the others end, and the pooled consumer then reads that
+    partition again (it was resumed before it went back). Two ranges of one partition are refused."""
+    import kafka_iceberg.kafka.reader as reader
+
+    topic = topic_factory(unique, partitions=3)
+    producer = Producer(kafka_config.client_conf())
+    sizes = {0: 3_000, 1: 40, 2: 2_000}
+    for partition, n in sizes.items():
+        for i in range(n):
+            producer.produce(topic, value=f"p{partition}v{i}".encode(), partition=partition)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    monkeypatch.setattr(reader, "CHUNK_RECORDS", 500)
+    pool = ConsumerPool(kafka_config.client_conf())
+    ranges = [(topic, 0, 100, 3_000), (topic, 1, 0, 40), (topic, 2, 1, 2_000), (topic, 0, 5, 5)]
+    batches = list(read_ranges(kafka_config.client_conf(), "t", ranges, 30, pool))
+    by_partition: dict[int, list] = {}
+    for b in batches:
+        (partition,) = set(b.column("partition").to_pylist())
+        by_partition.setdefault(partition, []).extend(b.column("offset").to_pylist())
+        assert b.num_rows <= 500 + 10_000
+    assert by_partition == {0: list(range(100, 3_000)), 1: list(range(40)), 2: list(range(1, 2_000))}
+    order = [b.column("partition")[0].as_py() for b in batches]
+    assert order.index(1) < len(order) - 1, "the short range's batch came while the others were read"
+    assert pool.idle_count_locked() == 1
+    rows = _read(kafka_config, topic, 10, 40, pool, partition=1)  # the same consumer, partition 1 again
+    assert [r["value"] for r in rows] == [f"p1v{i}".encode() for i in range(10, 40)]
+    assert pool.idle_count_locked() == 1
+    with pytest.raises(ValueError, match="two ranges of one topic partition"):
+        list(read_ranges(kafka_config.client_conf(), "t", [(topic, 0, 0, 5), (topic, 0, 5, 9)], 30, pool))
+    pool.close()
 
 
 def test_the_pool_keeps_at_most_its_bound_closing_the_least_recently_returned(kafka_config):

@@ -35,7 +35,7 @@ _AFTER = "named_struct('id', id, 'name', concat('name-', id, '-', {v}), 'amount'
 
 
 def _raw(spark, rows: int, kind: str):
-    """Raw records (the reader's RAW_SCHEMA_DDL columns) of ``kind`` ``load`` (op r for every key) or ``change``
+    """Raw records (kafka_iceberg.kafka.records.RAW_SCHEMA_DDL columns) of ``kind`` ``load`` (op r for every key) or ``change``
     (10% updates, 2% deletes each followed by a tombstone); one partition per 4 keys' hash."""
     envelope = (
         "to_json(named_struct('before', {before}, 'after', {after}, 'op', '{op}', "

@@ -3,8 +3,9 @@ Spark job; the records are consumed, parsed and written as data files in the dri
 
 Consuming is bound by Python's GIL (librdkafka makes one Python ``Message`` per record, and the reader takes
 five fields of each); pyarrow's JSON parser and the Parquet writer release it. So one thread consumes the
-range pieces in plan order and hands each chunk of about 50,000 records to a pool that parses and writes
-while the next chunk is consumed. A micro-batch of 1,000,000 flights records took 5.2-5.5 s on 2b90840,
+plan's ranges, every partition at once with one consumer (:func:`~kafka_iceberg.kafka.reader.read_ranges`),
+and hands each chunk of about 50,000 records of one partition to a pool that parses and writes while the
+next chunk is consumed. A micro-batch of 1,000,000 flights records took 5.2-5.5 s on 2b90840,
 8.1-9.2 s on d031d2d with one consume-parse-write thread per core (docs/architecture.md).
 A micro-batch of one read task (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`) runs in the
 calling thread.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from kafka_iceberg.batch.files import FileWriter, Sink, discard
 from kafka_iceberg.kafka.consumers import ConsumerPool
-from kafka_iceberg.kafka.reader import PieceStats, read_range
+from kafka_iceberg.kafka.reader import PieceStats, read_ranges
 
 IN_FLIGHT_PER_THREAD = 2
 """Consumed chunks waiting for or in a parse thread, per thread: bounds the read's memory to about
@@ -40,7 +41,7 @@ class DriverRead:
 
 @dataclass(frozen=True)
 class Source:
-    """Where the pieces come from: librdkafka consumer ``conf``, the reading ``table`` (its consumer
+    """Where the ranges come from: librdkafka consumer ``conf``, the reading ``table`` (its consumer
     group name), the no-progress timeout in seconds and the driver's consumer pool (or None)."""
 
     conf: dict
@@ -49,12 +50,12 @@ class Source:
     consumers: ConsumerPool | None = None
 
 
-def read_pieces(source: Source, pieces: Sequence[tuple], parser, writer: FileWriter, threads: int) -> DriverRead:
-    """Consume ``pieces`` ((topic, partition, start, end) in plan order), parse each chunk with ``parser``
+def read_and_write(source: Source, ranges: Sequence[tuple], parser, writer: FileWriter, threads: int) -> DriverRead:
+    """Consume ``ranges`` ((topic, partition, start, end), at most one per topic partition), parse each chunk with ``parser``
     (:class:`kafka_iceberg.formats.arrow_json.Parser`) and write the records it claims through ``writer``;
     with ``threads`` > 1 a pool of that many threads parses and writes while this thread consumes.
 
-    Raises what :func:`~kafka_iceberg.kafka.reader.read_range`, the parser or the writer raise, after
+    Raises what :func:`~kafka_iceberg.kafka.reader.read_ranges`, the parser or the writer raise, after
     deleting the data files already written (best effort, :func:`~kafka_iceberg.batch.files.discard`).
     """
     sinks: queue.SimpleQueue = queue.SimpleQueue()
@@ -63,26 +64,23 @@ def read_pieces(source: Source, pieces: Sequence[tuple], parser, writer: FileWri
         sinks.put(sink)
     try:
         if threads <= 1:
-            results = [_parse_and_keep(raw, parser, sinks) for raw in _chunks(source, pieces)]
+            results = [_parse_and_keep(raw, parser, sinks) for raw in _chunks(source, ranges)]
             files = tuple(made[0].close())
         else:
-            results, files = _pipelined(source, pieces, parser, sinks, made)
+            results, files = _pipelined(source, ranges, parser, sinks, made)
     except BaseException:
         discard(writer.io(), [f for sink in made for f in sink.files])
         raise
     return DriverRead(tuple(s for s, _ in results), files, sum(left for _, left in results))
 
 
-def _chunks(source: Source, pieces: Sequence[tuple]):
-    """The raw chunks of every piece, in plan order (:func:`~kafka_iceberg.kafka.reader.read_range`)."""
-    for topic, partition, start, end in pieces:
-        yield from read_range(
-            source.conf, source.table, topic, partition, start, end, source.timeout_s, source.consumers
-        )
+def _chunks(source: Source, ranges: Sequence[tuple]):
+    """The raw chunks of every range, one partition each (:func:`~kafka_iceberg.kafka.reader.read_ranges`)."""
+    return read_ranges(source.conf, source.table, ranges, source.timeout_s, source.consumers)
 
 
-def _pipelined(source: Source, pieces: Sequence[tuple], parser, sinks: queue.SimpleQueue, made: list) -> tuple:
-    """:func:`read_pieces` with a parse pool of one thread per sink in ``made``: this thread consumes, at
+def _pipelined(source: Source, ranges: Sequence[tuple], parser, sinks: queue.SimpleQueue, made: list) -> tuple:
+    """:func:`read_and_write` with a parse pool of one thread per sink in ``made``: this thread consumes, at
     most :data:`IN_FLIGHT_PER_THREAD` chunks per thread ahead of the pool; the pool then writes what the
     sinks hold, in parallel. Returns (chunk results, data files)."""
     threads = len(made)
@@ -101,7 +99,7 @@ def _pipelined(source: Source, pieces: Sequence[tuple], parser, sinks: queue.Sim
 
     with ThreadPoolExecutor(threads, thread_name_prefix="driver-parse") as pool:
         try:
-            for raw in _chunks(source, pieces):
+            for raw in _chunks(source, ranges):
                 slots.acquire()
                 futures.append(pool.submit(task, raw))
                 if failed.is_set():

@@ -84,7 +84,7 @@ def _problem(kind, reason):
 
 
 def parse_keys(lake, spec: TableSpec, raw):
-    """``raw`` (:data:`kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL`) with ``_key`` and ``_key_problem``
+    """``raw`` (:data:`kafka_iceberg.kafka.records.RAW_SCHEMA_DDL`) with ``_key`` and ``_key_problem``
     added (see the module docstring). A null key is not a bad key unless ``key_format.schema``
     has a required field.
 

@@ -12,7 +12,7 @@ import os
 import re
 
 from kafka_iceberg.batch.context import Lake
-from kafka_iceberg.batch.driver_read import Source, read_pieces
+from kafka_iceberg.batch.driver_read import Source, read_and_write
 from kafka_iceberg.batch.evolve import evolve_schema, table_value_columns
 from kafka_iceberg.batch.files import discard, file_writer
 from kafka_iceberg.batch.formats import classify_registry
@@ -29,7 +29,8 @@ from kafka_iceberg.formats.transform import (
     classify_parsed,
     iceberg_value_columns,
 )
-from kafka_iceberg.kafka.reader import RAW_SCHEMA_DDL, make_task_reader, stats_accumulator
+from kafka_iceberg.kafka.reader import make_task_reader, stats_accumulator
+from kafka_iceberg.kafka.records import RAW_SCHEMA_DDL
 
 RANGE_DDL = "topic STRING, partition INT, start BIGINT, end BIGINT"
 """A Spark read task's input: one row per range piece."""
@@ -121,7 +122,7 @@ def _read_parsed(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, t
 def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple, parser, writer) -> ReadBatch | None:
     """A micro-batch read by the driver (:func:`read_by_driver`), without a Spark job (about 0.5 s less
     on a warm session): one thread consumes while one per local core parses and writes
-    (:func:`kafka_iceberg.batch.driver_read.read_pieces`), or the calling thread does it all for a small
+    (:func:`kafka_iceberg.batch.driver_read.read_and_write`), or the calling thread does it all for a small
     batch (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`), which then writes one data file
     per table partition as its one Spark task would.
     When pyarrow claims every record as good, returns the batch with its data files and an empty
@@ -131,12 +132,12 @@ def _read_in_driver(lake: Lake, spec: TableSpec, plan: WritePlan, columns: tuple
     Raises:
         DataLossError, ReadTimeoutError, BrokerUnavailableError: as the read task would.
     """
-    pieces, one_task = _task_input(lake, plan.offsets)
+    ranges = [(r.topic, r.partition, r.start, r.end) for r in plan.offsets.ranges]
     source = Source(
         dict(lake.kafka.config.client_conf()), spec.identifier, lake.settings.read_timeout_s, lake.kafka.readers
     )
-    threads = 1 if one_task else local_cores(lake.settings.spark_master)
-    done = read_pieces(source, pieces, parser, writer, threads)
+    one_task = plan.offsets.one_read_task(lake.settings.max_records_per_task)
+    done = read_and_write(source, ranges, parser, writer, 1 if one_task else local_cores(lake.settings.spark_master))
     if done.leftovers:
         discard(writer.io(), done.files)
         return None
@@ -196,7 +197,7 @@ def raw_records(
     writer=None,
     written=None,
 ):
-    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL` (plus
+    """The planned ranges as a Spark DataFrame of :data:`~kafka_iceberg.kafka.records.RAW_SCHEMA_DDL` (plus
     ``j`` and ``_arrow`` with a ``parser``), one task per range piece of at most ``max_records_per_task``
     offsets (one Spark partition per piece, without a shuffle; one partition for all of a small batch,
     :meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`). ``stats``, ``writer``, ``written``: see

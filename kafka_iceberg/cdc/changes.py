@@ -1,6 +1,6 @@
 """Change data capture: applying change events to an Iceberg table by key (``mode: upsert``).
 
-A micro-batch of raw Kafka records (:data:`kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL`) becomes one
+A micro-batch of raw Kafka records (:data:`kafka_iceberg.kafka.records.RAW_SCHEMA_DDL`) becomes one
 ``MERGE INTO`` on the attempt branch, in three steps:
 
 1. :func:`parse_changes` reads each record as a change: with ``cdc: debezium`` a Debezium

@@ -82,7 +82,7 @@ class Parser:
         return pa.schema([pa.field(n, pa.string() if t == "timestamp" else ARROW_TYPES[t]) for n, t, _ in self.columns])
 
     def parse_batch(self, raw: pa.RecordBatch) -> pa.RecordBatch:
-        """``raw`` (:data:`kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL`) plus ``j`` and ``_arrow``."""
+        """``raw`` (:data:`kafka_iceberg.kafka.records.RAW_SCHEMA_DDL`) plus ``j`` and ``_arrow``."""
         import numpy as np
         import pyarrow.compute as pc
 

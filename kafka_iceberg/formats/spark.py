@@ -135,7 +135,7 @@ def classify_formatted(
     refused: Mapping[int, tuple[str, str]] | None = None,
     max_record_bytes: int | None = None,
 ):
-    """Raw records (``kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL``) decoded and classified in the shape
+    """Raw records (``kafka_iceberg.kafka.records.RAW_SCHEMA_DDL``) decoded and classified in the shape
     of ``kafka_iceberg.formats.transform.classify``: every raw column, ``j`` (a struct of the table's value
     columns, ``table_schema`` as a pyiceberg ``Schema``) and ``_problem`` (null, or
     ``struct<kind, reason>``). Kinds in order: ``tombstone`` (null value), ``oversize`` (key +

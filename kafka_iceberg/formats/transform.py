@@ -173,7 +173,7 @@ def problem_expression(spec: TableSpec, columns: list[ValueColumn]) -> str:
 
 
 def classify(raw: DataFrame, spec: TableSpec, columns: list[ValueColumn]) -> DataFrame:
-    """Parse raw records (:data:`kafka_iceberg.kafka.reader.RAW_SCHEMA_DDL`) against ``columns``.
+    """Parse raw records (:data:`kafka_iceberg.kafka.records.RAW_SCHEMA_DDL`) against ``columns``.
 
     Returns the raw columns plus ``j`` (the parsed value, a struct of ``columns``) and
     :data:`PROBLEM` (NULL for a good record, else ``struct<kind STRING, reason STRING>``).

@@ -1,10 +1,11 @@
-"""Reading explicit offset ranges from Kafka inside Spark tasks.
+"""Reading explicit offset ranges from Kafka, in Spark tasks or in the driver.
 
-The driver turns the plan's ranges (split so no task reads more than
+For a Spark job the driver turns the plan's ranges (split so no task reads more than
 ``max_records_per_task`` offsets) into a one-row-per-range DataFrame with one Spark
 partition per row; ``mapInArrow`` then runs :func:`read_range` in each task. A task assigns
 its topic partition, seeks to ``start`` and stops at ``end``: it never joins a consumer
-group and never commits.
+group and never commits. The driver's own read (:mod:`kafka_iceberg.batch.driver_read`) reads
+every partition's range at once with one consumer (:func:`read_ranges`).
 
 Gaps are tolerated: offsets taken by transaction markers, aborted transactional records
 (``read_committed``) or compaction are simply absent. Data loss is not: the consumer runs
@@ -16,51 +17,20 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
 from kafka_iceberg.errors import DataLossError, NotAuthorizedError, ReadTimeoutError
 from kafka_iceberg.kafka.consumers import ConsumerPool, new_consumer
+from kafka_iceberg.kafka.records import Chunk
 
-RAW_SCHEMA_DDL = (
-    "topic STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, "
-    "key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
-)
-"""Spark schema of the raw records a task yields, one row per Kafka record."""
-
-_HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-_ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp_ms", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", _HEADER_TYPE),
-    ]
-)
 CHUNK_RECORDS = 50_000
 """Records per Arrow batch a read yields (to Spark, or to the driver's parse pool)."""
 _ERROR = operator.methodcaller("error")  # a message's error, None for a record
-
-
-def _batch(topic, partition, offsets, timestamps, keys, values, headers: pa.Array) -> pa.RecordBatch:
-    n = len(offsets)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.repeat(pa.scalar(partition, pa.int32()), n),
-            pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.int64()),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            headers,
-        ],
-        schema=_ARROW_SCHEMA,
-    )
+_PARTITION = operator.methodcaller("partition")
+_TOPIC = operator.methodcaller("topic")
 
 
 def read_range(
@@ -86,89 +56,118 @@ def read_range(
         ReadTimeoutError: no progress for ``timeout_s`` seconds before reaching ``end``.
         KafkaException: any other consumer error (broker down beyond librdkafka's retries).
     """
+    yield from read_ranges(conf, table, [(topic, partition, start, end)], timeout_s, consumers)
+
+
+def read_ranges(
+    conf: Mapping[str, object],
+    table: str,
+    ranges: Sequence[tuple[str, int, int, int]],
+    timeout_s: float,
+    consumers: ConsumerPool | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """:func:`read_range` for several (topic, partition, start, end) ranges, at most one per topic
+    partition, read by one consumer at once (librdkafka fetches every assigned partition in one request,
+    where reading them one after another starts each with a fetch of its own). Each batch holds records of
+    one partition, in offset order; batches of different partitions interleave. A partition whose range is
+    read is paused (its fetches stop) while the others are read; its last batch follows at once.
+
+    Raises what :func:`read_range` raises (ReadTimeoutError: no range progressed for ``timeout_s``
+    seconds), and ValueError for two ranges of one topic partition.
+    """
     from confluent_kafka import TopicPartition
 
-    if end <= start:
+    todo = {(t, p): _Range(t, p, s, e) for t, p, s, e in ranges if e > s}
+    if len(todo) < sum(1 for r in ranges if r[3] > r[2]):
+        raise ValueError(f"table {table}: two ranges of one topic partition in {list(ranges)}")
+    if not todo:
         return
     consumer = consumers.take(table) if consumers is not None else new_consumer(conf, table)
-    chunk, read = _Chunk(), False
+    paused, last, read = [], None, False
     try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        position = start  # the next offset this task expects
+        consumer.assign([TopicPartition(r.topic, r.partition, r.position) for r in todo.values()])
         deadline = time.monotonic() + timeout_s
-        done = False
-        while not done:
-            # never ask for more than the range still holds, or consume() waits out its timeout
-            msgs = consumer.consume(num_messages=max(1, min(10_000, end - position)), timeout=1.0)
-            before = position
-            position, done = _take(msgs, end, position, chunk, (table, topic, partition))
-            if position > before:
+        while todo:
+            # never ask for more than the ranges still hold, or consume() waits out its timeout
+            left = sum(r.end - r.position for r in todo.values())
+            msgs = consumer.consume(num_messages=max(1, min(10_000, CHUNK_RECORDS, left)), timeout=1.0)
+            progressed = False
+            for key, run in _runs(msgs, todo):
+                r = todo.get(key)
+                if r is None:
+                    continue  # records past the end of a range read in this same consume
+                before = r.position
+                r.position, done = _take(run, r.end, r.position, r.chunk, (table, *key))
+                progressed = progressed or r.position > before
+                if done:
+                    del todo[key]
+                    if not todo:
+                        last = r
+                        break
+                    paused.append(TopicPartition(*key))
+                    consumer.pause(paused[-1:])
+                if len(r.chunk.offsets) >= CHUNK_RECORDS or (done and r.chunk.offsets):
+                    yield r.chunk.batch(*key)
+            if progressed:
                 deadline = time.monotonic() + timeout_s
-            elif not done and time.monotonic() > deadline:  # only real records count as progress
+            elif todo and time.monotonic() > deadline:  # only real records count as progress
                 raise ReadTimeoutError(
-                    f"table {table}: reading topic {topic} partition {partition} offsets [{start}, {end}) "
-                    f"made no progress for {timeout_s:.0f} s; next offset to read: {position}"
+                    f"table {table}: reading "
+                    + ", ".join(f"topic {r.topic} partition {r.partition} to offset {r.end}" for r in todo.values())
+                    + f" made no progress for {timeout_s:.0f} s; next offsets to read: "
+                    + ", ".join(str(r.position) for r in todo.values())
                 )
-            if not done and len(chunk.offsets) >= CHUNK_RECORDS:
-                yield chunk.batch(topic, partition)
         read = True
     finally:
         # released before the last batch goes to the caller: a consumer left assigned while the caller
         # parses and writes that batch keeps fetching past the range (at the log end, empty fetches in a loop)
         if read and consumers is not None:
+            if paused:
+                consumer.resume(paused)  # a pooled consumer assigned these partitions again must fetch them
             consumers.give_back(table, consumer)
         else:
             consumer.close()
-    if chunk.offsets:
-        yield chunk.batch(topic, partition)
+    if last is not None and last.chunk.offsets:
+        yield last.chunk.batch(last.topic, last.partition)
 
 
-class _Chunk:
-    """Columns of the records read so far, handed to Spark as one Arrow batch."""
+class _Range:
+    """One range being read: its topic partition, end offset (exclusive), next offset to read and the
+    records read since its last batch."""
 
-    def __init__(self):
-        self.offsets, self.timestamps, self.keys, self.values, self.headers = [], [], [], [], []
-        self.any_headers = False
-
-    def extend(self, msgs: list) -> None:
-        """Add error-free messages, in offset order (one list comprehension per column: this loop
-        runs for every record of a micro-batch)."""
-        self.offsets += [m.offset() for m in msgs]
-        self.timestamps += [m.timestamp()[1] for m in msgs]
-        self.keys += [m.key() for m in msgs]
-        self.values += [m.value() for m in msgs]
-        headers = [m.headers() for m in msgs]  # librdkafka says None for a record without headers
-        self.headers += headers
-        self.any_headers = self.any_headers or any(headers)
-
-    def batch(self, topic: str, partition: int) -> pa.RecordBatch:
-        out = _batch(
-            topic,
-            partition,
-            self.offsets,
-            self.timestamps,
-            self.keys,
-            self.values,
-            _header_array(self.headers) if self.any_headers else _no_headers(len(self.offsets)),
-        )
-        self.__init__()
-        return out
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        self.topic, self.partition, self.position, self.end = topic, partition, start, end
+        self.chunk = Chunk()
 
 
-def _header_array(headers: list) -> pa.Array:
-    """Kafka headers as ``list<struct<key, value>>``: a record always has a header array (Kafka's
-    record format), so one without headers gets an empty list, never null."""
-    return pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers], _HEADER_TYPE)
+def _runs(msgs: list, todo: Mapping[tuple, _Range]) -> list[tuple[tuple, list]]:
+    """``msgs`` cut into runs of one topic partition, each with the key of ``todo`` it belongs to: an event
+    of no partition (None, -1) goes to the first range still read, a run of a partition not in ``todo``
+    (read already, or left from an earlier read of a pooled consumer) is dropped."""
+    if not msgs:
+        return []
+    parts = list(map(_PARTITION, msgs))
+    topics = list(map(_TOPIC, msgs)) if len({t for t, _ in todo}) > 1 else None
+    if topics is None and parts.count(parts[0]) == len(parts):
+        cuts = [0, len(parts)]  # the common case: one fetch's records of one partition
+    else:
+        cuts = [0, *(i for i in range(1, len(parts)) if _cut(parts, topics, i)), len(parts)]
+    first = next(iter(todo))
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        key = (topics[a] if topics else first[0], parts[a])
+        if key in todo:
+            out.append((key, msgs[a:b]))
+        elif parts[a] in (None, -1):
+            out.append((first, msgs[a:b]))
+    return out
 
 
-def _no_headers(n: int) -> pa.Array:
-    """``n`` empty header lists (no Python object per record)."""
-    import numpy as np
-
-    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], _HEADER_TYPE.value_type))
+def _cut(parts: list, topics: list | None, i: int) -> bool:
+    return parts[i] != parts[i - 1] or (topics is not None and topics[i] != topics[i - 1])
 
 
-def _take(msgs, end: int, position: int, chunk: _Chunk, where: tuple) -> tuple[int, bool]:
+def _take(msgs, end: int, position: int, chunk: Chunk, where: tuple) -> tuple[int, bool]:
     """Add the records of ``msgs`` below ``end`` to ``chunk``; returns (next offset to read, range done).
     ``where`` is (table, topic, partition) for errors.
 
@@ -226,7 +225,7 @@ def _current(msg, partition: int, position: int = -1) -> bool:
     return msg.partition() == partition and msg.offset() >= position
 
 
-def _take_records(msgs: list, end: int, position: int, chunk: _Chunk) -> tuple[int, bool]:
+def _take_records(msgs: list, end: int, position: int, chunk: Chunk) -> tuple[int, bool]:
     """:func:`_take` for error-free ``msgs`` (offsets increasing, gaps allowed): everything below
     ``end`` in one slice, found by bisection instead of a Python loop over every record."""
     import bisect
@@ -250,7 +249,7 @@ def make_task_reader(
     written=None,
 ):
     """Build the ``mapInArrow`` function: input batches of (topic, partition, start, end)
-    rows, output batches in :data:`RAW_SCHEMA_DDL`; with ``parser`` (a
+    rows, output batches in :data:`~kafka_iceberg.kafka.records.RAW_SCHEMA_DDL`; with ``parser`` (a
     :class:`kafka_iceberg.formats.arrow_json.Parser`) each batch also carries ``j`` and ``_arrow``
     (:func:`kafka_iceberg.formats.arrow_json.j_ddl`), parsed in the task. With ``stats`` (a Spark
     accumulator of :class:`PieceStatsParam`) each range piece adds its :class:`PieceStats`.
