@@ -77,9 +77,7 @@ def read_ranges(
     """
     from confluent_kafka import TopicPartition
 
-    todo = {(t, p): _Range(t, p, s, e) for t, p, s, e in ranges if e > s}
-    if len(todo) < sum(1 for r in ranges if r[3] > r[2]):
-        raise ValueError(f"table {table}: two ranges of one topic partition in {list(ranges)}")
+    todo = _todo(table, ranges)
     if not todo:
         return
     consumer = consumers.take(table) if consumers is not None else new_consumer(conf, table)
@@ -111,24 +109,43 @@ def read_ranges(
             if progressed:
                 deadline = time.monotonic() + timeout_s
             elif todo and time.monotonic() > deadline:  # only real records count as progress
-                raise ReadTimeoutError(
-                    f"table {table}: reading "
-                    + ", ".join(f"topic {r.topic} partition {r.partition} to offset {r.end}" for r in todo.values())
-                    + f" made no progress for {timeout_s:.0f} s; next offsets to read: "
-                    + ", ".join(str(r.position) for r in todo.values())
-                )
+                raise _no_progress(table, todo.values(), timeout_s)
         read = True
     finally:
         # released before the last batch goes to the caller: a consumer left assigned while the caller
         # parses and writes that batch keeps fetching past the range (at the log end, empty fetches in a loop)
-        if read and consumers is not None:
-            if paused:
-                consumer.resume(paused)  # a pooled consumer assigned these partitions again must fetch them
-            consumers.give_back(table, consumer)
-        else:
-            consumer.close()
+        _release(consumer, consumers if read else None, table, paused)
     if last is not None and last.chunk.offsets:
         yield last.chunk.batch(last.topic, last.partition)
+
+
+def _release(consumer, consumers: ConsumerPool | None, table: str, paused: list) -> None:
+    """Give ``consumer`` back to ``consumers`` (None: close it; a read that failed passes None) with the
+    ``paused`` partitions resumed: a pooled consumer assigned one of them again must fetch it."""
+    if consumers is None:
+        consumer.close()
+        return
+    if paused:
+        consumer.resume(paused)
+    consumers.give_back(table, consumer)
+
+
+def _todo(table: str, ranges: Sequence[tuple[str, int, int, int]]) -> dict[tuple, _Range]:
+    """The non-empty ``ranges`` by (topic, partition). Raises ValueError for two ranges of one partition."""
+    todo = {(t, p): _Range(t, p, s, e) for t, p, s, e in ranges if e > s}
+    if len(todo) < sum(1 for r in ranges if r[3] > r[2]):
+        raise ValueError(f"table {table}: two ranges of one topic partition in {list(ranges)}")
+    return todo
+
+
+def _no_progress(table: str, todo, timeout_s: float) -> ReadTimeoutError:
+    """The error of a read whose ranges ``todo`` made no progress for ``timeout_s`` seconds."""
+    return ReadTimeoutError(
+        f"table {table}: reading "
+        + ", ".join(f"topic {r.topic} partition {r.partition} to offset {r.end}" for r in todo)
+        + f" made no progress for {timeout_s:.0f} s; next offsets to read: "
+        + ", ".join(str(r.position) for r in todo)
+    )
 
 
 class _Range:
