@@ -5,8 +5,8 @@ Consuming is bound by Python's GIL (librdkafka makes one Python ``Message`` per 
 five fields of each); pyarrow's JSON parser and the Parquet writer release it. So one thread consumes the
 plan's ranges, every partition at once with one consumer (:func:`~kafka_iceberg.kafka.reader.read_ranges`),
 and hands each chunk of about 50,000 records of one partition to a pool that parses and writes while the
-next chunk is consumed. A micro-batch of 1,000,000 flights records took 5.2-5.5 s on 2b90840,
-8.1-9.2 s on d031d2d with one consume-parse-write thread per core (docs/architecture.md).
+next chunk is consumed. A micro-batch of 1,000,000 flights records took 4.6-5.1 s on d0673ab, 6.0 s on
+bb49983 reading the partitions one after another (docs/architecture.md).
 A micro-batch of one read task (:meth:`~kafka_iceberg.batch.planning.BatchPlan.one_read_task`) runs in the
 calling thread.
 """

@@ -45,7 +45,8 @@ def raw_batch(topic, partition, offsets, timestamps, keys, values, headers: pa.A
 
 
 class Chunk:
-    """Columns of the records read so far, handed to Spark as one Arrow batch."""
+    """Columns of one partition's records read so far, handed on (to Spark, or to the driver's parse
+    pool) as one Arrow batch."""
 
     def __init__(self):
         self.offsets, self.timestamps, self.keys, self.values, self.headers = [], [], [], [], []
