@@ -5,18 +5,19 @@ many micro-batches on a real Dagster instance, real Spark, the real catalog and 
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
 from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
 from devtools.demo.data import produce
-from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, REPORT_EVERY_S, Coalescer, Throttle, merge
+from kafka_iceberg.batch.coalesce import MATERIALIZE_EVERY_S, REPORT_EVERY_S, Coalescer, Throttle, merge, phase
 from kafka_iceberg.batch.types import BatchResult
 from kafka_iceberg.catalog.tables import load_catalog
 from kafka_iceberg.lake_assets.chore_reports import ChoreReports
 from kafka_iceberg.lake_assets.vocabulary import BUDGET_TAG, table_key
-from kafka_iceberg.lake_assets.worker import report_every_s, worker_job
+from kafka_iceberg.lake_assets.worker import REPORT_GAP_S, report_every_s, worker_job
 from kafka_iceberg.ops.checks import CheckOutcome
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
@@ -49,12 +50,30 @@ def test_a_table_committing_every_second_is_reported_once_a_minute_with_all_its_
         reports += [done] if done else []
         reports += coalescer.due().values()
     reports += coalescer.drain().values()
-    assert 10 <= len(reports) <= 11, "the first commit at once, then one a minute, and the rest at the end"
+    assert 11 <= len(reports) <= 12, (
+        "the first commit at once, the second within a minute, then one a minute, the rest at the end"
+    )
     assert sum(r.commits for r in reports) == 600 and sum(r.result.records for r in reports) == 6000
     assert reports[0].commits == 1 and reports[1].first_snapshot_id == 101
-    assert [r.result.ranges[0] for r in reports[1:3]] == [(10, 610), (610, 1210)], "contiguous offset ranges"
+    second = math.ceil(MATERIALIZE_EVERY_S * (1 - phase("t")))  # the table's own place in the interval
+    assert 0 < second < 60
+    assert [r.result.ranges[0] for r in reports[1:3]] == [(10, 10 * second + 10), (10 * second + 10, 10 * second + 610)]
     assert reports[-1].result.snapshot_id == 699 and reports[-1].result.offsets == {0: 6000}
     assert coalescer.drain() == {} and coalescer.due() == {}
+
+
+def test_the_reports_of_tables_that_start_together_are_spread_over_the_interval():
+    now, coalescer, at = [0.0], Coalescer(clock=lambda: 0.0), []
+    coalescer.clock = lambda: now[0]
+    tables = [f"ns.t{i:03d}" for i in range(100)]
+    for second in range(181):  # every table commits every second for three minutes
+        now[0] = float(second)
+        at += [second for t in tables if coalescer.add(t, _commit(second, second, second + 1, 1))]
+    first, later = at[:100], at[100:]
+    assert first == [0] * 100, "each table's first commit is reported at once"
+    assert len(later) == 300, "then, per table, the second within the first minute and one a minute after it"
+    per_window = [sum(w <= s < w + 10 for s in later) for w in range(1, 171, 10)]
+    assert max(per_window) <= 35, f"spread: not every table in the same seconds ({per_window})"
 
 
 def test_merge_sums_counts_joins_ranges_and_keeps_the_last_state():
@@ -67,6 +86,9 @@ def test_merge_sums_counts_joins_ranges_and_keeps_the_last_state():
 def test_a_fresh_table_is_reported_within_half_its_freshness_age():
     assert report_every_s(make_spec("a", "a", freshness={"max_snapshot_age": "1d"})) == MATERIALIZE_EVERY_S
     assert report_every_s(make_spec("b", "b", freshness={"max_snapshot_age": "60s"})) == 30.0
+    # a run serving many tables logs about one materialization per REPORT_GAP_S in all, within the freshness bound
+    assert report_every_s(make_spec("a", "a", freshness={"max_snapshot_age": "1d"}), tables=100) == 100 * REPORT_GAP_S
+    assert report_every_s(make_spec("b", "b", freshness={"max_snapshot_age": "60s"}), tables=100) == 30.0
 
 
 def test_the_sensor_observes_a_table_on_a_change_of_state_or_a_heartbeat():

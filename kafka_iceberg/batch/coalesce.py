@@ -5,7 +5,9 @@ event log grow by thousands of events per table per hour (docs/operations.md#the
 :class:`Coalescer` holds a table's commits and hands them out as one :class:`Coalesced` (the commits
 merged into one ``BatchResult``: offset ranges joined, counts summed, the state of the last commit) at
 most once per ``every_s`` seconds per table: a table's first commit at once, the next ones when the
-interval since its last report passed, at the next commit or the next :meth:`Coalescer.due`. The Iceberg
+interval since its last report passed, at the next commit or the next :meth:`Coalescer.due`. The second
+report of a table comes after a fraction of the interval of its own (from its identifier's CRC-32), so
+the reports of tables that started together stay spread over the interval instead of coming at once. The Iceberg
 snapshots stay the truth; the report carries the first and last snapshot ids it covers. A
 :class:`Throttle` does the same for the routine chores' reports (the latest one, with a count). Plain Python.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -111,8 +114,17 @@ class Coalescer:
         return last is None or self.clock() - last >= self.every_s(identifier)
 
     def _take(self, identifier: str) -> Coalesced:
-        self.reported[identifier] = self.clock()
+        now = self.clock()
+        # the first report counts as made a phase of the interval earlier: the table's own place in it
+        first = identifier not in self.reported
+        self.reported[identifier] = now - phase(identifier) * self.every_s(identifier) if first else now
         return merge(self.held.pop(identifier))
+
+
+def phase(identifier: str) -> float:
+    """A table's place in its report interval, in [0, 1): its identifier's CRC-32 over 2**32 (the same in
+    every process)."""
+    return zlib.crc32(identifier.encode()) / 2**32
 
 
 class Throttle(Generic[T]):
@@ -144,4 +156,4 @@ class Throttle(Generic[T]):
         return out
 
 
-__all__ = ["MATERIALIZE_EVERY_S", "REPORT_EVERY_S", "Coalesced", "Coalescer", "Throttle", "merge"]
+__all__ = ["MATERIALIZE_EVERY_S", "REPORT_EVERY_S", "Coalesced", "Coalescer", "Throttle", "merge", "phase"]
