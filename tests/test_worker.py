@@ -104,25 +104,25 @@ def test_the_order_is_by_waiting_time_and_fair():
 
 def test_a_table_whose_records_arrive_during_a_round_joins_it():
     """A table with nothing waiting when a round begins (say, one served at the end of the last round) is polled
-    for every ROUND_POLL_S of the round and served at its back, instead of waiting for the whole next round."""
+    every ROUND_POLL_S of the round and served at its back, instead of waiting for the whole next round."""
     specs = [make_spec(n, f"topic_{n}") for n in ("a", "b", "c", "d")]
+    tick = ROUND_POLL_S  # a micro-batch takes as long as the round's poll interval
     now, order = [0.0], []
 
-    def high(topic: str) -> int:  # a record every 0.1 s on every topic; d's first at 0.2 s
-        return 0 if topic == "topic_d" and now[0] < 0.2 else 1 + int(now[0] * 10)
+    def high(topic: str) -> int:  # a record every tenth of a tick on every topic; d's first at 0.2 ticks
+        return 0 if topic == "topic_d" and now[0] < 0.2 * tick else 1 + int(now[0] * 10 / tick)
 
     def run_batch(spec):
         order.append(spec.name)
         read_to = high(spec.topic)
-        now[0] += 1.0  # a micro-batch takes a second
+        now[0] += tick
         return SimpleNamespace(offsets={0: read_to}, snapshot_id=1)
 
     def watermarks(topics):
         return {t: {0: Watermarks(0, high(t))} for t in topics}
 
     clock = Clock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-    Worker(specs, WorkerPorts(run_batch, watermarks), budget_s=5.5, idle_s=0, clock=clock).run()
-    assert ROUND_POLL_S <= 1.0
+    Worker(specs, WorkerPorts(run_batch, watermarks), budget_s=5.5 * tick, idle_s=0, clock=clock).run()
     # d joins the first round (polled after a's micro-batch), behind a's second turn: both waited since then
     assert order == ["a", "b", "c", "a", "d", "b"]
 

@@ -51,7 +51,7 @@ from kafka_iceberg.errors import ConfigError
 POLL_S = 0.25
 """Seconds between watermark polls while no table has records waiting."""
 
-ROUND_POLL_S = 1.0
+ROUND_POLL_S = 2.0
 """Seconds between watermark polls while a round is served: a unit whose records arrived since the round
 began joins it at the back. Without it, a table served at the end of a round (its records just read) is
 not due when the next begins and waits two rounds; at 100 tables the last in order then had p50 freshness
@@ -194,10 +194,11 @@ class Worker:
             if self._ending(run):
                 return
 
-    def _poll(self, run: RunState) -> tuple[float, list[Unit], list[Unit]]:
-        """Poll the live tables' watermarks into their states; returns (the clock, the units with records
-        waiting, those of them due now: not paused by a chore nor resting), longest waiting first."""
-        live = [t for t in run.tables.values() if t.error is None]
+    def _poll(self, run: RunState, skip: frozenset = frozenset()) -> tuple[float, list[Unit], list[Unit]]:
+        """Poll the watermarks of the live tables not in ``skip`` (identifiers) into their states; returns (the
+        clock, the units with records waiting, those of them due now: not paused by a chore nor resting),
+        longest waiting first."""
+        live = [t for t in run.tables.values() if t.error is None and t.spec.identifier not in skip]
         marks = self.ports.watermarks(sorted({t.spec.topic for t in live}))
         now = run.polled_s = self.clock.now()
         for t in live:
@@ -207,12 +208,13 @@ class Worker:
         return now, waiting, next_units(run.tables, run.units, held) if waiting else []
 
     def _join(self, run: RunState, queue: list[Unit], running: dict[Future, Unit]) -> None:
-        """Every :data:`ROUND_POLL_S` of a served round (a run with a budget): poll, and queue at the back the due
-        units neither queued nor running, longest waiting first."""
+        """Every :data:`ROUND_POLL_S` of a served round (a run with a budget): poll the tables neither queued
+        nor running (a poll of 100 topics costs about 12 ms of CPU), and queue the due ones at the back,
+        longest waiting first."""
         if self.budget_s <= 0 or self.clock.now() - run.polled_s < ROUND_POLL_S or self._stopping(run):
             return
         busy = identifiers(queue) | identifiers(running.values())
-        queue += [u for u in self._poll(run)[2] if not identifiers([u]) & busy]
+        queue += [u for u in self._poll(run, skip=busy)[2] if not identifiers([u]) & busy]
 
     def _serve_round(self, run: RunState, pool: ThreadPoolExecutor | None, due: list[Unit]) -> None:
         """One micro-batch of each due unit, longest waiting first and up to :attr:`threads` at once, and of
