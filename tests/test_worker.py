@@ -18,10 +18,11 @@ from devtools.demo.data import produce
 from kafka_iceberg.batch.mirror import GroupMirror
 from kafka_iceberg.batch.pipeline import connect, run_micro_batch, warm_up
 from kafka_iceberg.batch.planning import Watermarks
+from kafka_iceberg.batch.units import next_units, units_of
 from kafka_iceberg.batch.worker import (
     MAX_DEFAULT_WORKERS,
-    ROUND_POLL_S,
     Clock,
+    TableState,
     Worker,
     WorkerPorts,
     assign_workers,
@@ -102,29 +103,19 @@ def test_the_order_is_by_waiting_time_and_fair():
     assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
 
 
-def test_a_table_whose_records_arrive_during_a_round_joins_it():
-    """A table with nothing waiting when a round begins (say, one served at the end of the last round) is polled
-    every ROUND_POLL_S of the round and served at its back, instead of waiting for the whole next round."""
-    specs = [make_spec(n, f"topic_{n}") for n in ("a", "b", "c", "d")]
-    tick = ROUND_POLL_S  # a micro-batch takes as long as the round's poll interval
-    now, order = [0.0], []
-
-    def high(topic: str) -> int:  # a record every tenth of a tick on every topic; d's first at 0.2 ticks
-        return 0 if topic == "topic_d" and now[0] < 0.2 * tick else 1 + int(now[0] * 10 / tick)
-
-    def run_batch(spec):
-        order.append(spec.name)
-        read_to = high(spec.topic)
-        now[0] += tick
-        return SimpleNamespace(offsets={0: read_to}, snapshot_id=1)
-
-    def watermarks(topics):
-        return {t: {0: Watermarks(0, high(t))} for t in topics}
-
-    clock = Clock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-    Worker(specs, WorkerPorts(run_batch, watermarks), budget_s=5.5 * tick, idle_s=0, clock=clock).run()
-    # d joins the first round (polled after a's micro-batch), behind a's second turn: both waited since then
-    assert order == ["a", "b", "c", "a", "d", "b"]
+def test_tables_one_poll_finds_waiting_go_by_their_last_micro_batch():
+    """Tables a poll finds waiting together are served least recently served first, whatever their names, so
+    the last tables in name order are not pushed back by every poll (docs/benchmark.md, goal 7)."""
+    a, b, c = (make_spec(n, f"topic_{n}") for n in ("a", "b", "c"))
+    units = units_of([a, b, c])
+    states = {
+        a.identifier: TableState(a, waiting_since=10.0, last_commit_s=9.0),
+        b.identifier: TableState(b, waiting_since=10.0),  # never served
+        c.identifier: TableState(c, waiting_since=10.0, last_commit_s=4.0),
+    }
+    assert [u[0].name for u in next_units(states, units)] == ["b", "c", "a"]
+    states[a.identifier] = replace(states[a.identifier], waiting_since=8.0)
+    assert [u[0].name for u in next_units(states, units)] == ["a", "b", "c"], "the longest waiting still first"
 
 
 def _clocked_worker(specs, run_batch, marks, now: list, **options) -> Worker:

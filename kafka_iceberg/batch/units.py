@@ -5,6 +5,7 @@ no Dagster (:mod:`kafka_iceberg.batch.worker` runs them on its main thread)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -39,16 +40,18 @@ def next_units(states: Mapping[str, Any], units: Sequence[Unit], paused: frozens
     """The units to serve next, in order, from the tables' states (identifier -> a
     :class:`~kafka_iceberg.batch.worker.TableState`): those with no member set aside (``error``) and
     with records waiting in any member, longest waiting first (the earliest ``waiting_since`` of its
-    members; ties in ``units``' order), less those with a member ``paused``. A unit waits as one: its
-    members are served by one micro-batch."""
+    members; ties, such as the units one poll found, by the earliest ``last_commit_s``, never served first,
+    then in ``units``' order), less those with a member ``paused``. A unit waits as one: its members are
+    served by one micro-batch."""
     due = []
     for index, unit in enumerate(units):
         members = [states[spec.identifier] for spec in unit]
         since = [s.waiting_since for s in members if s.waiting_since is not None]
         if since and all(s.error is None for s in members):
-            due.append((min(since), index, unit))
-    due.sort(key=lambda item: (item[0], item[1]))
-    return [unit for _, _, unit in due if not any(spec.identifier in paused for spec in unit)]
+            served = min(-math.inf if s.last_commit_s is None else s.last_commit_s for s in members)
+            due.append((min(since), served, index, unit))
+    due.sort(key=lambda item: item[:3])
+    return [item[3] for item in due if not any(spec.identifier in paused for spec in item[3])]
 
 
 __all__ = ["Unit", "identifiers", "is_group", "next_units", "units_of"]

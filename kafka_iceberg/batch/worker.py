@@ -51,12 +51,6 @@ from kafka_iceberg.errors import ConfigError
 POLL_S = 0.25
 """Seconds between watermark polls while no table has records waiting."""
 
-ROUND_POLL_S = 2.0
-"""Seconds between watermark polls while a round is served: a unit whose records arrived since the round
-began joins it at the back. Without it, a table served at the end of a round (its records just read) is
-not due when the next begins and waits two rounds; at 100 tables the last in order then had p50 freshness
-3.4-3.6 s against a median of 2.1 s (``--many 100`` on PostgreSQL, 7e28b71)."""
-
 
 def chore_allowed(idle: bool, chore_s: float, elapsed_s: float, share: float) -> bool:
     """Whether a chore may run now: always while ``idle``, else while chores took at most ``share`` of the
@@ -125,8 +119,7 @@ class WorkerPorts:
 class RunState:
     """What one run of a :class:`Worker` keeps; read and changed only by the run's main thread. ``tables``:
     identifier -> :class:`TableState` (replaced whole); ``chore_s``: seconds its chores took;
-    ``idle_until``: clock seconds at which the run ends idle (None while records wait); ``polled_s``: clock
-    seconds of the last watermark poll; ``units``: what
+    ``idle_until``: clock seconds at which the run ends idle (None while records wait); ``units``: what
     is served as one (:func:`~kafka_iceberg.batch.units.units_of`)."""
 
     tables: dict[str, TableState]
@@ -134,7 +127,6 @@ class RunState:
     units: tuple = ()
     chore_s: float = 0.0
     idle_until: float | None = None
-    polled_s: float = 0.0
 
 
 @dataclass
@@ -194,31 +186,21 @@ class Worker:
             if self._ending(run):
                 return
 
-    def _poll(self, run: RunState, skip: frozenset = frozenset()) -> tuple[float, list[Unit], list[Unit]]:
-        """Poll the watermarks of the live tables not in ``skip`` (identifiers) into their states; returns (the
-        clock, the units with records waiting, those of them due now: not paused by a chore nor resting),
-        longest waiting first."""
-        live = [t for t in run.tables.values() if t.error is None and t.spec.identifier not in skip]
+    def _poll(self, run: RunState) -> tuple[float, list[Unit], list[Unit]]:
+        """Poll the live tables' watermarks into their states; returns (the clock, the units with records
+        waiting, those of them due now: not paused by a chore nor resting), longest waiting first."""
+        live = [t for t in run.tables.values() if t.error is None]
         marks = self.ports.watermarks(sorted({t.spec.topic for t in live}))
-        now = run.polled_s = self.clock.now()
+        now = self.clock.now()
         for t in live:
             run.tables[t.spec.identifier] = polled(t, marks.get(t.spec.topic), now)
         waiting = next_units(run.tables, run.units)
         held = self.ports.paused() | resting(run.tables.values(), now)
         return now, waiting, next_units(run.tables, run.units, held) if waiting else []
 
-    def _join(self, run: RunState, queue: list[Unit], running: dict[Future, Unit]) -> None:
-        """Every :data:`ROUND_POLL_S` of a served round (a run with a budget): poll the tables neither queued
-        nor running (a poll of 100 topics costs about 12 ms of CPU), and queue the due ones at the back,
-        longest waiting first."""
-        if self.budget_s <= 0 or self.clock.now() - run.polled_s < ROUND_POLL_S or self._stopping(run):
-            return
-        busy = identifiers(queue) | identifiers(running.values())
-        queue += [u for u in self._poll(run, skip=busy)[2] if not identifiers([u]) & busy]
-
     def _serve_round(self, run: RunState, pool: ThreadPoolExecutor | None, due: list[Unit]) -> None:
-        """One micro-batch of each due unit, longest waiting first and up to :attr:`threads` at once, and of
-        each unit that becomes due meanwhile (:meth:`_join`); each unit goes to the back after its own. With several threads, the next units' micro-batches
+        """One micro-batch of each due unit, longest waiting first and up to :attr:`threads` at once;
+        each unit goes to the back after its own. With several threads, the next units' micro-batches
         start before the finished ones are reported (``on_commit``: a write to the Dagster instance),
         unless one crashed. No micro-batch starts past the budget; those running are awaited."""
         queue, running = list(due), {}
@@ -234,7 +216,6 @@ class Worker:
                 self._finish(run, unit, future)
                 self._chore(run, idle=False, busy=identifiers(running.values()))
             self.ports.flush(False)
-            self._join(run, queue, running)
 
     def _fill(self, run: RunState, pool, queue: list[Unit], running: dict[Future, Unit]) -> None:
         """Start the queue's next micro-batches while fewer than :attr:`threads` run, unless stopping. A unit
@@ -315,7 +296,6 @@ __all__ = [
     "MAX_DEFAULT_WORKERS",
     "POLL_S",
     "REST_S",
-    "ROUND_POLL_S",
     "Budget",
     "Clock",
     "Latest",
