@@ -63,8 +63,8 @@ def test_a_table_committing_every_second_is_reported_once_a_minute_with_all_its_
 
 
 def test_the_reports_of_tables_that_start_together_are_spread_over_the_interval():
-    now, coalescer, at = [0.0], Coalescer(clock=lambda: 0.0), []
-    coalescer.clock = lambda: now[0]
+    now, at = [0.0], []
+    coalescer = Coalescer(clock=lambda: now[0])
     tables = [f"ns.t{i:03d}" for i in range(100)]
     for second in range(181):  # every table commits every second for three minutes
         now[0] = float(second)

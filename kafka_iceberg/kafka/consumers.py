@@ -61,7 +61,6 @@ class ConsumerPool:
     def __init__(self, conf: Mapping[str, object], max_idle: int = MAX_IDLE):
         self._conf, self._max_idle = dict(conf), max_idle
         self._idle: OrderedDict[str, list] = OrderedDict()  # table -> idle consumers, least recent first
-        self._count = 0  # consumers in _idle
         self._lock = threading.Lock()
         self._closed = False
 
@@ -71,7 +70,6 @@ class ConsumerPool:
             idle = self._idle.get(table)
             if idle:
                 consumer = idle.pop()
-                self._count -= 1
                 if not idle:
                     del self._idle[table]
                 return consumer
@@ -95,11 +93,9 @@ class ConsumerPool:
             else:
                 self._idle.setdefault(table, []).append(consumer)
                 self._idle.move_to_end(table)
-                self._count += 1
-                while self._count > self._max_idle:
+                while self.idle_count_locked() > self._max_idle:
                     oldest, consumers = next(iter(self._idle.items()))
                     evicted.append(consumers.pop(0))
-                    self._count -= 1
                     if not consumers:
                         del self._idle[oldest]
         for c in evicted:
@@ -107,7 +103,7 @@ class ConsumerPool:
 
     def idle_count_locked(self) -> int:
         """Idle consumers now (call with the lock held, or for a figure that may be stale)."""
-        return self._count
+        return sum(map(len, self._idle.values()))
 
     def close(self) -> None:
         """Close every idle consumer; later :meth:`give_back` calls close theirs. Idempotent."""
@@ -115,7 +111,6 @@ class ConsumerPool:
             self._closed = True
             idle = [c for consumers in self._idle.values() for c in consumers]
             self._idle.clear()
-            self._count = 0
         for c in idle:
             c.close()
 
