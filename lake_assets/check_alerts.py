@@ -31,11 +31,16 @@ def alert_check(
     check_name: str,
     outcome: checks.CheckOutcome,
     severity: Severity,
+    in_run: bool | None = None,
 ) -> bool:
     """Post the check's alert when its status changed since its previous evaluation (failed: at
-    ``severity``; passes again: ``OK``), linking to this run. Returns whether a message was posted."""
+    ``severity``; passes again: ``OK``), linking to this run. ``in_run``: the verdict (passed) this run last
+    reported for the check (a worker run reports many; None: none yet, then the latest evaluation of another
+    run counts). Returns whether a message was posted."""
     key = table_key(spec)
     run_id = context.run.run_id
+    if in_run is None:
+        in_run = previous_check_passed(context.instance, AssetCheckKey(key, check_name), run_id)
     return alert_on_check(
         outcome.passed,
         spec.identifier,
@@ -45,7 +50,7 @@ def alert_check(
         outcome.summary,
         sink=slack.sink(),
         severity=severity,
-        previous_passed=previous_check_passed(context.instance, AssetCheckKey(key, check_name), run_id),
+        previous_passed=in_run,
         run_id=run_id,
     )
 

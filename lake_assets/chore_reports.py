@@ -1,6 +1,6 @@
 """How a worker run's chores reach the Dagster event log (:mod:`kafka_iceberg.lake_assets.worker_chores`):
-a maintenance job as an ``AssetObservation`` of its table, a ``duplicate_free`` check as the table's check
-evaluation, each with a line in the run's log.
+a maintenance job as an ``AssetObservation`` of its table, a ``duplicate_free`` check (incremental, or the
+scheduled full scan) as the table's check evaluation, each with a line in the run's log.
 
 The routine ones follow the commit rate: a table past ``maintenance.max_snapshots`` is checked and expired
 every minute or two at a few commits a second. They are reported through a
@@ -8,7 +8,7 @@ every minute or two at a few commits a second. They are reported through a
 :data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` per table and kind: the latest result, with ``jobs`` or
 ``checks`` saying how many it stands for. A failed check, and the next pass, are reported at once; what is
 held is reported when the run stops serving (:meth:`ChoreReports.drain`). Scheduled maintenance (by cron)
-is always reported. Called from the op's main thread only.
+and the scheduled full scan are always reported. Called from the op's main thread only.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class ChoreReports:
         self.context, self.slack, self.throttle = context, slack, throttle
         self.specs: dict[str, TableSpec] = {}
         self.failing: dict[str, bool] = {}  # identifier -> whether its last reported check failed
+        self.full_failed: set[str] = set()  # identifiers whose last full scan in this run failed
 
     def maintenance(self, spec: TableSpec, result, routine: bool) -> None:
         """Report a maintenance job's ``MaintenanceResult`` on ``spec``'s table: ``routine`` (by count, not
@@ -46,13 +47,25 @@ class ChoreReports:
             self.observe(spec, *due)
 
     def check(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
-        """Report a ``duplicate_free`` outcome of ``spec``'s table: a pass at most once per interval, a
-        failure at once, and the first pass after a failure at once."""
+        """Report an incremental ``duplicate_free`` outcome of ``spec``'s table: a pass at most once per
+        interval, a failure at once, and the first pass after a failure at once. A pass while the table's last
+        full scan in this run failed is not reported: it covers only the rows added since, so the check stays
+        failed until a full scan passes."""
         self.specs[spec.identifier] = spec
+        if outcome.passed and spec.identifier in self.full_failed:
+            return
         urgent = not outcome.passed or self.failing.get(spec.identifier, False)
         due = self.throttle.add((spec.identifier, CHECK), outcome, urgent=urgent)
         if due is not None:
             self.evaluate(spec, *due)
+
+    def full_check(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
+        """Report a scheduled full-scan ``duplicate_free`` outcome of ``spec``'s table at once; it supersedes
+        an incremental pass held back."""
+        self.specs[spec.identifier] = spec
+        self.throttle.discard((spec.identifier, CHECK))
+        (self.full_failed.discard if outcome.passed else self.full_failed.add)(spec.identifier)
+        self.evaluate(spec, outcome)
 
     def drain(self) -> None:
         """Report every result held back (the run stops serving)."""
@@ -73,10 +86,12 @@ class ChoreReports:
 
     def evaluate(self, spec: TableSpec, outcome: checks.CheckOutcome, n: int = 1) -> None:
         """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation, standing for ``n`` checks (the
-        earlier ones passed); alert on a change of status."""
+        earlier ones passed); alert on a change of status (from the verdict this run reported last)."""
+        failed_before = self.failing.get(spec.identifier)
         self.failing[spec.identifier] = not outcome.passed
         if self.slack is not None:
-            alert_check(self.context, self.slack, spec, CHECK, outcome, "ERROR")
+            in_run = None if failed_before is None else not failed_before
+            alert_check(self.context, self.slack, spec, CHECK, outcome, "ERROR", in_run=in_run)
         result = check_result(replace(outcome, figures={**outcome.figures, "checks": n}), AssetCheckSeverity.ERROR)
         self.context.log_event(
             AssetCheckEvaluation(

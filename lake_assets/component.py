@@ -33,7 +33,7 @@ from typing import Annotated, Any
 import dagster as dg
 from pydantic import BaseModel, Field, ValidationError
 
-from kafka_iceberg import schedules, sensors
+from kafka_iceberg import sensors
 from kafka_iceberg.batch.worker import assign_workers, worker_count
 from kafka_iceberg.config.settings import CHECKOUT, PACKAGE_DIR, SECRET_BEARING, Settings, load_settings, run_catalog
 from kafka_iceberg.declaration.models import Defaults, TableEntry, TablesAttributes
@@ -224,7 +224,8 @@ def table_definitions(
     settings: Settings, specs: list[TableSpec], declared_in: Path | None, keys: ResourceKeys = LAKE_KEYS
 ) -> dg.Definitions:
     """Per table of ``specs``: the topic and table assets, the ``duplicate_free``, ``freshness`` and
-    ``quarantine`` checks, the full-check schedules, all on the resources of ``keys``. ``declared_in``
+    ``quarantine`` checks, all on the resources of ``keys`` (no schedule: the worker runs maintain and
+    fully check every table by its crons, :mod:`kafka_iceberg.ops.rota`). ``declared_in``
     (a ``defs.yaml`` or ``tables.yaml``) is where the code references point."""
     sqlite, name = settings.catalog.is_sqlite, settings.catalog.name
     return dg.Definitions(
@@ -233,9 +234,6 @@ def table_definitions(
             *(table_asset(s, sqlite, tables_file=declared_in, catalog_name=name, keys=keys) for s in specs),
         ],
         asset_checks=[*(c for s in specs for c in table_checks(s, keys)), *(quarantine_check(s, keys) for s in specs)],
-        # the lake's worker runs serve and maintain every table (lake_definitions): its sensors are per lake,
-        # and of the schedules only the full-scan checks remain
-        schedules=schedules.all_schedules(specs, sqlite_catalog=sqlite, workers=1, keys=keys),
     )
 
 

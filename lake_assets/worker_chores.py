@@ -1,6 +1,6 @@
 """What a worker run does between micro-batches (:mod:`kafka_iceberg.lake_assets.worker`): the due
-maintenance jobs of its tables (:mod:`kafka_iceberg.ops.rota`) and the ``duplicate_free`` check of
-each table it committed to. :class:`kafka_iceberg.batch.worker.Worker` calls :class:`WorkerChores`
+maintenance jobs and full-scan ``duplicate_free`` checks of its tables (:mod:`kafka_iceberg.ops.rota`), and
+the incremental ``duplicate_free`` check of each table it committed to. :class:`kafka_iceberg.batch.worker.Worker` calls :class:`WorkerChores`
 one chore at a time, while no table has records waiting or within its share of the run's time.
 
 A maintenance job is logged as an ``AssetObservation`` of its table (the same metadata as a
@@ -19,7 +19,8 @@ committing; its evaluation is logged by the next chore call after it ends. A che
 records waiting, or once it has been pending :data:`CHECK_EVERY_S` while some table always has (then at most
 one every :data:`CHECK_SPACING_S`): a backlog is drained before its checks compete with it for the cores.
 Scheduled maintenance runs inline (it commits, and a commit is the pool's to serialize), never on a table whose
-micro-batch runs meanwhile in another thread of the worker.
+micro-batch runs meanwhile in another thread of the worker. A due full-scan check runs in the background thread
+(Spark jobs on the run's session, :mod:`kafka_iceberg.lake_assets.chore_jobs`) and is reported at once.
 
 A table past ``maintenance.max_snapshots`` snapshots is expired by count, and one whose commits added
 ``maintenance.compact_after_data_files`` data files is compacted, as the next chore
@@ -39,20 +40,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from dagster import OpExecutionContext
-from pyiceberg.exceptions import CommitFailedException
 
 from kafka_iceberg.batch.coalesce import Throttle
-from kafka_iceberg.batch.context import Lake
 from kafka_iceberg.batch.worker import Clock
-from kafka_iceberg.catalog.tables import load_table, metadata_view, qualified
-from kafka_iceberg.config.settings import Settings
 from kafka_iceberg.declaration.groups import group_of, member_identifiers
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.chore_alerts import ChoreAlerts, worker_alert
+from kafka_iceberg.lake_assets.chore_jobs import (
+    CONCURRENT_COMMIT_RETRIES,
+    ChoreEnv,
+    full_check,
+    incremental_check,
+    maintenance_job,
+)
 from kafka_iceberg.lake_assets.chore_reports import ChoreReports
 from kafka_iceberg.ops import checks
 from kafka_iceberg.ops.chore_state import (
@@ -67,36 +70,7 @@ from kafka_iceberg.ops.chore_state import (
     next_chore,
     pending_checks,
 )
-from kafka_iceberg.ops.incremental_check import snapshots_to_keep
-from kafka_iceberg.ops.maintenance import CONCURRENT_COMMITS
-from kafka_iceberg.ops.rota import MaintenanceRota, record_run, run_job, set_table_property
-from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeSlackResource, settings_for
-
-if TYPE_CHECKING:  # pyspark only for the annotation: importing it starts nothing, but it is heavy
-    from pyspark.sql import SparkSession
-
-CONCURRENT_COMMIT_RETRIES = 20
-"""``commit.retry.num-retries`` a worker sets on a table it compacts in the background (unless the table
-has its own; Iceberg's default is 4): ``rewrite_data_files`` then commits beside micro-batches that
-commit several times a second, each of which makes its commit try again."""
-
-
-@dataclass(frozen=True)
-class ChoreEnv:
-    """What chores work with, shared read-only with their background thread: the op's Spark session,
-    the runtime settings, the pyiceberg catalog, and the Slack resource (its ``sink()`` sends alerts)."""
-
-    spark: SparkSession | None
-    settings: Settings | None
-    catalog: object
-    slack: LakeSlackResource | None
-
-    @classmethod
-    def of(
-        cls, spark: SparkSession, kafka: KafkaResource, catalog: IcebergCatalogResource, slack: LakeSlackResource
-    ) -> ChoreEnv:
-        """The environment of an op from its resources (the Spark session already started)."""
-        return cls(spark, settings_for(kafka, catalog), catalog.load(), slack)
+from kafka_iceberg.ops.rota import FULL_CHECK, MaintenanceRota
 
 
 class WorkerChores:
@@ -170,7 +144,9 @@ class WorkerChores:
         if chore is None:
             return False
         what, identifier, kind = chore
-        if what == "maintain":
+        if what == "maintain" and kind == FULL_CHECK:
+            self._start_full_check(identifier)
+        elif what == "maintain":
             self.maintain(self.tables[identifier].spec, kind)
         elif what == "trim":
             self._trim(identifier, kind)
@@ -260,6 +236,12 @@ class WorkerChores:
         future = self._thread.submit(self.evaluate, state.spec, state.checked_after, self.context.run_id)
         self.running = Chore(identifier, self.clock.now(), state.checked_after, future, CHECK)
 
+    def _start_full_check(self, identifier: str) -> None:
+        """Start the scheduled full-scan check of ``identifier`` in the background thread (:meth:`full_check`)."""
+        started_ms, state = self._mark(identifier, FULL_CHECK), self.tables[identifier]
+        future = self._thread.submit(self.full_check, state.spec, started_ms)
+        self.running = Chore(identifier, self.clock.now(), state.checked_after, future, FULL_CHECK)
+
     def _collect(self) -> None:
         """Wait for the running check or expiry, if any, and log its evaluation or observation. One that
         raised (the catalog unreachable) is logged and alerted, never raised: the worker goes on. A failed
@@ -270,6 +252,14 @@ class WorkerChores:
             return
         identifier, started, after, future, what = self.running
         self.running, spec = None, self.tables[identifier].spec
+        if what == FULL_CHECK:
+            try:
+                self.reports.full_check(spec, future.result())
+            except Exception as exc:  # noqa: BLE001 - the cron's next tick tries again
+                self._alert(spec, FULL_CHECK, exc)
+                return
+            self.alerts.ok(spec, FULL_CHECK, self.clock.epoch_ms())
+            return
         if what != CHECK:
             try:
                 self.observe(spec, future.result(), routine=True)
@@ -326,38 +316,14 @@ class WorkerChores:
         after: int | None,
         run_id: str,
     ):
-        """Run the maintenance job ``kind`` on ``spec``'s table (:func:`kafka_iceberg.ops.rota.run_job`;
-        an expiry keeps what the next check of run ``run_id``'s rows after snapshot ``after`` reads, and
-        :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more; a group member's compaction first
-        completes its group, :attr:`members`) and record that it ran
-        at ``started_ms`` (ms since epoch; when the table's own commits refuse that record three times,
-        the result's output says ``last_run_not_recorded``, and the rota of a later run may run the job
-        again at its next tick). ``concurrent``: the table's micro-batches commit meanwhile (a compaction
-        first sets :data:`CONCURRENT_COMMIT_RETRIES`). Returns its ``MaintenanceResult``; raises what Spark
-        or the catalog raise. May run in the background thread: it reads only its arguments and ``env``."""
-        env = self.env
-
-        def keep(view) -> int:
-            return (snapshots_to_keep(view, run_id, after) or 1) + CONCURRENT_COMMITS
-
-        def view():
-            return metadata_view(load_table(env.catalog, spec.identifier))
-
-        if concurrent and kind == "compact":
-            set_table_property(
-                env.catalog,
-                spec.identifier,
-                "commit.retry.num-retries",
-                str(CONCURRENT_COMMIT_RETRIES),
-                unless_set=True,
-            )
-        lake, members = Lake(env.spark, env.settings, None, env.catalog), self.members.get(group_of(spec), ())
-        result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep, lake=lake, members=members)
-        try:
-            record_run(env.catalog, spec.identifier, kind, started_ms)
-        except CommitFailedException as exc:  # the job committed; only its time is not recorded
-            result.output["last_run_not_recorded"] = str(exc)
-        return result
+        """Run the maintenance job ``kind`` on ``spec``'s table and record it
+        (:func:`~kafka_iceberg.lake_assets.chore_jobs.maintenance_job`, with the group's :attr:`members`).
+        Returns its ``MaintenanceResult``; raises what Spark or the catalog raise. May run in the background
+        thread: it reads only its arguments, ``env`` and :attr:`members`."""
+        members = self.members.get(group_of(spec), ())
+        return maintenance_job(
+            self.env, spec, kind, started_ms, members=members, concurrent=concurrent, after=after, run_id=run_id
+        )
 
     def observe(self, spec: TableSpec, result, routine: bool = False) -> None:
         """Report a maintenance job's ``MaintenanceResult`` as an ``AssetObservation`` of ``spec``'s table;
@@ -366,15 +332,16 @@ class WorkerChores:
 
     def evaluate(self, spec: TableSpec, after: int | None, run_id: str) -> tuple[int | None, checks.CheckOutcome]:
         """(main's snapshot id, the ``duplicate_free`` outcome) of ``spec``'s table over the rows run
-        ``run_id``'s commits added after snapshot ``after``. Reads the catalog and the data files (Spark for
-        a full scan, :func:`~kafka_iceberg.ops.checks.duplicate_free`); raises what they raise.
-        Runs in the background thread: it reads only its arguments and ``env``."""
-        env = self.env
-        table = load_table(env.catalog, spec.identifier)
-        outcome = checks.duplicate_free(
-            env.spark, qualified(env.settings, spec), spec, table, commit_id=run_id, after=after
-        )
-        return outcome.snapshot_id, outcome
+        ``run_id``'s commits added after snapshot ``after``
+        (:func:`~kafka_iceberg.lake_assets.chore_jobs.incremental_check`); raises what it raises. Runs in the
+        background thread: it reads only its arguments and ``env``."""
+        return incremental_check(self.env, spec, after, run_id)
+
+    def full_check(self, spec: TableSpec, started_ms: int) -> checks.CheckOutcome:
+        """The scheduled full-scan ``duplicate_free`` outcome of ``spec``'s table, its run recorded at
+        ``started_ms`` (:func:`~kafka_iceberg.lake_assets.chore_jobs.full_check`); raises what it raises. Runs
+        in the background thread: it reads only its arguments and ``env``."""
+        return full_check(self.env, spec, started_ms)
 
     def report(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Report ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation (a pass at most once per

@@ -57,7 +57,7 @@ def test_dg_list_defs_lists_every_table_asset_check_sensor_and_schedule(tmp_path
         assert f"lake/{namespace}/{table}" in assets
         assert sources[f"lake/{namespace}/{table}"].startswith("kafka_iceberg/defs/nyc/defs.yaml")  # the Component
         assert {f"lake/{namespace}/{table}:{c}" for c in ("duplicate_free", "freshness", "quarantine")} <= checks
-        assert f"duplicate_free_full_{spec.name}_schedule" in schedules  # the worker runs do the maintenance
+    assert schedules == set(), "the worker runs maintain and fully check every table by its crons"
     # the per-location definitions, once: the demo's downstream asset and the shared sensors
     assert "lake/analytics/hourly_departure_delay" in assets
     assert {"lake_workers", "lake_retention", "run_liveness", "run_failure_alert_sensor"} <= sensors
@@ -322,7 +322,7 @@ def test_the_component_builds_what_the_same_declarations_build_as_a_tables_file(
     assert specs == file_specs == load_table_specs(tables)
     component, file = _names(from_component), _names(from_file)
     assert component == file
-    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and len(component["schedules"]) == 4
+    assert len(component["assets"]) == 9 and len(component["checks"]) == 12 and component["schedules"] == set()
 
 
 def _team_project(root: Path) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey
+from dagster import AssetCheckKey, AssetKey
 
 from devtools.services.devbroker import free_port
 from kafka_iceberg.config.settings import CHECKOUT, load_settings
@@ -251,7 +251,10 @@ def test_the_definitions_hold_each_pattern_table_with_its_checks_sensors_and_sch
     repo = defs.get_repository_def()
     for spec in specs:
         assert repo.asset_graph.has(AssetKey(["lake", *spec.identifier.split(".")]))
-        assert repo.has_schedule_def(f"duplicate_free_full_{spec.name}_schedule")
+        assert (
+            AssetCheckKey(AssetKey(["lake", *spec.identifier.split(".")]), "duplicate_free")
+            in repo.asset_checks_defs_by_key
+        )
     assert all(s.identifier in repo.get_job("lake_worker_0").description for s in specs), "one worker serves them"
 
 
@@ -301,7 +304,7 @@ def test_a_broker_down_at_load_leaves_the_location_loading_without_pattern_table
     assert [s.name for s in specs] == ["p1"]
     assert "tables from topic patterns are not loaded" in caplog.text
     assert "Reload the code location once the broker answers" in caplog.text
-    assert build_definitions(settings, specs).get_repository_def().has_schedule_def("duplicate_free_full_p1_schedule")
+    assert build_definitions(settings, specs).get_repository_def().asset_graph.has(AssetKey(["lake", "plain", "p1"]))
 
 
 def _change(op: str, i: int, name: str | None, lsn: int) -> tuple[bytes, bytes]:

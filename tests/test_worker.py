@@ -364,6 +364,7 @@ def test_the_rota_finds_the_oldest_missed_tick_and_reads_last_runs_from_properti
         "compact": 123,
         "expire_snapshots": 7,
         "remove_orphan_files": 7,
+        "full_check": 7,
     }
     assert last_runs({}, None)["compact"] is None
     crons = {"n.a": {"compact": "0 * * * *", "expire_snapshots": "30 * * * *"}, "n.b": {"compact": "10 * * * *"}}
@@ -565,8 +566,8 @@ def test_workers_serve_every_table_by_default_and_their_sensors_run_unclicked(la
     assert all(s.default_status == DefaultSensorStatus.RUNNING for s in sensors.values())
     workers = {j.name for j in defs.jobs if j.name.startswith("lake_worker_")}
     assert workers == {"lake_worker_0"}
-    # the workers do the maintenance; only the full-scan checks keep their schedules
-    assert {s.name for s in defs.schedules} == {f"duplicate_free_full_w{i}_schedule" for i in range(5)}
+    # the workers do the maintenance and the full-scan checks: no schedule
+    assert list(defs.schedules) == []
     two = build_definitions(load_settings(env={**lake_env, "LAKE_WORKERS": "2"}), specs)
     assert {"lake_worker_0", "lake_worker_1"} <= {j.name for j in two.jobs}
 

@@ -28,6 +28,7 @@ import os
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -119,13 +120,14 @@ class GroupSampler(threading.Thread):
     def __init__(self, sid: int):
         super().__init__(daemon=True)
         self.sid, self.peak_rss, self.cpu_s = sid, 0, {}
+        self.at_peak: list[tuple[int, str]] = []  # (bytes, command) of each process at the peak
         self.stop_event = threading.Event()
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE")
         while not self.stop_event.wait(1.0):
-            rss = 0
+            rss, procs = 0, []
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -135,8 +137,22 @@ class GroupSampler(threading.Thread):
                 if int(fields[3]) != self.sid:  # field 6 of stat: the session id
                     continue
                 rss += int(fields[21]) * page
+                procs.append((int(fields[21]) * page, _command(pid)))
                 self.cpu_s[pid] = (int(fields[11]) + int(fields[12])) / self.tick
-            self.peak_rss = max(self.peak_rss, rss)
+            if rss > self.peak_rss:
+                self.peak_rss, self.at_peak = rss, sorted(procs, reverse=True)
+
+
+def _command(pid: str) -> str:
+    """A short name of process ``pid``: java, or the Dagster command (daemon, code server, a run's job)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "?"
+    if argv and argv[0].endswith("java"):
+        return "java"
+    words = [a for a in argv[1:] if a and not a.startswith("-")]
+    return " ".join(Path(w).name if "/" in w else w for w in words[:4])[:60] or "?"
 
 
 def behind(settings: Settings, kafka: KafkaMetadata, tables: set[str]) -> set[str]:
@@ -288,12 +304,13 @@ def _commits_after(settings: Settings, topics: list[str], started_ms: float) -> 
     return out
 
 
-def _runs(home: Path) -> int:
+def _runs(home: Path) -> dict[str, int]:
+    """Runs of the deployment at ``home``, counted by job name."""
     from dagster import DagsterInstance
 
     os.environ["DAGSTER_HOME"] = str(home)
     with DagsterInstance.get() as instance:
-        return instance.get_runs_count()
+        return dict(Counter(r.job_name for r in instance.get_runs()))
 
 
 def run_many(args, tmp: Path, settings: Settings) -> dict:
@@ -427,10 +444,12 @@ def _print_many(n, workers, steady, backlog, sampler, wall, runs) -> dict:
         )
     say(f"  exactly once: {exact} of {n} tables (count = distinct (partition, offset) = produced)")
     say(
-        f"  runs launched {runs}; peak resident memory {sampler.peak_rss / 2**30:.2f} GiB "
+        f"  runs launched {sum(runs.values())} ({', '.join(f'{j} x{c}' for j, c in sorted(runs.items()))}); "
+        f"peak resident memory {sampler.peak_rss / 2**30:.2f} GiB "
         f"(daemon, code server, runs, JVMs){'  |  goal <= 3 GiB' if n > 1 else ''}; "
         f"CPU {sum(sampler.cpu_s.values()) / wall:.2f} cores on average"
     )
+    say("    at the peak: " + ", ".join(f"{cmd} {b / 2**20:,.0f} MiB" for b, cmd in sampler.at_peak[:8]))
     say(
         f"  backlog {backlog['records']:,} records drained in {backlog['drain_s']:.1f} s = {backlog['rate']:,.0f} "
         f"records/s against raw consume {backlog['raw_rate']:,.0f} records/s: ratio {backlog['ratio']:.3f} "

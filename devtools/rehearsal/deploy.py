@@ -21,8 +21,9 @@ What it shows, in order: producers write to two declared tables (and a third, ``
 a micro-batch is in flight and the next run recovers; the code server's pod is deleted (its LAKE_HOME, an
 emptyDir, goes with it) and created again; the producers stop and both tables are reconciled record by
 record (:func:`devtools.rehearsal.run.reconcile`): 0 lost, 0 duplicated. Last, rows of ``audit`` are
-written twice outside the write path; its scheduled full-scan ``duplicate_free`` check (a run the daemon
-launches) fails, and the Slack stand-in receives that check's alert once, however often the check fails again.
+written twice outside the write path; its full-scan ``duplicate_free`` check, which the worker run serving it
+runs every minute by the table's ``maintenance.full_check`` cron, fails, and the Slack stand-in receives that
+check's alert once, however often the check fails again.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from kafka_iceberg.catalog.config import catalog_config_from_env
 from kafka_iceberg.catalog.tables import load_table, read_state
 from kafka_iceberg.declaration.spec import parse_table_spec
 from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata
+from kafka_iceberg.lake_assets.vocabulary import table_key
 
 BIN = Path(sys.executable).parent
 BUCKET = "lake-warehouse"
@@ -81,7 +83,6 @@ class Deployment:
     lake_env: dict = field(default_factory=dict)
     daemon_env: dict = field(default_factory=dict)
     workspace: Path | None = None
-    audit_schedule: str = ""
 
     @property
     def image_root(self) -> Path:
@@ -98,7 +99,7 @@ class Deployment:
 
 def _tables(bootstrap: str) -> dict[str, dict]:
     """Three declarations (rehearsal.<name>): two tables ingested exactly once, and ``audit`` whose
-    full-scan check runs every minute once started."""
+    full-scan check runs every minute."""
     config = KafkaConfig(bootstrap, {}, 20.0)
     suffix = uuid.uuid4().hex[:6]
     out = {}
@@ -243,10 +244,6 @@ def deploy(dep: Deployment, slack: SlackRecorder) -> tuple[K8sStandIn, Path, obj
     workspace = home / "workspace.yaml"
     entry = {"grpc_server": {"host": "127.0.0.1", "port": dep.code_port, "location_name": kit.deployment()["name"]}}
     workspace.write_text(yaml.safe_dump({"load_from": [entry]}))
-    audit_schedule = f"duplicate_free_full_{dep.specs['audit'].name}_schedule"
-    _dagster(
-        ["dagster", "schedule", "stop", audit_schedule, "-w", str(workspace)], daemon_env, dep.work / "instance.log"
-    )
     with open(dep.work / "daemon.log", "ab") as out:
         daemon = subprocess.Popen(
             [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)],
@@ -256,7 +253,7 @@ def deploy(dep: Deployment, slack: SlackRecorder) -> tuple[K8sStandIn, Path, obj
             start_new_session=True,
         )
     dep.started.append(("dagster-daemon", lambda: stop_daemon(daemon, grace_s=30)))
-    dep.daemon_env, dep.workspace, dep.audit_schedule = daemon_env, workspace, audit_schedule
+    dep.daemon_env, dep.workspace = daemon_env, workspace
     return standin, home, DagsterInstance.from_config(str(home))
 
 
@@ -447,33 +444,23 @@ def _launched_by_daemon(run) -> bool:
 
 
 def phase_check_alert(dep: Deployment, catalog, slack: SlackRecorder, instance, checks: dict) -> int:
-    """Rows of ``audit`` written twice outside the write path; its scheduled full-scan check fails and
-    alerts once. Returns the number of that check's failure alerts."""
+    """Rows of ``audit`` written twice outside the write path; the full-scan check the worker runs on it every
+    minute fails, and alerts once. Returns the number of that check's failure alerts."""
     say("== a check failure reaches Slack once")
     spec = dep.specs["audit"]
     wait_for(lambda: lag(dep, catalog, "audit") == 0, 600, 3.0)
     table = load_table(catalog, spec.identifier)
     copies = table.scan(limit=5).to_arrow()
+    since = time.time()
     table.append(copies)  # a writer outside the lake: 5 (partition, offset) records twice
     say(f"   {copies.num_rows} rows of {spec.identifier} appended again by a writer outside the lake")
-    _dagster(
-        ["dagster", "schedule", "start", dep.audit_schedule, "-w", str(dep.workspace)],
-        dep.daemon_env,
-        dep.work / "instance.log",
-    )
-
-    def finished_checks() -> list:
-        return [
-            r for r in all_runs(instance) if r.tags.get("dagster/schedule_name") == dep.audit_schedule and r.is_finished
-        ]
-
-    done = wait_for(lambda: len(finished_checks()) >= 2, 900, 5.0)
-    verdicts = [v for r in finished_checks() for v in check_verdicts(instance, r.run_id)]
-    checks["two scheduled full-scan evaluations of the check failed"] = bool(done) and verdicts.count(False) >= 2
+    done = wait_for(lambda: len(full_scan_verdicts(instance, spec, since)) >= 2, 900, 5.0)
+    verdicts = full_scan_verdicts(instance, spec, since)
+    checks["two full-scan evaluations of the check failed"] = bool(done) and verdicts.count(False) >= 2
     ours = [m for m in slack.messages if spec.identifier in m and "duplicate_free" in m]
     failures = [m for m in ours if "passes again" not in m]
     checks["the check's failure reached Slack exactly once"] = len(failures) == 1
-    say(f"   full-scan check runs finished: {len(finished_checks())}, their verdicts (passed): {verdicts}")
+    say(f"   full-scan evaluations by the worker runs since the append (passed): {verdicts}")
     say(
         f"   Slack: {len(slack.messages)} messages in all, "
         f"{len(failures)} duplicate_free failure alert(s) for {spec.identifier}"
@@ -483,14 +470,20 @@ def phase_check_alert(dep: Deployment, catalog, slack: SlackRecorder, instance, 
     return len(failures)
 
 
-def check_verdicts(instance, run_id: str) -> list[bool]:
-    """The ``passed`` of every asset check evaluation logged by run ``run_id``."""
+def full_scan_verdicts(instance, spec, since: float) -> list[bool]:
+    """The ``passed`` of every full-scan ``duplicate_free`` evaluation of ``spec``'s table that a worker run
+    logged after ``since`` (seconds since epoch), oldest first."""
     from dagster import DagsterEventType
 
-    return [
-        e.dagster_event.event_specific_data.passed
-        for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
-    ]
+    key = table_key(spec)
+    out = []
+    for run in worker_runs(instance):
+        for entry in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+            evaluation = entry.dagster_event.event_specific_data
+            scope = evaluation.metadata.get("scope")
+            if evaluation.asset_key == key and scope is not None and scope.value == "full" and entry.timestamp > since:
+                out.append((entry.timestamp, evaluation.passed))
+    return [passed for _, passed in sorted(out)]
 
 
 def rehearse(work: Path, bootstrap: str) -> tuple[dict[str, bool], list[Tally], str]:

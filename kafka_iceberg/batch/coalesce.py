@@ -148,6 +148,10 @@ class Throttle(Generic[T]):
             return self.held.pop(key)
         return None
 
+    def discard(self, key: Hashable) -> None:
+        """Forget the item held for ``key``, if any (a newer verdict of another kind supersedes it)."""
+        self.held.pop(key, None)
+
     def drain(self) -> dict[Hashable, tuple[T, int]]:
         """Every held item with its count, to report now; nothing is held afterwards."""
         out, self.held = self.held, {}

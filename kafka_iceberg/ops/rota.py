@@ -1,8 +1,9 @@
-"""Maintenance inside worker runs (``LAKE_WORKERS`` >= 1). Plain Python, no Dagster.
+"""Maintenance inside worker runs. Plain Python, no Dagster.
 
-A worker run compacts, expires snapshots of and removes orphan files from the tables it serves,
-on its own warm Spark session, between micro-batches, one job at a time: no maintenance run of its
-own queues for the commit pool, starts a JVM, or makes the worker hand over. A job is due when a
+A worker run compacts, expires snapshots of and removes orphan files from the tables it serves, and
+runs their scheduled full-scan ``duplicate_free`` checks, on its own warm Spark session, between
+micro-batches, one job at a time: no run of its own queues for the commit pool, starts a JVM, or
+makes the worker hand over. A job is due when a
 tick of its table's (spread) cron has passed since its last run. The time of the last run lives in
 a table property, ``lake.maintenance.<kind>.last-run-ms`` (ms since epoch), so every worker run, and
 any worker a table moves to, knows it; a table without it counts from its first snapshot.
@@ -30,15 +31,22 @@ from kafka_iceberg.ops.maintenance import MaintenanceResult
 KINDS = ("compact", "expire_snapshots", "remove_orphan_files")
 """The maintenance jobs a worker runs, in the order they go when due together."""
 
+FULL_CHECK = "full_check"
+"""The scheduled full-scan ``duplicate_free`` check (``maintenance.full_check``): due by its cron like a
+maintenance job, after them when due together; it reads the table and commits only its last-run property."""
+
+JOBS = (*KINDS, FULL_CHECK)
+"""Every job of the rota, in the order they go when due together."""
+
 LAST_RUN_PROPERTY = "lake.maintenance.{kind}.last-run-ms"
 """Table property holding when the job ``kind`` last ran on the table (ms since epoch)."""
 
 
 def last_runs(properties: Mapping[str, str], first_snapshot_ms: int | None) -> dict[str, int | None]:
-    """Per job kind, when it last ran (ms since epoch): the table property, else the table's first
-    snapshot (``first_snapshot_ms``), else None (a table with no snapshot has nothing to maintain)."""
+    """Per job kind (:data:`JOBS`), when it last ran (ms since epoch): the table property, else the table's
+    first snapshot (``first_snapshot_ms``), else None (a table with no snapshot has nothing to maintain)."""
     out = {}
-    for kind in KINDS:
+    for kind in JOBS:
         raw = properties.get(LAST_RUN_PROPERTY.format(kind=kind))
         out[kind] = int(raw) if raw and raw.isdigit() else first_snapshot_ms
     return out
@@ -68,10 +76,10 @@ class MaintenanceRota:
         for identifier, crons in self.crons.items():
             if identifier in skip:
                 continue
-            for kind in (k for k in KINDS if k not in held):
+            for kind in (k for k in JOBS if k not in held):
                 tick = self._tick(identifier, kind, crons)
                 if tick is not None and tick <= now_ms:
-                    due.append((tick, KINDS.index(kind), identifier, kind))
+                    due.append((tick, JOBS.index(kind), identifier, kind))
         return min(due)[2:] if due else None
 
     def _tick(self, identifier: str, kind: str, crons: dict[str, str]) -> int | None:
@@ -209,6 +217,8 @@ def rota_for(tables: dict[str, object], crons: dict[str, dict[str, str]]) -> Mai
 
 
 __all__ = [
+    "FULL_CHECK",
+    "JOBS",
     "KINDS",
     "LAST_RUN_PROPERTY",
     "MaintenanceRota",
