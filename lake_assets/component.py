@@ -10,9 +10,9 @@ line; ``{{ env.X }}`` templates are resolved by Dagster when the instance loads;
 parsed into a :class:`~kafka_iceberg.declaration.spec.TableSpec` exactly as a ``tables.yaml`` entry is.
 
 One instance is all a code location needs (:func:`lake_definitions`): per table the topic and
-table assets, their checks, the full-check schedules (:func:`table_definitions`); and once per
+table assets and their checks (:func:`table_definitions`); and once per
 instance its resources under its own keys (:class:`~kafka_iceberg.resources.ResourceKeys`), the
-worker jobs that serve and maintain its tables with their sensors (``lake_workers``,
+worker jobs that serve, maintain and fully check its tables with their sensors (``lake_workers``,
 ``lake_retention``), the replay job, the executor; with ``location_sensors`` the run-failure alert and
 run-liveness sensors. Several instances (two Kafka clusters, two catalogs) live in one code location
 when their key prefixes differ and one of them brings the location's sensors; their tables must not
@@ -46,8 +46,8 @@ from kafka_iceberg.lake_assets.quality import quarantine_check
 from kafka_iceberg.lake_assets.replay import replay_job
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
 from kafka_iceberg.lake_assets.worker import worker_job
-from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, default_resources
+from kafka_iceberg.schedules.spread import maintenance_crons
 
 DEFS_FILE = "defs.yaml"
 SHIPPED_DEFS = "kafka_iceberg.defs"
@@ -279,7 +279,7 @@ def lake_definitions(
     demo = SOURCE_TABLES <= {s.identifier for s in specs} and keys == LAKE_KEYS  # it takes lake_pyspark, lake_reader
     workers = worker_count(len(specs), sqlite, os.cpu_count(), settings.stream.workers)
     groups = assign_workers(specs, workers) if specs else {}
-    crons = maintenance_crons(specs)  # spread over every table, as the schedules would be
+    crons = maintenance_crons(specs)  # spread over every table of the location
     workers_jobs = [worker_job(k, group, sqlite, crons, keys) for k, group in groups.items() if group]
     lake = dg.Definitions(
         assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],

@@ -71,7 +71,6 @@ from kafka_iceberg.ops import metrics
 from kafka_iceberg.ops.episodes import FAILED_TABLES_TAG
 from kafka_iceberg.ops.niceness import lower_cpu_priority
 from kafka_iceberg.ops.rota import rota_for
-from kafka_iceberg.ops.spread import maintenance_crons
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys, settings_for
 
 IDLE_S = 60.0
@@ -325,16 +324,16 @@ def worker_job(
     index: int,
     specs: list[TableSpec],
     sqlite_catalog: bool,
-    crons: dict[str, dict[str, str]] | None = None,
+    crons: dict[str, dict[str, str]],
     keys: ResourceKeys = LAKE_KEYS,
 ) -> JobDefinition:
     """The job ``lake_worker_<index>``: ``warm`` (the Spark session), ``serve`` (``specs``, their chores), ``check``
     (the checks still pending, outside the pool). The serving op runs their maintenance under
-    ``crons`` (identifier -> job kind -> cron, UTC; default: spread among ``specs``). On a SQLite
+    ``crons`` (identifier -> job kind -> cron, UTC: :func:`kafka_iceberg.schedules.spread.maintenance_crons`
+    over every table of the location; a table without crons is never maintained by cron). On a SQLite
     catalog its op holds the one commit pool; otherwise a pool of its own (``lake/worker/<index>``,
     limit 1 by default; another lake's under its key prefix, :func:`worker_pool`)."""
     name = keys.name(worker_job_name(index))
-    crons = crons or maintenance_crons(specs)
     pool = SQLITE_POOL if sqlite_catalog else worker_pool(index, keys.name(""))
 
     @op(

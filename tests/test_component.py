@@ -226,7 +226,7 @@ def test_two_lakes_with_workers_have_their_own_worker_jobs_and_sensors(tmp_path,
     # off SQLite each lake's worker holds a pool of its own, so neither hands over to the other's runs
     pools = {}
     for prefix in ("lake_", "web_"):
-        job = worker_job(0, specs, sqlite_catalog=False, keys=ResourceKeys(prefix))
+        job = worker_job(0, specs, sqlite_catalog=False, crons={}, keys=ResourceKeys(prefix))
         pools[job.name] = job.graph.node_named(f"serve_{job.name}").definition.pool
     assert pools == {"lake_worker_0": "lake/worker/0", "web_lake_worker_0": "lake/worker/web_0"}
 

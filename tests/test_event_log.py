@@ -110,7 +110,7 @@ def test_a_worker_run_committing_many_micro_batches_writes_a_bounded_number_of_e
     produce(kafka_config, topic, event_records(range(600)))
     spec = make_spec(unique, topic, max_records_per_partition=20)  # 30 micro-batches
     instance = DagsterInstance.ephemeral()
-    job = worker_job(0, [spec], sqlite_catalog=True)
+    job = worker_job(0, [spec], sqlite_catalog=True, crons={})
     t0 = time.monotonic()
     tags = {"dagster/sensor_name": "lake_workers", BUDGET_TAG: "1800"}  # serves until nothing waits
     resources = default_resources(settings)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from dagster import Definitions
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
@@ -33,10 +32,10 @@ from kafka_iceberg.batch.recovery import attempt_branch
 from kafka_iceberg.catalog.group_view import read_group
 from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.config.settings import load_settings
+from kafka_iceberg.declaration.groups import group_of, member_identifiers
 from kafka_iceberg.declaration.spec import parse_declarations
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.resources import default_resources
-from kafka_iceberg.schedules import all_schedules
+from kafka_iceberg.lake_assets.chore_jobs import ChoreEnv, maintenance_job
 from kafka_iceberg.state import ancestors, group_record, group_summary, ingest_summary, overlapping_batches
 from tests.test_group_batch import COLUMNS, _change, _end, _rows, _specs
 
@@ -200,7 +199,7 @@ def test_a_compaction_of_the_member_a_crash_left_short_first_rolls_the_group_for
     staged = _staged(catalog, orders)
     assert [group_record(s)["seq"] for s in staged.values()] == [6]
 
-    done = _run_job(settings, specs, f"compact_{unique}_orders")  # workers=0: the scheduled compaction
+    done = _run_job(spark, settings, catalog, specs, "compact", specs[1])  # the compaction its cron makes due
     assert (done["data_files_before"], done["data_files_after"]) == (6, 1)  # commit 6's data file is compacted too
     compacted = metadata_view(catalog.load_table(orders))
     assert compacted.snapshots[compacted.main].summary["operation"] == "replace"
@@ -220,14 +219,9 @@ def test_a_compaction_of_the_member_a_crash_left_short_first_rolls_the_group_for
         assert overlapping_batches(chain) == [] and sum(int(s.summary.get("kafka.records", 0)) for s in chain) == 6
 
 
-def _run_job(settings, specs, name: str) -> dict:
-    """Run the scheduled maintenance job ``name`` of ``specs``' location (no worker runs) in process; returns
-    its observation's metadata."""
-    schedules = [s for s in all_schedules(specs, sqlite_catalog=True) if s.job.name == name]
-    result = Definitions(schedules=schedules, resources=default_resources(settings)).resolve_job_def(name)
-    result = result.execute_in_process()
-    assert result.success
-    (seen,) = [
-        e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
-    ]
-    return {k: v.value for k, v in seen.metadata.items()}
+def _run_job(spark, settings, catalog, specs, kind: str, spec) -> dict:
+    """Run the maintenance job ``kind`` on ``spec``'s table as the worker run serving ``specs`` does when its cron
+    ticks (a group member's compaction completes its group first); returns its observation's metadata."""
+    members = member_identifiers(specs)[group_of(spec)]
+    env = ChoreEnv(spark, settings, catalog, None)
+    return maintenance_job(env, spec, kind, 0, members=members, after=None, run_id="r").as_metadata()

@@ -5,9 +5,6 @@
   under deploy/helm/vendor/. The schema's Kubernetes object types ``$ref`` kubernetesjsonschema.dev;
   with no network here those resolve to an accept-all schema (the chart's own structure and types
   are checked, not the inside of Kubernetes objects).
-* deploy/helm/instance-values.yaml (the snippet for the team's existing ``dagster/dagster`` release)
-  is translated into the dagster.yaml blocks the chart renders from it and validated by Dagster's own
-  instance config schema; its keys are checked against the chart's value models.
 * The run pod the instance's K8sRunLauncher builds for this location carries the location's env
   sources, env (SPARK_LOCAL_IP from the pod IP) and volumes (dagster-k8s's own job builder).
 """
@@ -25,7 +22,6 @@ import jsonschema
 import kubernetes
 import pytest
 import yaml
-from dagster._core.instance.config import dagster_instance_config
 from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
@@ -45,11 +41,6 @@ def load_yaml(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def values() -> dict:
     return load_yaml(HELM / "values.yaml")
-
-
-@pytest.fixture(scope="module")
-def instance_values() -> dict:
-    return load_yaml(HELM / "instance-values.yaml")
 
 
 def user_deployments_validator() -> jsonschema.protocols.Validator:
@@ -103,7 +94,7 @@ def test_code_location_module_env_and_spark_local_ip(values):
     assert values["global"]["postgresqlSecretName"] == values["postgresqlSecretName"]
 
 
-def test_values_hold_no_secret_literal(values, instance_values):
+def test_values_hold_no_secret_literal(values):
     """Credentials reach pods only through Secrets: no password, token or key value in the files."""
 
     def walk(node, path=""):
@@ -116,77 +107,17 @@ def test_values_hold_no_secret_literal(values, instance_values):
         else:
             yield path, node
 
-    for doc in (values, instance_values):
-        suspicious = [
-            p
-            for p, v in walk(doc)
-            if isinstance(v, str)
-            and any(w in p.lower() for w in ("password", "token", "secretkey", "accesskey"))
-            and not p.lower().endswith("secretname")
-        ]
-        assert suspicious == []
+    suspicious = [
+        p
+        for p, v in walk(values)
+        if isinstance(v, str)
+        and any(w in p.lower() for w in ("password", "token", "secretkey", "accesskey"))
+        and not p.lower().endswith("secretname")
+    ]
+    assert suspicious == []
     configmap = load_yaml(DEPLOY / "k8s" / "lake-env.configmap.yaml")
     assert not any(w in k for k in configmap["data"] for w in ("PASSWORD", "TOKEN", "SECRET"))
     assert "SPARK_LOCAL_IP" not in configmap["data"]  # the pod sets it from its own IP
-
-
-# The main chart's defaults (helm/dagster/values.yaml of dagster 1.13.x) for the instance settings a team
-# shares: the snippet must leave each of them as the team has it. dagster.yaml's names on the right.
-CHART_DEFAULTS = {
-    ("dagsterDaemon", "runRetries", "enabled"): True,
-    ("dagsterDaemon", "runRetries", "maxRetries"): 0,
-    ("dagsterDaemon", "runCoordinator", "enabled"): True,
-    ("dagsterDaemon", "runMonitoring", "enabled"): True,
-}
-SHARED = {
-    ("dagsterDaemon",): "run coordinator, run monitoring, run retries (every team's runs)",
-    ("computeLogManager",): "every team's step logs",
-    ("concurrency", "pools"): "the default limit and granularity of every team's pools",
-    ("runLauncher",): "every team's run pods",
-}
-LAKE_TAGS = ("lake/",)
-
-
-def leaves(node, path=()):
-    """(path, value) of every leaf of a values document; a list is one leaf (helm replaces lists)."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from leaves(v, (*path, k))
-    else:
-        yield path, node
-
-
-def test_instance_snippet_sets_nothing_outside_the_lakes_own_names(instance_values):
-    """Additive: no shared instance setting (pools' default limit or granularity, run retries, run
-    monitoring, the run coordinator, the compute-log manager); tag limits only on the lake's own tags."""
-    for path, value in leaves(instance_values):
-        assert not any(path[: len(p)] == p for p in SHARED), f"{'.'.join(path)} is shared: {SHARED}"
-        if path == ("concurrency", "runs", "tagConcurrencyLimits"):
-            assert value and all(e["key"].startswith(LAKE_TAGS) for e in value), value
-        elif path == ("concurrency", "enabled"):
-            assert value is True  # renders the concurrency block; sets no limit by itself
-        else:
-            raise AssertionError(f"{'.'.join(path)}: not one of the lake's own names")
-    for path, default in CHART_DEFAULTS.items():
-        node = instance_values
-        for key in path:
-            node = node.get(key, {}) if isinstance(node, dict) else {}
-        assert node in ({}, default), f"{'.'.join(path)} must stay the chart's default {default}"
-
-
-def test_instance_snippet_renders_a_valid_dagster_yaml(instance_values, tmp_path):
-    rendered = {
-        "concurrency": {
-            "runs": {"tag_concurrency_limits": instance_values["concurrency"]["runs"]["tagConcurrencyLimits"]}
-        },
-        "telemetry": {"enabled": False},
-    }
-    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(rendered))
-    checked, _ = dagster_instance_config(str(tmp_path))  # raises DagsterInvalidConfigError when invalid
-    assert "pools" not in checked["concurrency"]
-    # the maintenance limit is the one of the repository's dev instance
-    local = load_yaml(ROOT / "dagster.yaml")
-    assert checked["concurrency"]["runs"] == local["concurrency"]["runs"]
 
 
 def test_the_lakes_pools_and_run_tags_are_its_own():

@@ -9,14 +9,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dagster import Definitions
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
 from kafka_iceberg.errors import LakeError
+from kafka_iceberg.lake_assets.chore_jobs import ChoreEnv, maintenance_job
 from kafka_iceberg.ops.checks import duplicate_free
-from kafka_iceberg.resources import default_resources
-from kafka_iceberg.schedules import all_schedules
+from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY
+from kafka_iceberg.schedules.spread import maintenance_crons
 from kafka_iceberg.state import state_at
 from tests.helpers import (
     current_table,
@@ -36,15 +36,13 @@ def _ingest_in_batches(spark, settings, spec, kafka, catalog):
             return
 
 
-def _run_job(settings, spec, kind):
-    (schedule,) = [s for s in all_schedules([spec], sqlite_catalog=True) if s.name == f"{kind}_{spec.name}_schedule"]
-    defs = Definitions(schedules=[schedule], resources=default_resources(settings))
-    result = defs.resolve_job_def(f"{kind}_{spec.name}").execute_in_process()
-    assert result.success
-    (observation,) = [
-        e.event_specific_data.asset_observation for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
-    ]
-    return {k: v.value for k, v in observation.metadata.items()}
+def _run_job(spark, settings, catalog, spec, kind):
+    """Run the maintenance job ``kind`` as a worker run does when its cron ticks; returns its observation's
+    metadata (``MaintenanceResult.as_metadata``) and checks that its last run was recorded."""
+    started_ms = int(time.time() * 1000)
+    result = maintenance_job(ChoreEnv(spark, settings, catalog, None), spec, kind, started_ms, after=None, run_id="r")
+    assert catalog.load_table(spec.identifier).properties[LAST_RUN_PROPERTY.format(kind=kind)] == str(started_ms)
+    return result.as_metadata()
 
 
 def test_maintenance_keeps_offsets_and_exactly_once(
@@ -61,12 +59,12 @@ def test_maintenance_keeps_offsets_and_exactly_once(
     )
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
 
-    compacted = _run_job(settings, spec, "compact")
+    compacted = _run_job(spark, settings, catalog, spec, "compact")
     assert compacted["data_files_before"] >= 5 and compacted["data_files_after"] < compacted["data_files_before"]
     assert compacted["bytes_after"] < compacted["bytes_before"]
 
     # expiring right after compaction must keep the ingest snapshot below the replace snapshot
-    kept = _run_job(settings, spec, "expire_snapshots")
+    kept = _run_job(spark, settings, catalog, spec, "expire_snapshots")
     assert kept["procedure_output"]["retain_last"] > 1
     view = current_view(catalog, spec)
     assert state_at(view.snapshots, view.main).offsets == {p: w.high for p, w in kafka.watermarks(topic).items()}
@@ -75,7 +73,7 @@ def test_maintenance_keeps_offsets_and_exactly_once(
     produce(kafka_config, topic, event_records(range(600, 700)))
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
     on_disk, before = data_files_on_disk(settings, spec), current_view(catalog, spec)
-    expired = _run_job(settings, spec, "expire_snapshots")
+    expired = _run_job(spark, settings, catalog, spec, "expire_snapshots")
     view = current_view(catalog, spec)
     assert len(view.snapshots) < 10
     assert expired["procedure_output"]["expired_snapshots"] == len(before.snapshots) - len(view.snapshots) > 0
@@ -86,7 +84,7 @@ def test_maintenance_keeps_offsets_and_exactly_once(
     # that removed it)
     produce(kafka_config, topic, event_records(range(700, 750)))
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
-    assert _run_job(settings, spec, "expire_snapshots")["procedure_output"]["expired_snapshots"] >= 1
+    assert _run_job(spark, settings, catalog, spec, "expire_snapshots")["procedure_output"]["expired_snapshots"] >= 1
     assert len(on_disk - data_files_on_disk(settings, spec)) >= compacted["data_files_before"]
     ids = [r["id"] for r in table_rows(spark, settings, spec)]
     assert sorted(ids) == list(range(750))
@@ -101,7 +99,7 @@ def test_a_table_whose_ingest_state_was_expired_refuses_to_reingest(
     produce(kafka_config, topic, event_records(range(100)))
     spec = make_spec(unique, topic, max_records_per_partition=20, partition_by=[])
     _ingest_in_batches(spark, settings, spec, kafka, catalog)
-    _run_job(settings, spec, "compact")
+    _run_job(spark, settings, catalog, spec, "compact")
     # an operator expiring by hand with retain_last => 1 drops every ingest snapshot
     spark.sql(
         f"CALL {settings.catalog.name}.system.expire_snapshots(table => '{spec.identifier}', "
@@ -127,7 +125,7 @@ def test_remove_orphan_files_respects_its_safety_window(
     three_days_ago = time.time() - 3 * 86400
     os.utime(old, (three_days_ago, three_days_ago))
 
-    result = _run_job(settings, spec, "remove_orphan_files")
+    result = _run_job(spark, settings, catalog, spec, "remove_orphan_files")
     assert result["procedure_output"]["orphan_files_deleted"] == 1
     assert not old.exists(), "an unreferenced file older than the window is removed"
     assert fresh.exists(), "a recent unreferenced file (a write in flight) is kept"
@@ -204,7 +202,7 @@ def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
     assert combined.files_after == combined.files_before  # data files untouched
     assert _duck_rows(catalog, spec) == expected
 
-    compacted = _run_job(settings, spec, "compact")  # rewrite_data_files applies the deletes
+    compacted = _run_job(spark, settings, catalog, spec, "compact")  # rewrite_data_files applies the deletes
     assert compacted["delete_files_before"] == combined.delete_files_after
     assert compacted["delete_files_after"] == 0 == live_delete_files(spark, fqn)
     assert compacted["data_files_after"] < compacted["data_files_before"]
@@ -216,7 +214,7 @@ def test_upsert_table_maintenance_rewrites_delete_files_and_keeps_state(
     ops = [s.summary.get("operation") for s in ancestors_of(view)][:2]
     assert ops == ["replace", "replace"]
     assert state_at(view.snapshots, view.main).offsets == watermarks
-    expired = _run_job(settings, spec, "expire_snapshots")["procedure_output"]
+    expired = _run_job(spark, settings, catalog, spec, "expire_snapshots")["procedure_output"]
     assert expired["retain_last"] >= 3
     # the tombstone table (one row per deleted key, docs/cdc.md) is compacted and expired with the table
     assert compacted["procedure_output"]["tombstones_rewritten_data_files_count"] > 0
@@ -260,15 +258,15 @@ def _specs(n: int, **overrides) -> list:
     return [parse_table_spec(spec_dict(f"tbl_{i:03d}", f"events.tbl_{i:03d}", **overrides)) for i in range(n)]
 
 
-def _crons(schedules, kind: str) -> list[str]:
-    return [s.cron_schedule for s in schedules if s.name.startswith(f"{kind}_")]
+def _crons(specs, kind: str) -> list[str]:
+    return [crons[kind] for crons in maintenance_crons(specs).values()]
 
 
 SPREAD_IN_A_NEW_PROCESS = """
 import json
 from tests.helpers import spec_dict
 from kafka_iceberg.declaration.spec import parse_table_spec
-from kafka_iceberg.ops.spread import maintenance_crons
+from kafka_iceberg.schedules.spread import maintenance_crons
 specs = [parse_table_spec(spec_dict(f"tbl_{i:03d}", f"events.tbl_{i:03d}")) for i in range(100)]
 print(json.dumps(maintenance_crons(specs)))
 """
@@ -283,11 +281,9 @@ def test_a_hundred_tables_compact_spread_over_the_hour_stably_across_loads():
     from croniter import croniter
 
     from kafka_iceberg.config.settings import CHECKOUT
-    from kafka_iceberg.ops.spread import maintenance_crons
 
     specs = _specs(100)
-    schedules = all_schedules(specs, sqlite_catalog=True)
-    compact = _crons(schedules, "compact")
+    compact = _crons(specs, "compact")
     assert len(compact) == 100
     minutes = collections.Counter(int(c.split()[0]) for c in compact)
     assert max(minutes.values()) <= 3, minutes  # ceil(100 / 60) + 1
@@ -297,9 +293,9 @@ def test_a_hundred_tables_compact_spread_over_the_hour_stably_across_loads():
     for kind, declared in [
         ("compact", "0 2 * * *"),
         ("remove_orphan_files", "0 4 * * 0"),
-        ("duplicate_free_full", "0 5 * * *"),
+        ("full_check", "0 5 * * *"),
     ]:
-        for cron in _crons(schedules, kind):  # the declared period is kept: daily stays daily, weekly weekly
+        for cron in _crons(specs, kind):  # the declared period is kept: daily stays daily, weekly weekly
             assert cron.split()[2:] == declared.split()[2:] and croniter.is_valid(cron)
             assert len(cron.split()[0].split(",")) == 1 and len(cron.split()[1].split(",")) == 1
 
@@ -325,7 +321,7 @@ def test_a_hundred_tables_compact_spread_over_the_hour_stably_across_loads():
 
 
 def test_adding_a_table_moves_few_others_and_hourly_crons_spread_within_the_hour():
-    from kafka_iceberg.ops.spread import maintenance_crons, spread_cron
+    from kafka_iceberg.schedules.spread import spread_cron
 
     specs = _specs(100)
     before = maintenance_crons(specs[:99])
@@ -349,37 +345,8 @@ def test_a_cron_the_table_declares_itself_is_pinned_and_defaults_are_spread(tmp_
     path = tmp_path / "tables.yaml"
     path.write_text(yaml.safe_dump({"defaults": {"maintenance": {"expire": "30 1 * * *"}}, "tables": [pinned, other]}))
     specs = load_table_specs(path)
-    crons = {s.name: s.cron_schedule for s in all_schedules(specs)}
-    assert crons["compact_pinned_t_schedule"] == "0 2 * * *"
-    assert crons["expire_snapshots_pinned_t_schedule"] != "0 3 * * *"  # the table did not declare it: spread
-    assert crons["expire_snapshots_other_t_schedule"] != "30 1 * * *"  # a cron of defaults: is the period, spread
-    assert crons["expire_snapshots_other_t_schedule"].split()[2:] == ["*", "*", "*"]
-
-
-def test_maintenance_runs_use_the_tables_pool_and_the_bounded_run_tag(tmp_path):
-    import shutil
-
-    from dagster import DagsterInstance
-
-    from kafka_iceberg.config.settings import CHECKOUT
-
-    specs = _specs(2)
-    for sqlite, pool in [(True, lambda s: "lake/sqlite_catalog"), (False, lambda s: f"lake/table/test_{s.name}")]:
-        schedules = all_schedules(specs, sqlite_catalog=sqlite)
-        assert len(schedules) == 8
-        for schedule in schedules:
-            spec = next(s for s in specs if s.name in schedule.name)
-            job = schedule.job
-            assert job.tags["lake/maintenance"] in {"compact", "expire_snapshots", "remove_orphan_files", "full_check"}
-            if schedule.name.startswith("duplicate_free_full"):
-                continue  # an asset-check job (reads only; its check has no pool)
-            (node,) = job.graph.node_defs
-            assert node.pool == pool(spec), (schedule.name, node.pool)
-
-    # the shipped dagster.yaml bounds the runs tagged lake/maintenance (all kinds together) to 2
-    home = tmp_path / "dagster"
-    home.mkdir()
-    shutil.copy(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
-    with DagsterInstance.from_config(str(home)) as instance:
-        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-    assert {"key": "lake/maintenance", "limit": 2} in limits
+    crons = {s.name: c for s, c in zip(specs, maintenance_crons(specs).values(), strict=True)}
+    assert crons["pinned_t"]["compact"] == "0 2 * * *"
+    assert crons["pinned_t"]["expire_snapshots"] != "0 3 * * *"  # the table did not declare it: spread
+    assert crons["other_t"]["expire_snapshots"] != "30 1 * * *"  # a cron of defaults: is the period, spread
+    assert crons["other_t"]["expire_snapshots"].split()[2:] == ["*", "*", "*"]

@@ -99,7 +99,7 @@ def test_a_scrape_during_a_worker_run_shows_each_table_s_lag_freshness_commits_a
     scraper = threading.Thread(target=scrape_while_running, daemon=True)
     scraper.start()
     try:
-        run = worker_job(0, specs, sqlite_catalog=True).execute_in_process(
+        run = worker_job(0, specs, sqlite_catalog=True, crons={}).execute_in_process(
             instance=DagsterInstance.ephemeral(),
             resources=default_resources(settings),
             raise_on_error=False,

@@ -500,7 +500,7 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     specs = _three_tables(kafka_config, unique, topic_factory, counts=(90, 30, 10))
     instance = DagsterInstance.ephemeral()
     resources = default_resources(settings)
-    job = worker_job(0, specs, sqlite_catalog=True)
+    job = worker_job(0, specs, sqlite_catalog=True, crons={})
 
     sensor = workers_sensor({0: specs}, [job])
     with build_sensor_context(instance=instance, resources=resources) as context:

@@ -17,8 +17,8 @@ from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_as
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores
 from kafka_iceberg.ops.rota import FULL_CHECK, LAST_RUN_PROPERTY, rota_for
-from kafka_iceberg.ops.spread import maintenance_crons, spread_cron, spread_slots
 from kafka_iceberg.resources import default_resources
+from kafka_iceberg.schedules.spread import maintenance_crons, spread_cron, spread_slots
 from tests.helpers import event_records, make_spec
 
 MINUTE_MS = 60_000

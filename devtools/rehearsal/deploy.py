@@ -9,8 +9,8 @@ deploy/ run as deployed, with a stand-in for the Kubernetes API server, then fau
 * **Code server:** the pod the ``dagster-user-deployments`` chart renders from deploy/helm/values.yaml
   (``dagster api grpc`` with ``dagsterApiGrpcArgs``, ``includeConfigInLaunchedRuns``), run by the stand-in.
 * **Instance:** the ``dagster`` chart's dagster.yaml (PostgreSQL storage on :mod:`devtools.services.devpostgres`,
-  dagster-k8s's ``K8sRunLauncher``, queued run coordinator, run monitoring and retries) with
-  deploy/helm/instance-values.yaml merged, the lake's pools at limit 1 (README step 4); ``dagster-daemon run``
+  dagster-k8s's ``K8sRunLauncher``, queued run coordinator, run monitoring and retries), the lake's pools
+  at limit 1 (README step 4); ``dagster-daemon run``
   on it. The launcher is dagster-k8s's own, unchanged: it builds each run's Job and creates it through the
   stand-in's API, and run monitoring reads the Job's status back.
 * **Data path:** the dev broker (noida-db) as Kafka, the Iceberg catalog on PostgreSQL, the warehouse on

@@ -1,7 +1,7 @@
 """The deployment kit of deploy/ rendered for the deployment rehearsal (:mod:`devtools.rehearsal.deploy`):
 the image tree, the image's config, the code server's pod as the ``dagster-user-deployments`` chart
-renders it from deploy/helm/values.yaml, the instance's dagster.yaml as the ``dagster`` chart renders it
-with deploy/helm/instance-values.yaml merged, and the ConfigMaps and Secrets the README creates.
+renders it from deploy/helm/values.yaml, the instance's dagster.yaml as the ``dagster`` chart renders it,
+and the ConfigMaps and Secrets the README creates.
 
 Everything is read from the kit's own files; what this machine needs instead of a cluster (local
 addresses, the stand-in kubeconfig, a free port) is passed in and listed by :func:`local_overrides`.
@@ -222,8 +222,7 @@ def code_server_pod(name: str, port: int) -> dict:
 def instance_yaml(pg_port: int, kubeconfig: Path) -> str:
     """The dagster.yaml of the ``dagster`` chart's instance ConfigMap with its defaults (daemon scheduler,
     PostgreSQL storage, K8sRunLauncher, queued run coordinator, run monitoring and run retries on), the
-    PostgreSQL at 127.0.0.1:``pg_port``, and deploy/helm/instance-values.yaml merged (its
-    ``concurrency.runs.tagConcurrencyLimits``). Differences from a cluster: the launcher reads
+    PostgreSQL at 127.0.0.1:``pg_port``. Differences from a cluster: the launcher reads
     ``kubeconfig`` (the stand-in) instead of the in-cluster config, and telemetry is off."""
     pg = {
         "postgres_db": {
@@ -237,7 +236,6 @@ def instance_yaml(pg_port: int, kubeconfig: Path) -> str:
             # which SQLAlchemy 2.0 (the lock pins <2.1) opens with psycopg2, the driver dagster-postgres installs
         }
     }
-    extra = yaml.safe_load((DEPLOY / "helm" / "instance-values.yaml").read_text())
     launcher = {
         "load_incluster_config": False,
         "kubeconfig_file": str(kubeconfig),
@@ -265,9 +263,6 @@ def instance_yaml(pg_port: int, kubeconfig: Path) -> str:
         "run_retries": {"enabled": True},
         "sensors": {"use_threads": True, "num_workers": 4},
         "telemetry": {"enabled": False},
-        "concurrency": {
-            "runs": {"tag_concurrency_limits": extra["concurrency"]["runs"]["tagConcurrencyLimits"]},
-        },
     }
     return yaml.safe_dump(doc, sort_keys=False)
 

@@ -92,7 +92,7 @@ class TopicPattern:
     def table(self, topic: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The declaration of a matching ``topic`` as (own fields, base): ``topic`` and the rendered
         ``name``, ``identifier`` and ``description``, over the entry's other fields (merged over the
-        file's defaults) as the base. Crons in the base are spread, never pinned (:mod:`kafka_iceberg.ops.spread`)."""
+        file's defaults) as the base. Crons in the base are spread, never pinned (:mod:`kafka_iceberg.schedules.spread`)."""
         fields = self.fields(topic)
         base = {k: v for k, v in self.raw.items() if k not in ("topic_pattern", "exclude", *_TEMPLATED)}
         own = {k: self.raw[k].format_map(fields) for k in _TEMPLATED if isinstance(self.raw.get(k), str)}

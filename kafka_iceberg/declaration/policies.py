@@ -77,7 +77,7 @@ class MaintenancePolicy:
     orphan_older_than_s: float
     target_file_size_bytes: int
     full_check_cron: str
-    pinned: tuple[str, ...]  # crons the table declares itself (run as written; others spread, ops/spread.py)
+    pinned: tuple[str, ...]  # crons the table declares itself (run as written; others spread, schedules/spread.py)
     max_snapshots: int
     compact_after_data_files: int
 

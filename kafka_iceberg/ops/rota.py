@@ -61,7 +61,7 @@ def next_tick_ms(cron: str, after_ms: int) -> int:
 @dataclass
 class MaintenanceRota:
     """Which maintenance job of which table is due. ``crons``: identifier -> kind -> cron (UTC), the
-    spread crons of :func:`kafka_iceberg.ops.spread.maintenance_crons`; ``last_run_ms``: (identifier,
+    spread crons of :func:`kafka_iceberg.schedules.spread.maintenance_crons`; ``last_run_ms``: (identifier,
     kind) -> ms since epoch, from :func:`last_runs` (a missing or None entry is never due)."""
 
     crons: dict[str, dict[str, str]]
