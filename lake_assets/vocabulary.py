@@ -116,7 +116,7 @@ def worker_pool(index: int, lake: str = "") -> str:
 
 
 RUN_RETRY_TAGS = {"dagster/max_retries": "2", "dagster/retry_on_asset_or_op_failure": "false"}
-"""Run tags of the lake's per-table, backfill and maintenance runs: a run that died (killed, its pod gone)
+"""Run tags of the lake's per-table and backfill runs: a run that died (killed, its pod gone)
 is launched again up to twice, a run whose step raised is not (the asset's RetryPolicy covers step errors;
 a data error such as DataLossError must stop). The lake's own retry settings, not the instance's: they
 need only ``run_retries.enabled`` (the Helm chart's default). Worker runs have ``dagster/max_retries: 0``."""

@@ -9,11 +9,11 @@ time, each through the whole write path. Its commits are logged as ``AssetMateri
 that table's asset, at most one per table per :data:`~kafka_iceberg.batch.coalesce.MATERIALIZE_EVERY_S`
 (:func:`coalesced_metadata`: a table asset run's metadata, covering them all); the consumer groups get the committed
 offsets every :data:`GROUP_MIRROR_S` seconds (:class:`kafka_iceberg.batch.mirror.GroupMirror`). Between micro-batches the run does
-its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance of its tables and the
-``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
+its chores (:mod:`kafka_iceberg.lake_assets.worker_chores`): the due maintenance and full-scan checks of its
+tables, and the ``duplicate_free`` check of each table it committed to; its ``check`` op runs those still pending,
 outside the pool and at a lower CPU priority. It hands over only when another run waits for its pool
 (:func:`pool_waiting`): its warm successor, launched near the end of its budget
-(:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), a maintenance run, or a backfill's run; past its budget it serves on
+(:data:`kafka_iceberg.sensors.workers.HANDOVER_S`), or a backfill's or a manual run; past its budget it serves on
 while that successor starts (:data:`SUCCESSOR_GRACE_S` at most). A table whose micro-batch fails is
 logged and set aside; the others keep committing; the run then fails naming it (Slack: once per failure
 episode, :mod:`kafka_iceberg.sensors.alerts`).

@@ -3,8 +3,8 @@ maintenance jobs and full-scan ``duplicate_free`` checks of its tables (:mod:`ka
 the incremental ``duplicate_free`` check of each table it committed to. :class:`kafka_iceberg.batch.worker.Worker` calls :class:`WorkerChores`
 one chore at a time, while no table has records waiting or within its share of the run's time.
 
-A maintenance job is logged as an ``AssetObservation`` of its table (the same metadata as a
-scheduled maintenance run) and its time kept in the table property; one that fails is logged, alerted
+A maintenance job is logged as an ``AssetObservation`` of its table (files and bytes before and
+after, :meth:`~kafka_iceberg.ops.maintenance.MaintenanceResult.as_metadata`) and its time kept in the table property; one that fails is logged, alerted
 once per failure episode (:mod:`kafka_iceberg.lake_assets.chore_alerts`), and not tried again before its
 cron's next tick. A check is logged as the table's
 ``duplicate_free`` check evaluation over the rows this run's commits added since its previous check
