@@ -12,10 +12,10 @@ import pytest
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.catalog.tables import metadata_view
 from kafka_iceberg.errors import LakeError
-from kafka_iceberg.lake_assets.chore_jobs import ChoreEnv, maintenance_job
 from kafka_iceberg.ops.checks import duplicate_free
-from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY
+from kafka_iceberg.ops.rota import run_job
 from kafka_iceberg.schedules.spread import maintenance_crons
 from kafka_iceberg.state import state_at
 from tests.helpers import (
@@ -37,12 +37,10 @@ def _ingest_in_batches(spark, settings, spec, kafka, catalog):
 
 
 def _run_job(spark, settings, catalog, spec, kind):
-    """Run the maintenance job ``kind`` as a worker run does when its cron ticks; returns its observation's
-    metadata (``MaintenanceResult.as_metadata``) and checks that its last run was recorded."""
-    started_ms = int(time.time() * 1000)
-    result = maintenance_job(ChoreEnv(spark, settings, catalog, None), spec, kind, started_ms, after=None, run_id="r")
-    assert catalog.load_table(spec.identifier).properties[LAST_RUN_PROPERTY.format(kind=kind)] == str(started_ms)
-    return result.as_metadata()
+    """Run the maintenance job ``kind`` (:func:`~kafka_iceberg.ops.rota.run_job`, keeping no snapshot for a
+    pending check); returns its observation's metadata (``MaintenanceResult.as_metadata``)."""
+    view = lambda: metadata_view(catalog.load_table(spec.identifier))  # noqa: E731
+    return run_job(spark, settings.catalog.name, spec, kind, view).as_metadata()
 
 
 def test_maintenance_keeps_offsets_and_exactly_once(

@@ -37,6 +37,7 @@ from kafka_iceberg.lake_assets.worker import BUDGET_S, BUDGET_TAG, POOL_CHECK_S,
 from kafka_iceberg.lake_assets.worker_chores import CHECK_EVERY_S, Chore, ChoreEnv, WorkerChores
 from kafka_iceberg.ops.rota import LAST_RUN_PROPERTY, MaintenanceRota, last_runs, next_tick_ms
 from kafka_iceberg.resources import default_resources
+from kafka_iceberg.schedules.spread import maintenance_crons
 from kafka_iceberg.sensors.retention import all_tables_retention_sensor
 from kafka_iceberg.sensors.workers import HANDOVER_S, OBSERVE_EVERY_S, handover_due, is_due, workers_sensor
 from tests.helpers import event_records, make_spec
@@ -500,7 +501,7 @@ def test_the_worker_job_materializes_each_table_and_the_sensor_launches_it(
     specs = _three_tables(kafka_config, unique, topic_factory, counts=(90, 30, 10))
     instance = DagsterInstance.ephemeral()
     resources = default_resources(settings)
-    job = worker_job(0, specs, sqlite_catalog=True, crons={})
+    job = worker_job(0, specs, sqlite_catalog=True, crons=maintenance_crons(specs))  # as the location gives it
 
     sensor = workers_sensor({0: specs}, [job])
     with build_sensor_context(instance=instance, resources=resources) as context:
