@@ -285,7 +285,7 @@ def lake_definitions(
         assets=[hourly_departure_delay_asset(sqlite_catalog=sqlite)] if demo else [],
         jobs=[*([ingest_all] if demo else []), replay_job(specs, sqlite, keys), *workers_jobs],
         sensors=[
-            *sensors.location_sensors(groups, workers_jobs, keys, location_sensors),
+            *sensors.location_sensors(groups, workers_jobs, keys, location_sensors, crons),
             *([refresh_sensor([DOWNSTREAM_KEY])] if demo else []),
         ],
         resources=default_resources(settings, keys),

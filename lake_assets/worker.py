@@ -264,6 +264,7 @@ def _worker_for(
         hold=other_run,
         chores=chores,
         paused=chores.paused,
+        working=chores.working,
         flush=flush,
     )
     worker = Worker(

@@ -213,6 +213,10 @@ class WorkerChores:
             return frozenset()
         return frozenset({chore.identifier}) if self.tables[chore.identifier].spec.upsert is not None else frozenset()
 
+    def working(self) -> bool:
+        """Whether a chore runs in the background, or ended and is not collected yet (the next call collects it)."""
+        return self.running is not None
+
     def _trim(self, identifier: str, kind: str) -> None:
         """Start the maintenance job ``kind`` on ``identifier``'s table, past its ceiling, in the background thread."""
         now = self.clock.now()

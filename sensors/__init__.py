@@ -19,16 +19,19 @@ from kafka_iceberg.sensors.workers import workers_sensor
 
 
 def location_sensors(
-    worker_groups=None, worker_jobs=(), keys: ResourceKeys = LAKE_KEYS, location_wide: bool = True
+    worker_groups=None, worker_jobs=(), keys: ResourceKeys = LAKE_KEYS, location_wide: bool = True, crons=None
 ) -> list:
     """The sensors of one lake: given ``worker_groups`` (worker -> its tables), the ``lake_workers`` sensor
-    launching ``worker_jobs`` and the ``lake_retention`` sensor of every table (named by ``keys``,
+    launching ``worker_jobs`` (also for a job of ``crons`` due, identifier -> kind -> cron) and the ``lake_retention`` sensor of every table (named by ``keys``,
     :meth:`ResourceKeys.name`); with ``location_wide``, the ones a code location has once: run-failure
     alerts (posted by the Slack resource of ``keys``) and run liveness."""
     workers = []
     if worker_groups:
         every = [s for group in worker_groups.values() for s in group]
-        workers = [workers_sensor(worker_groups, list(worker_jobs), keys), all_tables_retention_sensor(every, keys)]
+        workers = [
+            workers_sensor(worker_groups, list(worker_jobs), keys, crons),
+            all_tables_retention_sensor(every, keys),
+        ]
     if not location_wide:
         return workers
     alerts = run_failure_alert_sensor if keys == LAKE_KEYS else make_run_failure_alert_sensor(keys=keys)

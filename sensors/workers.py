@@ -8,8 +8,9 @@ records, seconds since its last commit, whether its topic exists, whether it is 
 (topic exists, due) changed or as a heartbeat :data:`OBSERVE_EVERY_S` after its last one
 (:func:`should_observe`; the cursor keeps when each table was observed and in which state), so a healthy
 table adds at most 6 observations an hour. A worker whose tables include one that
-is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``)
-and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
+is due (offset lag at or above ``lag.max_offset_lag``, or any lag and no commit for ``lag.max_interval``;
+or a maintenance job or full-scan check whose cron ticked since its last run, :mod:`kafka_iceberg.ops.rota`,
+so an idle table is still maintained and checked) and that has no run in progress, or one whose budget ends within :data:`HANDOVER_S` (its successor),
 gets a run of its job (:mod:`kafka_iceberg.lake_assets.worker`), unless its latest runs failed (not
 merely set tables aside): then it waits 30 s, 60 s, ... up to 900 s after the last failure
 (:func:`kafka_iceberg.sensors.backoff.relaunch_hold_s`). A busy worker's tables are read only for the
@@ -36,10 +37,11 @@ from dagster import (
 )
 
 from kafka_iceberg.batch.worker import offset_lags
-from kafka_iceberg.catalog.tables import read_state
+from kafka_iceberg.catalog.tables import load_table, table_state
 from kafka_iceberg.declaration.spec import TableSpec
 from kafka_iceberg.lake_assets.vocabulary import IN_PROGRESS, WORKER_TAG, run_budget_s, table_key, worker_job_name
 from kafka_iceberg.ops.lag import LagEvaluation
+from kafka_iceberg.ops.rota import rota_for
 from kafka_iceberg.resources import LAKE_KEYS, ResourceKeys
 from kafka_iceberg.sensors.backoff import relaunch_hold_s
 from kafka_iceberg.sensors.lag import alert_lag_status
@@ -64,8 +66,14 @@ def is_due(spec: TableSpec, lag: int, last_commit_ms: int | None, now_ms: int) -
     return lag > 0 and (last_commit_ms is None or now_ms - last_commit_ms >= spec.lag.max_interval_s * 1000)
 
 
-def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition], keys: ResourceKeys = LAKE_KEYS):
-    """The one sensor of every table in worker mode; ``groups``: worker -> its tables; ``jobs``: their jobs."""
+def workers_sensor(
+    groups: dict[int, list[TableSpec]],
+    jobs: list[JobDefinition],
+    keys: ResourceKeys = LAKE_KEYS,
+    crons: dict[str, dict[str, str]] | None = None,
+):
+    """The one sensor of every table in worker mode; ``groups``: worker -> its tables; ``jobs``: their jobs;
+    ``crons``: identifier -> job kind -> cron (UTC), the spread crons the worker jobs run by (None: none)."""
     specs = [s for group in groups.values() for s in group]
     worker_of = {s.identifier: k for k, group in groups.items() for s in group}
     job_of = {k: keys.name(worker_job_name(k)) for k in groups}  # the lake's worker jobs (another lake's: prefixed)
@@ -87,7 +95,9 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
         looked = [s for s in specs if worker_of[s.identifier] not in busy or _stale(cursor, s, now_ms)]
         marks = kafka.metadata().watermarks_many(sorted({s.topic for s in looked})) if looked else {}
         pycatalog = catalog.load() if looked else None
-        states = {s.identifier: read_state(pycatalog, s.identifier) for s in looked}
+        tables = {s.identifier: load_table(pycatalog, s.identifier) for s in looked}
+        states = {identifier: table_state(table) for identifier, table in tables.items()}
+        chores = rota_for(tables, crons or {}).due(now_ms)  # a maintenance job or full check whose cron ticked
         lags = offset_lags(looked, marks, {k: v.offsets for k, v in states.items()})
         events, due_workers = [], {}
         for spec in looked:
@@ -96,7 +106,7 @@ def workers_sensor(groups: dict[int, list[TableSpec]], jobs: list[JobDefinition]
             if should_observe(cursor.get(spec.identifier), exists, due, now_ms):
                 cursor[spec.identifier] = [now_ms, exists, due]
                 events.append(_observation(spec, lag, last, exists, due, now_ms))
-            if worker_of[spec.identifier] not in busy and due:
+            if worker_of[spec.identifier] not in busy and (due or spec.identifier in chores):
                 due_workers.setdefault(worker_of[spec.identifier], []).append(spec.identifier)
         report_stops(
             cursor, [(s, lags[s.identifier], states[s.identifier].snapshot_timestamp_ms) for s in looked], now_ms

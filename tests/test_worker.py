@@ -123,7 +123,7 @@ def _clocked_worker(specs, run_batch, marks, now: list, **options) -> Worker:
     """A ``Worker`` over ``specs`` on the fake clock ``now[0]`` (seconds; sleeping moves it on), with the
     watermarks ``marks`` (topic -> partition -> ``Watermarks``), nothing committed and callbacks that
     do nothing; ``options``: the rest of its fields."""
-    ports = {k: options.pop(k) for k in ("chores", "paused", "hold", "flush") if k in options}
+    ports = {k: options.pop(k) for k in ("chores", "paused", "hold", "flush", "working") if k in options}
     clock = Clock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
     return Worker(list(specs), WorkerPorts(run_batch, lambda topics: marks, **ports), clock=clock, **options)
 

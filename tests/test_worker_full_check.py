@@ -5,12 +5,14 @@ scans the whole table too. Real Spark, catalog and broker."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
 
 from devtools.demo.data import produce
 from kafka_iceberg.batch.pipeline import run_micro_batch
+from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.batch.worker import Clock
 from kafka_iceberg.catalog.tables import load_table, qualified
 from kafka_iceberg.lake_assets.tables import table_asset, table_checks, topic_asset
@@ -20,6 +22,7 @@ from kafka_iceberg.ops.rota import FULL_CHECK, LAST_RUN_PROPERTY, rota_for
 from kafka_iceberg.resources import default_resources
 from kafka_iceberg.schedules.spread import maintenance_crons, spread_cron, spread_slots
 from tests.helpers import event_records, make_spec
+from tests.test_worker import _clocked_worker
 
 MINUTE_MS = 60_000
 
@@ -34,6 +37,32 @@ def test_the_full_check_is_a_job_of_the_worker_rota_by_its_spread_cron(unique):
     table = SimpleNamespace(properties={}, metadata=SimpleNamespace(snapshots=[SimpleNamespace(timestamp_ms=0)]))
     rota = rota_for({hourly.identifier: table}, crons)
     assert rota.next_due(14 * MINUTE_MS) is None and rota.next_due(15 * MINUTE_MS) == (hourly.identifier, FULL_CHECK)
+    assert rota.due(14 * MINUTE_MS) == set() and rota.due(15 * MINUTE_MS) == {hourly.identifier}
+
+
+def test_a_run_idle_with_a_chore_in_the_background_ends_when_the_chore_was_collected():
+    """Fake clock: the worker's tables have nothing waiting; a chore (a full scan, say) runs for 30 s in the
+    background. The run ends idle only after the chore ended and the next chore call collected it."""
+    spec = make_spec("quiet", "quiet_topic")
+    now, started, calls = [0.0], [None], []
+
+    def chores(idle, busy):
+        calls.append(now[0])
+        if started[0] is None:
+            started[0] = now[0]  # starts it
+            return True
+        return False
+
+    def working():
+        return started[0] is not None and now[0] < started[0] + 30.0 or calls[-1] < started[0] + 30.0
+
+    marks = {spec.topic: {0: Watermarks(0, 0)}}
+    worker = _clocked_worker(
+        [spec], lambda s: None, marks, now, chores=chores, working=working, idle_s=1.0, budget_s=60
+    )
+    worker.run()
+    assert now[0] >= 30.0, "the run waited for its chore"
+    assert calls[-1] >= 30.0, "and called the chores once more after it ended, which collects it"
 
 
 def _evaluations(events: list) -> list:
@@ -130,3 +159,31 @@ def test_a_full_scan_failing_again_in_one_worker_run_posts_once_and_its_pass_pos
     assert [e.passed for e in _evaluations(events)] == [False, False], "the incremental pass is not reported"
     reports.full_check(spec, CheckOutcome(True, "no duplicates", {"scope": "full"}))
     assert len(slack_alerts.messages) == 2 and "passes again" in str(slack_alerts.messages[1])
+
+
+def test_the_sensor_launches_an_idle_tables_worker_when_its_full_check_is_due(
+    settings, kafka_config, writer_factory, catalog, unique, topic_factory
+):
+    """No records wait (lag 0), so only a due job of the rota launches the worker: an idle table is still checked."""
+    from dagster import build_sensor_context
+
+    from kafka_iceberg.lake_assets.worker import worker_job
+    from kafka_iceberg.ops.rota import set_table_property
+    from kafka_iceberg.sensors.workers import workers_sensor
+
+    topic = topic_factory(unique, partitions=1)
+    spec = make_spec(unique, topic, maintenance={"full_check": "0 0 1 1 *"})  # pinned: once a year
+    writer = writer_factory(spec)
+    produce(kafka_config, topic, event_records(range(50)))
+    writer.execute(writer.plan(), "run-a")
+    crons = maintenance_crons([spec])
+    job = worker_job(0, [spec], sqlite_catalog=True, crons=crons)
+    instance, resources = DagsterInstance.ephemeral(), default_resources(settings)
+
+    def launched(last_run_ms: int) -> list[str]:
+        set_table_property(catalog, spec.identifier, LAST_RUN_PROPERTY.format(kind=FULL_CHECK), str(last_run_ms))
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            return [r.job_name for r in workers_sensor({0: [spec]}, [job], crons=crons)(context).run_requests]
+
+    assert launched(int(time.time() * 1000)) == [], "checked this year, nothing waiting: no run"
+    assert launched(1) == ["lake_worker_0"], "a tick passed since its last full check: the worker is launched"

@@ -101,6 +101,7 @@ class WorkerPorts:
     ``chores(idle, busy)`` does one piece of other work and returns whether there was any (``idle``: no
     table has records waiting; ``busy``: the identifiers whose micro-batch runs meanwhile);
     ``paused()``: the identifiers whose micro-batch must not start now (a chore runs on them);
+    ``working()``: a chore runs in the background (the run does not end idle meanwhile);
     ``flush(final)``: between micro-batches and while idle (``final`` False), once at a normal end."""
 
     run_batch: Callable[[TableSpec], Any]
@@ -111,6 +112,7 @@ class WorkerPorts:
     hold: Callable[[], bool] = lambda: False
     chores: Callable[[bool, frozenset], bool] = lambda idle, busy: False
     paused: Callable[[], frozenset] = frozenset
+    working: Callable[[], bool] = lambda: False
     flush: Callable[[bool], None] = lambda final: None
     run_group: Callable[[Sequence[TableSpec]], Mapping[str, Any]] = _no_group_runner
 
@@ -176,7 +178,7 @@ class Worker:
                     return
                 if not waiting:  # paused or resting tables' records wait for a chore or the source: not idle
                     run.idle_until = now + self.idle_s if run.idle_until is None else run.idle_until
-                    if now >= run.idle_until:
+                    if now >= run.idle_until and not self.ports.working():
                         return
                 if not self._chore(run, idle=not waiting):
                     self.clock.sleep(POLL_S)

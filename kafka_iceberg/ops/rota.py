@@ -82,6 +82,14 @@ class MaintenanceRota:
                     due.append((tick, JOBS.index(kind), identifier, kind))
         return min(due)[2:] if due else None
 
+    def due(self, now_ms: int) -> set[str]:
+        """The identifiers with a job due at ``now_ms`` (ms since epoch): a tick of its cron passed since its last run."""
+        return {
+            identifier
+            for identifier, crons in self.crons.items()
+            if any((tick := self._tick(identifier, kind, crons)) is not None and tick <= now_ms for kind in JOBS)
+        }
+
     def _tick(self, identifier: str, kind: str, crons: dict[str, str]) -> int | None:
         last = self.last_run_ms.get((identifier, kind))
         if last is None or kind not in crons:
