@@ -65,9 +65,10 @@ def maintenance_job(
     :data:`~kafka_iceberg.ops.maintenance.CONCURRENT_COMMITS` more; a group member's compaction first
     completes its group, ``members``: the group's identifiers) and record that it ran at ``started_ms``
     (ms since epoch; when the table's own commits refuse that record three times, the result's output says
-    ``last_run_not_recorded``, and a later run may run the job again at its next tick). ``concurrent``: the
-    table's micro-batches commit meanwhile (a compaction first sets :data:`CONCURRENT_COMMIT_RETRIES`).
-    Returns its ``MaintenanceResult``; raises what Spark or the catalog raise."""
+    ``last_run_not_recorded``, and a later run may run the job again at its next tick). A job that raised is
+    recorded too, best effort (:func:`attempted`). ``concurrent``: the table's micro-batches commit meanwhile
+    (a compaction first sets :data:`CONCURRENT_COMMIT_RETRIES`). Returns its ``MaintenanceResult``; raises
+    what Spark or the catalog raise."""
 
     def keep(view) -> int:
         return (snapshots_to_keep(view, run_id, after) or 1) + CONCURRENT_COMMITS
@@ -79,7 +80,11 @@ def maintenance_job(
         retries = str(CONCURRENT_COMMIT_RETRIES)
         set_table_property(env.catalog, spec.identifier, "commit.retry.num-retries", retries, unless_set=True)
     lake = Lake(env.spark, env.settings, None, env.catalog)
-    result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep, lake=lake, members=members)
+    try:
+        result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep, lake=lake, members=members)
+    except Exception:
+        attempted(env, spec, kind, started_ms)
+        raise
     try:
         record_run(env.catalog, spec.identifier, kind, started_ms)
     except CommitFailedException as exc:  # the job committed; only its time is not recorded
@@ -104,12 +109,16 @@ def full_check(env: ChoreEnv, spec: TableSpec, started_ms: int) -> checks.CheckO
     """The full-scan ``duplicate_free`` outcome of ``spec``'s table (every row and snapshot summary of ``main``,
     Spark jobs on the worker's session), then its last run recorded at ``started_ms`` (ms since epoch;
     refused three times by the table's own commits: the figure ``last_run_not_recorded``, and a later run
-    may check again at its next tick). Raises ``LakeError`` for a table that is gone, and what the catalog,
-    the files or Spark raise."""
+    may check again at its next tick; a check that raised is recorded too, best effort: :func:`attempted`).
+    Raises ``LakeError`` for a table that is gone, and what the catalog, the files or Spark raise."""
     table = load_table(env.catalog, spec.identifier)
     if table is None:
         raise LakeError(f"table {spec.identifier} does not exist")
-    outcome = checks.duplicate_free(env.spark, qualified(env.settings, spec), spec, table)
+    try:
+        outcome = checks.duplicate_free(env.spark, qualified(env.settings, spec), spec, table)
+    except Exception:
+        attempted(env, spec, FULL_CHECK, started_ms)
+        raise
     try:
         record_run(env.catalog, spec.identifier, FULL_CHECK, started_ms)
     except CommitFailedException as exc:
@@ -117,4 +126,15 @@ def full_check(env: ChoreEnv, spec: TableSpec, started_ms: int) -> checks.CheckO
     return outcome
 
 
-__all__ = ["CONCURRENT_COMMIT_RETRIES", "ChoreEnv", "full_check", "incremental_check", "maintenance_job"]
+def attempted(env: ChoreEnv, spec: TableSpec, kind: str, started_ms: int) -> bool:
+    """Record that job ``kind`` of the rota was attempted on ``spec``'s table at ``started_ms`` (ms since epoch)
+    and failed: no worker run, and no launch by the ``lake_workers`` sensor, tries it again before its cron's
+    next tick. Best effort (the failure may be the catalog's): returns whether it was recorded, never raises."""
+    try:
+        record_run(env.catalog, spec.identifier, kind, started_ms)
+    except Exception:  # noqa: BLE001 - the job's own error is the one raised
+        return False
+    return True
+
+
+__all__ = ["CONCURRENT_COMMIT_RETRIES", "ChoreEnv", "attempted", "full_check", "incremental_check", "maintenance_job"]

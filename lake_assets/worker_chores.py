@@ -1,15 +1,17 @@
 """What a worker run does between micro-batches (:mod:`kafka_iceberg.lake_assets.worker`): the due
 maintenance jobs and full-scan ``duplicate_free`` checks of its tables (:mod:`kafka_iceberg.ops.rota`), and
-the incremental ``duplicate_free`` check of each table it committed to. :class:`kafka_iceberg.batch.worker.Worker` calls :class:`WorkerChores`
-one chore at a time, while no table has records waiting or within its share of the run's time.
+the incremental ``duplicate_free`` check of each table it committed to.
+:class:`kafka_iceberg.batch.worker.Worker` calls :class:`WorkerChores` one chore at a time, while no table
+has records waiting or within its share of the run's time.
 
-A maintenance job is logged as an ``AssetObservation`` of its table (files and bytes before and
-after, :meth:`~kafka_iceberg.ops.maintenance.MaintenanceResult.as_metadata`) and its time kept in the table property; one that fails is logged, alerted
-once per failure episode (:mod:`kafka_iceberg.lake_assets.chore_alerts`), and not tried again before its
-cron's next tick. A check is logged as the table's
-``duplicate_free`` check evaluation over the rows this run's commits added since its previous check
-(the run id is their commit id): a table that committed is checked at most every :data:`CHECK_EVERY_S`
-while the run serves, and once more at its end, so each check reads a bounded number of rows. The
+A maintenance job is logged as an ``AssetObservation`` of its table (files and bytes before and after,
+:meth:`~kafka_iceberg.ops.maintenance.MaintenanceResult.as_metadata`) and its time kept in the table
+property; one that fails is logged, alerted once per failure episode
+(:mod:`kafka_iceberg.lake_assets.chore_alerts`), and not tried again before its cron's next tick (its attempt
+is recorded too). A check is logged as the table's ``duplicate_free`` check evaluation over the rows this
+run's commits added since its previous check (the run id is their commit id): a table that committed is
+checked at most every :data:`CHECK_EVERY_S` while the run serves, and once more at its end, so each check
+reads a bounded number of rows. The
 evaluations and the observations of jobs by count reach the event log at most once per table and
 :data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` (:mod:`kafka_iceberg.lake_assets.chore_reports`).
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
 
 from devtools.demo.data import produce
@@ -187,3 +188,20 @@ def test_the_sensor_launches_an_idle_tables_worker_when_its_full_check_is_due(
 
     assert launched(int(time.time() * 1000)) == [], "checked this year, nothing waiting: no run"
     assert launched(1) == ["lake_worker_0"], "a tick passed since its last full check: the worker is launched"
+
+
+def test_a_full_check_that_raises_waits_for_its_next_tick(
+    settings, catalog, writer_factory, kafka_config, unique, topic_factory
+):
+    """A check that fails (here: no Spark session) is recorded as attempted, so neither a worker run nor the
+    sensor tries it again before its cron's next tick; the error is the check's own."""
+    from kafka_iceberg.lake_assets.chore_jobs import full_check
+
+    topic = topic_factory(unique, partitions=1)
+    spec = make_spec(unique, topic)
+    writer = writer_factory(spec)
+    produce(kafka_config, topic, event_records(range(10)))
+    writer.execute(writer.plan(), "run-a")
+    with pytest.raises(AttributeError):
+        full_check(ChoreEnv(None, settings, catalog, None), spec, 12345)
+    assert load_table(catalog, spec.identifier).properties[LAST_RUN_PROPERTY.format(kind=FULL_CHECK)] == "12345"
