@@ -5,9 +5,9 @@ check. Each reads only its arguments and the :class:`ChoreEnv`, so it may run be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
 
@@ -24,6 +24,8 @@ from kafka_iceberg.resources import IcebergCatalogResource, KafkaResource, LakeS
 
 if TYPE_CHECKING:  # pyspark only for the annotation: importing it starts nothing, but it is heavy
     from pyspark.sql import SparkSession
+
+T = TypeVar("T")
 
 CONCURRENT_COMMIT_RETRIES = 20
 """``commit.retry.num-retries`` a worker sets on a table it compacts in the background (unless the table
@@ -66,7 +68,7 @@ def maintenance_job(
     completes its group, ``members``: the group's identifiers) and record that it ran at ``started_ms``
     (ms since epoch; when the table's own commits refuse that record three times, the result's output says
     ``last_run_not_recorded``, and a later run may run the job again at its next tick). A job that raised is
-    recorded too, best effort (:func:`attempted`). ``concurrent``: the table's micro-batches commit meanwhile
+    recorded too, best effort (:func:`_recorded`). ``concurrent``: the table's micro-batches commit meanwhile
     (a compaction first sets :data:`CONCURRENT_COMMIT_RETRIES`). Returns its ``MaintenanceResult``; raises
     what Spark or the catalog raise."""
 
@@ -80,15 +82,16 @@ def maintenance_job(
         retries = str(CONCURRENT_COMMIT_RETRIES)
         set_table_property(env.catalog, spec.identifier, "commit.retry.num-retries", retries, unless_set=True)
     lake = Lake(env.spark, env.settings, None, env.catalog)
-    try:
-        result = run_job(env.spark, env.settings.catalog.name, spec, kind, view, keep=keep, lake=lake, members=members)
-    except Exception:
-        attempted(env, spec, kind, started_ms)
-        raise
-    try:
-        record_run(env.catalog, spec.identifier, kind, started_ms)
-    except CommitFailedException as exc:  # the job committed; only its time is not recorded
-        result.output["last_run_not_recorded"] = str(exc)
+    name = env.settings.catalog.name
+    result, refused = _recorded(
+        env,
+        spec,
+        kind,
+        started_ms,
+        lambda: run_job(env.spark, name, spec, kind, view, keep=keep, lake=lake, members=members),
+    )
+    if refused:  # the job committed; only its time is not recorded
+        result.output["last_run_not_recorded"] = refused
     return result
 
 
@@ -109,32 +112,39 @@ def full_check(env: ChoreEnv, spec: TableSpec, started_ms: int) -> checks.CheckO
     """The full-scan ``duplicate_free`` outcome of ``spec``'s table (every row and snapshot summary of ``main``,
     Spark jobs on the worker's session), then its last run recorded at ``started_ms`` (ms since epoch;
     refused three times by the table's own commits: the figure ``last_run_not_recorded``, and a later run
-    may check again at its next tick; a check that raised is recorded too, best effort: :func:`attempted`).
+    may check again at its next tick; a check that raised is recorded too, best effort: :func:`_recorded`).
     Raises ``LakeError`` for a table that is gone, and what the catalog, the files or Spark raise."""
-    table = load_table(env.catalog, spec.identifier)
-    if table is None:
-        raise LakeError(f"table {spec.identifier} does not exist")
-    try:
-        outcome = checks.duplicate_free(env.spark, qualified(env.settings, spec), spec, table)
-    except Exception:
-        attempted(env, spec, FULL_CHECK, started_ms)
-        raise
-    try:
-        record_run(env.catalog, spec.identifier, FULL_CHECK, started_ms)
-    except CommitFailedException as exc:
-        outcome.figures["last_run_not_recorded"] = str(exc)
+
+    def scan() -> checks.CheckOutcome:
+        table = load_table(env.catalog, spec.identifier)
+        if table is None:
+            raise LakeError(f"table {spec.identifier} does not exist")
+        return checks.duplicate_free(env.spark, qualified(env.settings, spec), spec, table)
+
+    outcome, refused = _recorded(env, spec, FULL_CHECK, started_ms, scan)
+    if refused:
+        outcome.figures["last_run_not_recorded"] = refused
     return outcome
 
 
-def attempted(env: ChoreEnv, spec: TableSpec, kind: str, started_ms: int) -> bool:
-    """Record that job ``kind`` of the rota was attempted on ``spec``'s table at ``started_ms`` (ms since epoch)
-    and failed: no worker run, and no launch by the ``lake_workers`` sensor, tries it again before its cron's
-    next tick. Best effort (the failure may be the catalog's): returns whether it was recorded, never raises."""
+def _recorded(env: ChoreEnv, spec: TableSpec, kind: str, started_ms: int, job: Callable[[], T]) -> tuple[T, str | None]:
+    """(what ``job()`` returned, why its run was not recorded or None): run job ``kind`` of the rota on ``spec``'s
+    table, then record it as run at ``started_ms`` (ms since epoch; :func:`~kafka_iceberg.ops.rota.record_run`),
+    so no worker run, and no launch by the ``lake_workers`` sensor, runs it again before its cron's next tick.
+    A job that raised is recorded too, best effort (the failure may be the catalog's), and its error raised."""
+    try:
+        result = job()
+    except Exception:
+        try:
+            record_run(env.catalog, spec.identifier, kind, started_ms)
+        except Exception:  # noqa: BLE001 - the job's own error is the one raised
+            pass
+        raise
     try:
         record_run(env.catalog, spec.identifier, kind, started_ms)
-    except Exception:  # noqa: BLE001 - the job's own error is the one raised
-        return False
-    return True
+    except CommitFailedException as exc:  # refused three times by the table's own commits
+        return result, str(exc)
+    return result, None
 
 
-__all__ = ["CONCURRENT_COMMIT_RETRIES", "ChoreEnv", "attempted", "full_check", "incremental_check", "maintenance_job"]
+__all__ = ["CONCURRENT_COMMIT_RETRIES", "ChoreEnv", "full_check", "incremental_check", "maintenance_job"]

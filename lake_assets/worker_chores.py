@@ -258,18 +258,13 @@ class WorkerChores:
             return
         identifier, started, after, future, what = self.running
         self.running, spec = None, self.tables[identifier].spec
-        if what == FULL_CHECK:
+        if what != CHECK:  # a full scan (by cron), or an expiry or compaction by count
             try:
-                self.reports.full_check(spec, future.result())
-            except Exception as exc:  # noqa: BLE001 - the cron's next tick tries again
-                self._alert(spec, FULL_CHECK, exc)
-                return
-            self.alerts.ok(spec, FULL_CHECK, self.clock.epoch_ms())
-            return
-        if what != CHECK:
-            try:
-                self.observe(spec, future.result(), routine=True)
-            except Exception as exc:  # noqa: BLE001 - the next commit past the ceiling tries again
+                if what == FULL_CHECK:
+                    self.reports.full_check(spec, future.result())
+                else:
+                    self.observe(spec, future.result(), routine=True)
+            except Exception as exc:  # noqa: BLE001 - the next tick, or commit past the ceiling, tries again
                 self._alert(spec, what, exc)
                 return
             self.alerts.ok(spec, what, self.clock.epoch_ms())

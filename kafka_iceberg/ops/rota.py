@@ -72,23 +72,22 @@ class MaintenanceRota:
         """The (identifier, kind) whose first missed tick is the oldest, or None when nothing is due
         (each job's next tick is computed once per run of it, not per call); tables in ``skip`` and
         jobs in ``held`` (kinds) wait."""
-        due = []
+        first = min(self._due_jobs(now_ms, skip, held), default=None)
+        return first[2:] if first is not None else None
+
+    def due(self, now_ms: int) -> set[str]:
+        """The identifiers with a job due at ``now_ms`` (ms since epoch): a tick of its cron passed since its last run."""
+        return {identifier for _, _, identifier, _ in self._due_jobs(now_ms)}
+
+    def _due_jobs(self, now_ms: int, skip: Collection[str] = (), held: Collection[str] = ()):
+        """(first missed tick, place in :data:`JOBS`, identifier, kind) of every job due at ``now_ms``."""
         for identifier, crons in self.crons.items():
             if identifier in skip:
                 continue
             for kind in (k for k in JOBS if k not in held):
                 tick = self._tick(identifier, kind, crons)
                 if tick is not None and tick <= now_ms:
-                    due.append((tick, JOBS.index(kind), identifier, kind))
-        return min(due)[2:] if due else None
-
-    def due(self, now_ms: int) -> set[str]:
-        """The identifiers with a job due at ``now_ms`` (ms since epoch): a tick of its cron passed since its last run."""
-        return {
-            identifier
-            for identifier, crons in self.crons.items()
-            if any((tick := self._tick(identifier, kind, crons)) is not None and tick <= now_ms for kind in JOBS)
-        }
+                    yield tick, JOBS.index(kind), identifier, kind
 
     def _tick(self, identifier: str, kind: str, crons: dict[str, str]) -> int | None:
         last = self.last_run_ms.get((identifier, kind))
