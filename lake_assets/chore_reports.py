@@ -9,17 +9,23 @@ every minute or two at a few commits a second. They are reported through a
 ``checks`` saying how many it stands for. A failed check, and the next pass, are reported at once; what is
 held is reported when the run stops serving (:meth:`ChoreReports.drain`). Scheduled maintenance (by cron)
 and the scheduled full scan are always reported. Called from the op's main thread only.
+
+Duplicates found stay in the table until someone removes them, so a table's check stays failed until a full
+scan passes: after a failed evaluation (of either scope, in this run or, for a table's first report in the
+run, the latest one of another run), an incremental pass, which covers only the rows added since, is not
+reported.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
-from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetObservation, OpExecutionContext
+from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity, AssetObservation, OpExecutionContext
 
 from kafka_iceberg.batch.coalesce import Throttle
 from kafka_iceberg.declaration.spec import TableSpec
-from kafka_iceberg.lake_assets.check_alerts import alert_check
+from kafka_iceberg.lake_assets.check_alerts import alert_check, previous_check_passed
 from kafka_iceberg.lake_assets.tables import check_result
 from kafka_iceberg.lake_assets.vocabulary import table_key
 from kafka_iceberg.ops import checks
@@ -30,13 +36,21 @@ from kafka_iceberg.resources import LakeSlackResource
 class ChoreReports:
     """The event-log reports of one worker op's chores. ``context``: the op's (its log and ``log_event``);
     ``slack``: the alerts' resource (None: no alerts); ``throttle``: the routine reports held back,
-    keyed by (table identifier, kind)."""
+    keyed by (table identifier, kind); ``previous``: the verdict (passed) of a table's latest completed
+    ``duplicate_free`` evaluation in another run, None for none (default: read from the context's Dagster
+    instance, :func:`~kafka_iceberg.lake_assets.check_alerts.previous_check_passed`)."""
 
-    def __init__(self, context: OpExecutionContext, slack: LakeSlackResource | None, throttle: Throttle):
+    def __init__(
+        self,
+        context: OpExecutionContext,
+        slack: LakeSlackResource | None,
+        throttle: Throttle,
+        previous: Callable[[TableSpec], bool | None] | None = None,
+    ):
         self.context, self.slack, self.throttle = context, slack, throttle
+        self.previous = previous or self._previous_in_instance
         self.specs: dict[str, TableSpec] = {}
-        self.failing: dict[str, bool] = {}  # identifier -> whether its last reported check failed
-        self.full_failed: set[str] = set()  # identifiers whose last full scan in this run failed
+        self.failing: dict[str, bool] = {}  # identifier -> whether its check stands failed (until a full pass)
 
     def maintenance(self, spec: TableSpec, result, routine: bool) -> None:
         """Report a maintenance job's ``MaintenanceResult`` on ``spec``'s table: ``routine`` (by count, not
@@ -48,13 +62,12 @@ class ChoreReports:
 
     def check(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Report an incremental ``duplicate_free`` outcome of ``spec``'s table: a pass at most once per
-        interval, a failure at once, and the first pass after a failure at once. A pass while the table's last
-        full scan in this run failed is not reported: it covers only the rows added since, so the check stays
-        failed until a full scan passes."""
-        self.specs[spec.identifier] = spec
-        if outcome.passed and spec.identifier in self.full_failed:
+        interval, a failure at once, and the first full-scan pass after a failure at once (an outcome is a full
+        scan when the run committed nothing to check, or for an upsert table). An incremental pass while the
+        check stands failed is not reported (see the module)."""
+        if not self._reported(spec, outcome):
             return
-        urgent = not outcome.passed or self.failing.get(spec.identifier, False)
+        urgent = not outcome.passed or self.failing[spec.identifier]
         due = self.throttle.add((spec.identifier, CHECK), outcome, urgent=urgent)
         if due is not None:
             self.evaluate(spec, *due)
@@ -62,10 +75,22 @@ class ChoreReports:
     def full_check(self, spec: TableSpec, outcome: checks.CheckOutcome) -> None:
         """Report a scheduled full-scan ``duplicate_free`` outcome of ``spec``'s table at once; it supersedes
         an incremental pass held back."""
-        self.specs[spec.identifier] = spec
         self.throttle.discard((spec.identifier, CHECK))
-        (self.full_failed.discard if outcome.passed else self.full_failed.add)(spec.identifier)
+        self._reported(spec, outcome)
         self.evaluate(spec, outcome)
+
+    def _reported(self, spec: TableSpec, outcome: checks.CheckOutcome) -> bool:
+        """Whether ``outcome`` of ``spec``'s table is reported: not an incremental pass while the check stands
+        failed. A table's first outcome in the run reads whether it stands failed from the latest evaluation
+        of another run (:attr:`previous`)."""
+        self.specs[spec.identifier] = spec
+        if spec.identifier not in self.failing:
+            self.failing[spec.identifier] = self.previous(spec) is False
+        return not (outcome.passed and not outcome.full_scan and self.failing[spec.identifier])
+
+    def _previous_in_instance(self, spec: TableSpec) -> bool | None:
+        check_key = AssetCheckKey(table_key(spec), CHECK)
+        return previous_check_passed(self.context.instance, check_key, self.context.run.run_id)
 
     def drain(self) -> None:
         """Report every result held back (the run stops serving)."""
@@ -86,12 +111,11 @@ class ChoreReports:
 
     def evaluate(self, spec: TableSpec, outcome: checks.CheckOutcome, n: int = 1) -> None:
         """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation, standing for ``n`` checks (the
-        earlier ones passed); alert on a change of status (from the verdict this run reported last)."""
-        failed_before = self.failing.get(spec.identifier)
+        earlier ones passed); alert on a change of status (from the verdict the check stood at)."""
+        failed_before = self.failing.get(spec.identifier, False)
         self.failing[spec.identifier] = not outcome.passed
         if self.slack is not None:
-            in_run = None if failed_before is None else not failed_before
-            alert_check(self.context, self.slack, spec, CHECK, outcome, "ERROR", in_run=in_run)
+            alert_check(self.context, self.slack, spec, CHECK, outcome, "ERROR", in_run=not failed_before)
         result = check_result(replace(outcome, figures={**outcome.figures, "checks": n}), AssetCheckSeverity.ERROR)
         self.context.log_event(
             AssetCheckEvaluation(

@@ -192,17 +192,23 @@ def test_routine_chore_reports_come_once_per_interval_and_a_failed_check_at_once
 
 
 def test_a_worker_reports_a_failed_check_and_the_recovery_at_once_and_passes_once_per_interval():
+    """A failure at once; the incremental passes after it are not reported (they cover only the rows added
+    since: the duplicates found are still in the table), the first full-scan pass is, at once."""
     now, events = [0.0], []
     log = SimpleNamespace(info=lambda m: None)
-    reports = ChoreReports(SimpleNamespace(log=log, log_event=events.append), None, Throttle(clock=lambda: now[0]))
+    context = SimpleNamespace(log=log, log_event=events.append)
+    reports = ChoreReports(context, None, Throttle(clock=lambda: now[0]), previous=lambda spec: None)
     spec = make_spec("t", "t")
 
-    def check(at: float, passed: bool) -> None:
+    def check(at: float, passed: bool, scope: str = "incremental") -> None:
         now[0] = at
-        reports.check(spec, CheckOutcome(passed, f"at {at}", {"rows": 1}))
+        reports.check(spec, CheckOutcome(passed, f"at {at}", {"rows": 1, "scope": scope}))
 
-    for at, passed in [(0, True), (10, True), (20, False), (30, True), (40, True), (50, True)]:
+    for at, passed in [(0, True), (10, True), (20, False), (25, True), (29, True)]:
         check(at, passed)
+    check(30, True, "full")
+    for at in (40, 50):
+        check(at, True)
     seen = [(e.passed, e.metadata["checks"].value, e.description) for e in events]
     assert seen == [(True, 1, "at 0"), (False, 2, "at 20"), (True, 1, "at 30")], "a pass held, a failure, the recovery"
     reports.drain()

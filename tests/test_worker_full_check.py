@@ -83,7 +83,9 @@ def test_a_worker_runs_the_full_check_by_its_cron_and_an_incremental_pass_keeps_
     epoch = [first_ms + 2 * MINUTE_MS]
     events: list = []
     log = SimpleNamespace(info=lambda m: None, error=events.append, warning=events.append)
-    context = SimpleNamespace(run_id=f"worker-{unique}", log=log, log_event=events.append)
+    run = SimpleNamespace(run_id=f"worker-{unique}")
+    context = SimpleNamespace(run=run, run_id=run.run_id, instance=DagsterInstance.ephemeral(), log=log)
+    context.log_event = events.append
     rota = rota_for({spec.identifier: table}, maintenance_crons([spec]))
     env = ChoreEnv(spark, settings, catalog, None)
     chores = WorkerChores(context, [spec], rota, env, Clock(epoch_ms=lambda: epoch[0]))
@@ -160,6 +162,43 @@ def test_a_full_scan_failing_again_in_one_worker_run_posts_once_and_its_pass_pos
     assert [e.passed for e in _evaluations(events)] == [False, False], "the incremental pass is not reported"
     reports.full_check(spec, CheckOutcome(True, "no duplicates", {"scope": "full"}))
     assert len(slack_alerts.messages) == 2 and "passes again" in str(slack_alerts.messages[1])
+
+
+def test_a_failure_found_by_an_earlier_run_holds_in_the_next_worker_run_until_a_full_scan_passes(slack_alerts):
+    """The predecessor's evaluation failed (here a run of the asset check on its own); the successor worker
+    run's incremental passes cover only its own rows, so they are not reported and post nothing; its first
+    full-scan pass is reported and posts the recovery."""
+    from dagster import AssetCheckResult, asset_check
+
+    from kafka_iceberg.batch.coalesce import Throttle
+    from kafka_iceberg.lake_assets.chore_reports import ChoreReports
+    from kafka_iceberg.ops.checks import CheckOutcome
+    from kafka_iceberg.resources import LakeSlackResource
+
+    spec = make_spec("inherited", "topic_inherited")
+
+    @asset_check(asset=table_key(spec), name="duplicate_free")
+    def earlier_run():
+        return AssetCheckResult(passed=False, metadata={"scope": "full", "duplicate_offsets": 1})
+
+    instance = DagsterInstance.ephemeral()
+    check = AssetSelection.checks(AssetCheckKey(table_key(spec), "duplicate_free"))
+    defs = Definitions(asset_checks=[earlier_run], jobs=[define_asset_job("earlier", selection=check)])
+    (found,) = defs.resolve_job_def("earlier").execute_in_process(instance=instance).get_asset_check_evaluations()
+    assert not found.passed
+    events: list = []
+    log = SimpleNamespace(info=lambda m: None, error=events.append, warning=events.append)
+    run = SimpleNamespace(run_id="successor-run")
+    context = SimpleNamespace(run=run, run_id=run.run_id, instance=instance, log=log, log_event=events.append)
+    reports = ChoreReports(context, LakeSlackResource.from_env(), Throttle(clock=lambda: 0.0))
+    reports.check(spec, CheckOutcome(True, "no duplicates", {"scope": "incremental"}))
+    assert _evaluations(events) == [] and slack_alerts.messages == [], "the successor's own rows only: not reported"
+    reports.full_check(spec, CheckOutcome(True, "no duplicates", {"scope": "full"}))
+    assert [e.passed for e in _evaluations(events)] == [True]
+    assert len(slack_alerts.messages) == 1 and "passes again" in str(slack_alerts.messages[0])
+    reports.check(spec, CheckOutcome(True, "no duplicates", {"scope": "incremental"}))
+    reports.drain()
+    assert [e.passed for e in _evaluations(events)] == [True, True], "after the full pass, incremental passes count"
 
 
 def test_the_sensor_launches_an_idle_tables_worker_when_its_full_check_is_due(

@@ -40,6 +40,12 @@ class CheckOutcome:
     figures: dict[str, Any] = field(default_factory=dict)
     snapshot_id: int | None = None
 
+    @property
+    def full_scan(self) -> bool:
+        """Whether the check read every row of the table (figure ``scope`` ``full``), not only the rows added
+        since an earlier check: only such a pass shows that a table found with duplicates is free of them."""
+        return self.figures.get("scope") == "full"
+
 
 def duplicate_keys(spark, qualified_table: str, spec: TableSpec) -> int:
     """Upsert tables: how many keys appear in more than one row (0 for append tables; one Spark job)."""
