@@ -445,7 +445,7 @@ def _launched_by_daemon(run) -> bool:
 
 def phase_check_alert(dep: Deployment, catalog, slack: SlackRecorder, instance, checks: dict) -> int:
     """Rows of ``audit`` written twice outside the write path; the full-scan check the worker runs on it every
-    minute fails, and alerts once. Returns the number of that check's failure alerts."""
+    minute fails, and alerts once; no incremental pass of a later worker run posts a recovery. Returns the number of that check's failure alerts."""
     say("== a check failure reaches Slack once")
     spec = dep.specs["audit"]
     wait_for(lambda: lag(dep, catalog, "audit") == 0, 600, 3.0)
@@ -460,6 +460,7 @@ def phase_check_alert(dep: Deployment, catalog, slack: SlackRecorder, instance, 
     ours = [m for m in slack.messages if spec.identifier in m and "duplicate_free" in m]
     failures = [m for m in ours if "passes again" not in m]
     checks["the check's failure reached Slack exactly once"] = len(failures) == 1
+    checks["no 'passes again' while the duplicates stay"] = len(ours) == len(failures)
     say(f"   full-scan evaluations by the worker runs since the append (passed): {verdicts}")
     say(
         f"   Slack: {len(slack.messages)} messages in all, "
