@@ -16,7 +16,8 @@ from kafka_iceberg.batch import context as batch_context
 from kafka_iceberg.batch import worker as worker_module
 from kafka_iceberg.batch.planning import Watermarks
 from kafka_iceberg.batch.recovery import Attempt
-from kafka_iceberg.batch.worker import Clock, Latest, RunsInProgress, TableState, Worker, WorkerPorts, next_tables
+from kafka_iceberg.batch.units import next_units, units_of
+from kafka_iceberg.batch.worker import Clock, Latest, RunsInProgress, TableState, Worker, WorkerPorts
 from kafka_iceberg.formats import decode
 from kafka_iceberg.lake_assets.worker_chores import ChoreEnv, WorkerChores
 from kafka_iceberg.ops.chore_state import CHECK_SPACING_S, TRIM_CHECK_S, TableChores, after_commit, next_chore
@@ -200,9 +201,13 @@ def test_the_next_table_and_the_next_chore_are_pure_functions_of_the_state_and_t
     a, b, c = (
         make_spec(n, f"{n}_topic", maintenance={"max_snapshots": 3, "retain_last": 2}) for n in ("pa", "pb", "pc")
     )
-    states = [TableState(a, waiting_since=5.0), TableState(b, waiting_since=2.0), TableState(c)]
-    assert [s.name for s in next_tables(states)] == ["pb", "pa"]
-    assert [s.name for s in next_tables(states, frozenset({b.identifier}))] == ["pa"]
+    states = {
+        s.spec.identifier: s
+        for s in (TableState(a, waiting_since=5.0), TableState(b, waiting_since=2.0), TableState(c))
+    }
+    units = units_of([a, b, c])
+    assert [u[0].name for u in next_units(states, units)] == ["pb", "pa"]
+    assert [u[0].name for u in next_units(states, units, frozenset({b.identifier}))] == ["pa"]
     tables = {s.identifier: TableChores(s) for s in (a, b, c)}
     tables[b.identifier] = after_commit(tables[b.identifier], 1, 100.0)
     tables[a.identifier] = after_commit(tables[a.identifier], 2, 100.0, snapshots=4)  # past max_snapshots

@@ -1,7 +1,7 @@
 """One table's state in a worker run (:class:`TableState`) and the pure functions that move it: a watermark
-poll (:func:`polled`), the end of a micro-batch (:func:`ended`), which tables go next (:func:`next_tables`)
-and which rest (:func:`resting`). Plain values: the worker's main thread replaces them whole
-(:mod:`kafka_iceberg.batch.worker`)."""
+poll (:func:`polled`), the end of a micro-batch (:func:`ended`) and which tables rest (:func:`resting`);
+:func:`kafka_iceberg.batch.units.next_units` orders what goes next. Plain values: the worker's main thread
+replaces them whole (:mod:`kafka_iceberg.batch.worker`)."""
 
 from __future__ import annotations
 
@@ -68,17 +68,6 @@ def polled(state: TableState, marks: Mapping[int, Watermarks] | None, now_s: flo
     return replace(state, lag=lag, waiting_since=since)
 
 
-def next_tables(states: Iterable[TableState], paused: frozenset[str] = frozenset()) -> list[TableSpec]:
-    """The tables to serve next, in order: those not set aside with records waiting, longest waiting
-    first (ties in ``states``' order), less the identifiers ``paused``. A pure function of the states."""
-    waiting = sorted((s for s in states if s.error is None and s.waiting_since is not None), key=_since)
-    return [s.spec for s in waiting if s.spec.identifier not in paused]
-
-
-def _since(state: TableState) -> float:
-    return state.waiting_since if state.waiting_since is not None else 0.0
-
-
 def ended(state: TableState, now_s: float, result: Any = None, error: BaseException | None = None) -> TableState:
     """``state`` after a micro-batch that ended at ``now_s`` (clock s) with ``result`` (a ``BatchResult``:
     its ``offsets`` are the table's committed offsets now) or ``error`` (the table is set aside). It
@@ -103,4 +92,4 @@ def resting(states: Iterable[TableState], now_s: float) -> frozenset[str]:
     return frozenset(s.spec.identifier for s in states if s.rest_until is not None and now_s < s.rest_until)
 
 
-__all__ = ["REST_S", "TableState", "ended", "next_tables", "offset_lags", "polled", "resting", "table_lag"]
+__all__ = ["REST_S", "TableState", "ended", "offset_lags", "polled", "resting", "table_lag"]
