@@ -6,8 +6,8 @@ The routine ones follow the commit rate: a table past ``maintenance.max_snapshot
 every minute or two at a few commits a second. They are reported through a
 :class:`~kafka_iceberg.batch.coalesce.Throttle`, at most once per
 :data:`~kafka_iceberg.batch.coalesce.REPORT_EVERY_S` per table and kind: the latest result, with ``jobs`` or
-``checks`` saying how many it stands for. A failed check, and the next pass, are reported at once; what is
-held is reported when the run stops serving (:meth:`ChoreReports.drain`). Scheduled maintenance (by cron)
+``checks`` saying how many it stands for. A failed check, and the next full-scan pass, are reported at once;
+what is held is reported when the run stops serving (:meth:`ChoreReports.drain`). Scheduled maintenance (by cron)
 and the scheduled full scan are always reported. Called from the op's main thread only.
 
 Duplicates found stay in the table until someone removes them, so a table's check stays failed until a full

@@ -445,7 +445,8 @@ def _launched_by_daemon(run) -> bool:
 
 def phase_check_alert(dep: Deployment, catalog, slack: SlackRecorder, instance, checks: dict) -> int:
     """Rows of ``audit`` written twice outside the write path; the full-scan check the worker runs on it every
-    minute fails, and alerts once; no incremental pass of a later worker run posts a recovery. Returns the number of that check's failure alerts."""
+    minute fails, and alerts once; no incremental pass of a later worker run posts a recovery. Returns the
+    number of that check's failure alerts."""
     say("== a check failure reaches Slack once")
     spec = dep.specs["audit"]
     wait_for(lambda: lag(dep, catalog, "audit") == 0, 600, 3.0)
