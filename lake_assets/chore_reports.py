@@ -65,9 +65,11 @@ class ChoreReports:
         interval, a failure at once, and the first full-scan pass after a failure at once (an outcome is a full
         scan when the run committed nothing to check, or for an upsert table). An incremental pass while the
         check stands failed is not reported (see the module)."""
-        if not self._reported(spec, outcome):
+        self.specs[spec.identifier] = spec
+        failed = self._stands_failed(spec)
+        if outcome.passed and not outcome.full_scan and failed:
             return
-        urgent = not outcome.passed or self.failing[spec.identifier]
+        urgent = not outcome.passed or failed
         due = self.throttle.add((spec.identifier, CHECK), outcome, urgent=urgent)
         if due is not None:
             self.evaluate(spec, *due)
@@ -76,17 +78,14 @@ class ChoreReports:
         """Report a scheduled full-scan ``duplicate_free`` outcome of ``spec``'s table at once; it supersedes
         an incremental pass held back."""
         self.throttle.discard((spec.identifier, CHECK))
-        self._reported(spec, outcome)
         self.evaluate(spec, outcome)
 
-    def _reported(self, spec: TableSpec, outcome: checks.CheckOutcome) -> bool:
-        """Whether ``outcome`` of ``spec``'s table is reported: not an incremental pass while the check stands
-        failed. A table's first outcome in the run reads whether it stands failed from the latest evaluation
-        of another run (:attr:`previous`)."""
-        self.specs[spec.identifier] = spec
+    def _stands_failed(self, spec: TableSpec) -> bool:
+        """Whether ``spec``'s check stands failed: its last evaluation in this run failed, or, before its first
+        one, the latest evaluation of another run did (:attr:`previous`, asked once per table and run)."""
         if spec.identifier not in self.failing:
             self.failing[spec.identifier] = self.previous(spec) is False
-        return not (outcome.passed and not outcome.full_scan and self.failing[spec.identifier])
+        return self.failing[spec.identifier]
 
     def _previous_in_instance(self, spec: TableSpec) -> bool | None:
         check_key = AssetCheckKey(table_key(spec), CHECK)
@@ -112,7 +111,7 @@ class ChoreReports:
     def evaluate(self, spec: TableSpec, outcome: checks.CheckOutcome, n: int = 1) -> None:
         """Log ``outcome`` as ``spec``'s ``duplicate_free`` check evaluation, standing for ``n`` checks (the
         earlier ones passed); alert on a change of status (from the verdict the check stood at)."""
-        failed_before = self.failing.get(spec.identifier, False)
+        failed_before = self._stands_failed(spec)
         self.failing[spec.identifier] = not outcome.passed
         if self.slack is not None:
             alert_check(self.context, self.slack, spec, CHECK, outcome, "ERROR", in_run=not failed_before)
