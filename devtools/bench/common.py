@@ -54,6 +54,14 @@ def section(title: str) -> None:
     say(f"== {title} " + "=" * max(0, 86 - len(title)))
 
 
+def settle_broker(broker_dir: Path) -> None:
+    """Before a timed figure: wait until the dev broker in ``broker_dir`` is idle
+    (:func:`devtools.services.devbroker.settle`) and say how long that took."""
+    from devtools.services import devbroker
+
+    say(f"(dev broker idle after {devbroker.settle(broker_dir):.1f} s: it rewrites its state file after every write)")
+
+
 def rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("nan")
 

@@ -26,8 +26,8 @@ RAW_SCHEMA = pa.schema(
 
 
 def raw_batch(topic, partition, offsets, timestamps, keys, values, headers: pa.Array) -> pa.RecordBatch:
-    """One :data:`RAW_SCHEMA` batch of ``topic``/``partition``'s records: the lists ``offsets``,
-    ``timestamps`` (ms since epoch), ``keys`` and ``values`` (bytes or None), one item per record, and
+    """One :data:`RAW_SCHEMA` batch of ``topic``/``partition``'s records: ``offsets`` (a list or a numpy
+    int64 array), the lists ``timestamps`` (ms since epoch), ``keys`` and ``values`` (bytes or None), one item per record, and
     their ``headers`` (:func:`header_array` or :func:`no_headers`)."""
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
@@ -46,16 +46,28 @@ def raw_batch(topic, partition, offsets, timestamps, keys, values, headers: pa.A
 
 class Chunk:
     """Columns of one partition's records read so far, handed on (to Spark, or to the driver's parse
-    pool) as one Arrow batch."""
+    pool) as one Arrow batch; ``records`` counts them."""
 
     def __init__(self):
-        self.offsets, self.timestamps, self.keys, self.values, self.headers = [], [], [], [], []
+        self.records = 0
+        self.offsets: list = []  # numpy int64 arrays, one per extend
+        self.timestamps, self.keys, self.values, self.headers = [], [], [], []
         self.any_headers = False
 
     def extend(self, msgs: list) -> None:
-        """Add error-free messages, in offset order (one list comprehension per column: this loop
-        runs for every record of a micro-batch)."""
-        self.offsets += [m.offset() for m in msgs]
+        """Add error-free messages of one partition, offsets increasing (one list comprehension per column:
+        this runs for every record of a micro-batch, under the GIL). Offsets without a gap (no compaction,
+        no transaction markers between them) are taken from the first and last record alone."""
+        import numpy as np
+
+        if not msgs:
+            return
+        first, last = msgs[0].offset(), msgs[-1].offset()
+        if last - first == len(msgs) - 1:
+            self.offsets.append(np.arange(first, last + 1, dtype=np.int64))
+        else:
+            self.offsets.append(np.array([m.offset() for m in msgs], dtype=np.int64))
+        self.records += len(msgs)
         self.timestamps += [m.timestamp()[1] for m in msgs]
         self.keys += [m.key() for m in msgs]
         self.values += [m.value() for m in msgs]
@@ -64,14 +76,18 @@ class Chunk:
         self.any_headers = self.any_headers or any(headers)
 
     def batch(self, topic: str, partition: int) -> pa.RecordBatch:
+        """The records so far as one :data:`RAW_SCHEMA` batch; the chunk is empty afterwards."""
+        import numpy as np
+
+        offsets = np.concatenate(self.offsets) if self.offsets else np.zeros(0, dtype=np.int64)
         out = raw_batch(
             topic,
             partition,
-            self.offsets,
+            offsets,
             self.timestamps,
             self.keys,
             self.values,
-            header_array(self.headers) if self.any_headers else no_headers(len(self.offsets)),
+            header_array(self.headers) if self.any_headers else no_headers(self.records),
         )
         self.__init__()
         return out
