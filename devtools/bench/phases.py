@@ -34,7 +34,7 @@ from devtools.bench.common import (
     raw_consume,
     say,
     section,
-    settle_broker,
+    settle,
     timed_batch,
     warm_up,
 )
@@ -42,24 +42,24 @@ from devtools.demo import data as demo_data
 from devtools.services import devbroker
 
 
-def _round(spark, settings, config, kafka, catalog, n: int, i: int, broker_dir: Path) -> dict:
+def _round(spark, settings, config, kafka, catalog, n: int, i: int) -> dict:
     from devtools.bench.goals import single_core_reference
     from kafka_iceberg.batch.pipeline import TableWriter
 
-    settle_broker(broker_dir)
+    settle()
     load = _load()
     a = raw_consume(config, TOPIC, list(range(PARTITIONS)))
     spec = flights_spec(f"bench_phases_{i}", f"bench.phases_{i}", TOPIC, n)
-    settle_broker(broker_dir)
+    settle()
     c = single_core_reference(config, TOPIC, list(range(PARTITIONS)), spec, Path(settings.lake_home) / "reference")
-    settle_broker(broker_dir)
+    settle()
     ct = single_core_reference(
         config, TOPIC, list(range(PARTITIONS)), spec, Path(settings.lake_home) / "reference", one_core=False
     )
     writer = TableWriter(spark, settings, spec, kafka, catalog)
     writer.ensure_table()
     writer.recover()
-    settle_broker(broker_dir)
+    settle()
     plan_s, exec_s, result, _ = timed_batch(writer)
     out = {
         "a_rps": rate(a["records"], a["seconds"]),
@@ -149,9 +149,7 @@ def run(args, tmp: Path) -> None:
         catalog = load_catalog(settings.catalog)
         warm_up(spark, settings, config, kafka, catalog, df)
         section(f"{args.repeats} rounds of (a) raw consume and (b) one micro-batch of {args.records:,} records")
-        rounds = [
-            _round(spark, settings, config, kafka, catalog, args.records, i, tmp / "kafka") for i in range(args.repeats)
-        ]
+        rounds = [_round(spark, settings, config, kafka, catalog, args.records, i) for i in range(args.repeats)]
         section(f"{args.small} micro-batches of 1,000 records on the warm session")
         small = _small(spark, settings, config, kafka, catalog, df, args.small)
         section("summary (medians)")

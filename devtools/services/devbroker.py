@@ -7,8 +7,6 @@ Redpanda, AutoMQ) cluster instead; nothing else changes.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import socket
 import subprocess
@@ -74,43 +72,6 @@ def start(data_dir: Path, port: int, host: str = "127.0.0.1", wait_s: float = 30
             raise BrokerUnavailableError(f"noida-db did not start on {host}:{port} (log: {data_dir}/noida.log)")
         time.sleep(0.1)
     return f"{host}:{port}"
-
-
-def settle(data_dir: Path, idle_cores: float = 0.05, quiet_s: float = 1.5, timeout_s: float = 30.0) -> float:
-    """Wait until the broker that owns ``data_dir`` has been idle (at most ``idle_cores`` of CPU) for
-    ``quiet_s`` seconds, at most ``timeout_s``; returns the seconds waited (0.0 when its process is not found).
-
-    noida-db rewrites its whole state file about 0.5 s after every write (a produce, an offset commit): with
-    a million flights records held, a full core for about 3 s (measured on e7635ce). A timed figure that
-    starts in that window shares the machine's two cores with it, which a pinned one-core reference does not.
-    """
-    try:
-        pid = int(json.loads((data_dir / "noida.control.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return 0.0
-    t0 = quiet_since = time.monotonic()
-    window = 0.25
-    while time.monotonic() - t0 < timeout_s:
-        before = _cpu_s(pid)
-        time.sleep(window)
-        used = _cpu_s(pid) - before
-        if used < 0:  # gone
-            return time.monotonic() - t0
-        now = time.monotonic()
-        if used > idle_cores * window:
-            quiet_since = now
-        elif now - quiet_since >= quiet_s:
-            break
-    return time.monotonic() - t0
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), -1.0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return -1.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(data_dir: Path) -> None:
