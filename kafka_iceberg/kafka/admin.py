@@ -9,6 +9,7 @@ of open transactions are never planned.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ LEADER_MOVED = (
     KafkaError._NOENT,  # librdkafka: "Failed to query partition leaders: No leaders found" (none elected yet)
 )
 """ListOffsets errors that mean "the partition's leader is moving, ask its new leader": sent again."""
+
+
+PARTITIONS_MAX_AGE_S = 30.0
+"""Seconds :meth:`KafkaMetadata.watermarks_many` trusts its list of every topic's partitions before it lists
+them again (a worker polls four times a second, and the answer names every topic of the cluster). So a
+partition added to a topic is read at most this late. A topic not in the list is described at each poll
+(it may just have been created), and a listed topic that is gone makes the next call list them at once."""
 
 
 def _leader_moved(exc: BaseException) -> KafkaError | None:
@@ -90,6 +98,9 @@ class KafkaMetadata:
         self.config = config
         self.admin = AdminClient(config.client_conf())
         self.readers = ConsumerPool(config.client_conf()) if reader_pool else None
+        self._listed: dict[str, list[int]] = {}  # topic -> partitions, from the last metadata answer
+        self._listed_at = -float("inf")  # time.monotonic() of that answer
+        self._list_lock = threading.Lock()
 
     def close(self) -> None:
         """Close the pooled consumers (``readers``), if any; the admin client needs no closing. Idempotent."""
@@ -194,20 +205,66 @@ class KafkaMetadata:
         return {p: Watermarks(low[p], high[p]) for p in partitions}
 
     def watermarks_many(self, topics: list[str]) -> dict[str, dict[int, Watermarks] | None]:
-        """Watermarks of every partition of every topic in ``topics``, in one metadata request and two
-        ListOffsets requests for all of them (records by offset). A topic that does not exist maps to
-        ``None``, so one missing topic does not hide the others.
+        """Watermarks of every partition of every topic in ``topics`` (records by offset): two ListOffsets
+        requests for all of them, after a metadata request at most every :data:`PARTITIONS_MAX_AGE_S`
+        seconds. A topic that does not exist maps to ``None``, so one missing topic does not hide the others.
 
         Raises:
             BrokerUnavailableError: the cluster did not answer within ``config.timeout_s`` seconds.
         """
+        found = self._partition_lists(topics, fresh=False)
         try:
-            listed = self.admin.list_topics(timeout=self.config.timeout_s).topics
+            offsets = self._all_offsets(found)
+        except TopicNotFoundError:  # a listed topic was deleted since: list again, once
+            found = self._partition_lists(topics, fresh=True)
+            offsets = self._all_offsets(found)
+        return {
+            t: {p: Watermarks(offsets["low"][(t, p)], offsets["high"][(t, p)]) for p in found[t]}
+            if t in found
+            else None
+            for t in topics
+        }
+
+    def _partition_lists(self, topics: list[str], fresh: bool) -> dict[str, list[int]]:
+        """Sorted partition ids of the ``topics`` that exist: every topic's listed from the cluster when
+        ``fresh`` or when the last list is older than :data:`PARTITIONS_MAX_AGE_S`, else from that list,
+        with the topics it lacks described (DescribeTopics never creates a topic, where a producer-type
+        client's metadata request for one may). Raises BrokerUnavailableError."""
+        with self._list_lock:
+            if fresh or time.monotonic() - self._listed_at > PARTITIONS_MAX_AGE_S:
+                try:
+                    listed = self.admin.list_topics(timeout=self.config.timeout_s).topics
+                except KafkaException as exc:
+                    raise BrokerUnavailableError(f"list topics on {self.config.bootstrap_servers}: {exc}") from exc
+                self._listed = {t: sorted(m.partitions) for t, m in listed.items() if m.error is None}
+                self._listed_at = time.monotonic()
+            else:
+                self._listed.update(self._described([t for t in topics if t not in self._listed]))
+            return {t: self._listed[t] for t in topics if t in self._listed}
+
+    def _described(self, topics: list[str]) -> dict[str, list[int]]:
+        """Sorted partition ids of those of ``topics`` that exist (one DescribeTopics request). Raises
+        BrokerUnavailableError."""
+        if not topics:
+            return {}
+        try:
+            futures = self.admin.describe_topics(TopicCollection(topics), request_timeout=self.config.timeout_s)
         except KafkaException as exc:
-            raise BrokerUnavailableError(f"list topics on {self.config.bootstrap_servers}: {exc}") from exc
-        found = {t: sorted(listed[t].partitions) for t in topics if t in listed and listed[t].error is None}
+            raise BrokerUnavailableError(f"describe topics {topics}: {exc}") from exc
+        out = {}
+        for topic, future in futures.items():
+            try:
+                desc = self._wait({topic: future}, f"describe topic {topic}")[topic]
+            except TopicNotFoundError:
+                continue
+            out[topic] = sorted(p.id for p in desc.partitions)
+        return out
+
+    def _all_offsets(self, found: Mapping[str, list[int]]) -> dict[str, dict[tuple, int]]:
+        """{"low": ..., "high": ...}, each (topic, partition) -> offset, for every partition in ``found``.
+        Raises TopicNotFoundError (a topic is gone) or BrokerUnavailableError."""
         tps = [TopicPartition(t, p) for t, parts in found.items() for p in parts]
-        offsets = {}
+        offsets: dict[str, dict[tuple, int]] = {"low": {}, "high": {}}
         for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):
             if not tps:
                 break
@@ -218,12 +275,7 @@ class KafkaMetadata:
             )
             done = self._wait(futures, f"list offsets of {len(found)} topics")
             offsets[name] = {(tp.topic, tp.partition): info.offset for tp, info in done.items()}
-        return {
-            t: {p: Watermarks(offsets["low"][(t, p)], offsets["high"][(t, p)]) for p in found[t]}
-            if t in found
-            else None
-            for t in topics
-        }
+        return offsets
 
     def offsets_for_timestamp(self, topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int]:
         """Per partition, the earliest offset whose record timestamp is >= ``timestamp_ms``.
