@@ -215,7 +215,11 @@ class KafkaMetadata:
         found = self._partition_lists(topics, fresh=False)
         try:
             offsets = self._all_offsets(found)
-        except TopicNotFoundError:  # a listed topic was deleted since: list again, once
+        except (TopicNotFoundError, BrokerUnavailableError) as exc:
+            if not isinstance(exc, TopicNotFoundError) and _leader_moved(exc) is None:
+                raise
+            # a listed topic was deleted, or a leader moved: list again (which also refreshes librdkafka's
+            # leaders), once
             found = self._partition_lists(topics, fresh=True)
             offsets = self._all_offsets(found)
         return {
