@@ -123,8 +123,10 @@ def test_a_worker_run_committing_many_micro_batches_writes_a_bounded_number_of_e
         for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
     ]
     assert all(m.asset_key == table_key(spec) for m in mats)
-    # the first commit at once, then at most one a minute, and the rest when the run stops serving
-    assert 1 <= len(mats) <= 2 + elapsed // MATERIALIZE_EVERY_S, (len(mats), elapsed)
+    # the first commit at once, then at most one a minute, and the rest when the run stops serving; the first
+    # minute is shortened by the table's phase (coalesce.phase: 0.9988 for test.t45_4bcb30, a report 0.07 s
+    # after the first), so one more may fall in it
+    assert 1 <= len(mats) <= 3 + elapsed // MATERIALIZE_EVERY_S, (len(mats), elapsed)
     assert len(mats) < 30 and sum(m.metadata["micro_batches"].value for m in mats) == 30, "600 records, 20 a batch"
     assert sum(m.metadata["records"].value for m in mats) == 600
     assert mats[-1].metadata["snapshot_id"].value == str(table.metadata.current_snapshot_id)
