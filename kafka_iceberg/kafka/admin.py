@@ -138,12 +138,7 @@ class KafkaMetadata:
         Raises:
             TopicNotFoundError: the topic does not exist (it is never auto-created here).
         """
-        try:
-            futures = self.admin.describe_topics(TopicCollection([topic]), request_timeout=self.config.timeout_s)
-        except KafkaException as exc:
-            raise BrokerUnavailableError(f"describe topic {topic}: {exc}") from exc
-        desc = self._wait(futures, f"describe topic {topic}")[topic]
-        return sorted(p.id for p in desc.partitions)
+        return self._partition_ids([topic], missing_ok=False)[topic]
 
     def list_topics(self, timeout_s: float | None = None) -> list[str]:
         """Names of every topic on the cluster (internal ones included), sorted; one metadata request
@@ -243,24 +238,27 @@ class KafkaMetadata:
                 self._listed = {t: sorted(m.partitions) for t, m in listed.items() if m.error is None}
                 self._listed_at = time.monotonic()
             else:
-                self._listed.update(self._described([t for t in topics if t not in self._listed]))
+                self._listed.update(self._partition_ids([t for t in topics if t not in self._listed], missing_ok=True))
             return {t: self._listed[t] for t in topics if t in self._listed}
 
-    def _described(self, topics: list[str]) -> dict[str, list[int]]:
-        """Sorted partition ids of those of ``topics`` that exist (one DescribeTopics request). Raises
+    def _partition_ids(self, topics: list[str], missing_ok: bool) -> dict[str, list[int]]:
+        """Sorted partition ids of ``topics`` (one DescribeTopics request, which never creates a topic); with
+        ``missing_ok`` a topic that does not exist is left out, else it raises TopicNotFoundError. Raises
         BrokerUnavailableError."""
         if not topics:
             return {}
         try:
             futures = self.admin.describe_topics(TopicCollection(topics), request_timeout=self.config.timeout_s)
         except KafkaException as exc:
-            raise BrokerUnavailableError(f"describe topics {topics}: {exc}") from exc
+            raise BrokerUnavailableError(f"describe topic {', '.join(topics)}: {exc}") from exc
         out = {}
         for topic, future in futures.items():
             try:
                 desc = self._wait({topic: future}, f"describe topic {topic}")[topic]
             except TopicNotFoundError:
-                continue
+                if missing_ok:
+                    continue
+                raise
             out[topic] = sorted(p.id for p in desc.partitions)
         return out
 

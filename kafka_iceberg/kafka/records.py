@@ -3,6 +3,7 @@ record), built from librdkafka ``Message`` objects a consume call returned."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 RAW_SCHEMA_DDL = (
@@ -58,8 +59,6 @@ class Chunk:
         """Add error-free messages of one partition, offsets increasing (one list comprehension per column:
         this runs for every record of a micro-batch, under the GIL). Offsets without a gap (no compaction,
         no transaction markers between them) are taken from the first and last record alone."""
-        import numpy as np
-
         if not msgs:
             return
         first, last = msgs[0].offset(), msgs[-1].offset()
@@ -77,8 +76,6 @@ class Chunk:
 
     def batch(self, topic: str, partition: int) -> pa.RecordBatch:
         """The records so far as one :data:`RAW_SCHEMA` batch; the chunk is empty afterwards."""
-        import numpy as np
-
         offsets = np.concatenate(self.offsets) if self.offsets else np.zeros(0, dtype=np.int64)
         out = raw_batch(
             topic,
@@ -101,6 +98,4 @@ def header_array(headers: list) -> pa.Array:
 
 def no_headers(n: int) -> pa.Array:
     """``n`` empty header lists (no Python object per record)."""
-    import numpy as np
-
     return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], HEADER_TYPE.value_type))
